@@ -1,0 +1,172 @@
+"""NTK distance against width (PAPER.md, "NTK distance vs width").
+
+The paper does not define its distance. We measure four, each on the same runs:
+
+- `function_abs`: `||f_m(X_test) - f_NTK(X_test)||_F` over test points and outputs, where `f_NTK` is
+  kernel ridge regression with the analytic infinite-width NTK (Thm 4.2) on the training targets
+  (one-hot or +-1) and ridge `n * weight_decay` (the ridge that L2 weight decay on the mean loss
+  corresponds to in the linearised model). Unnormalised, like the paper's numbers.
+- `function_rel`: the same divided by `||f_NTK(X_test)||_F`.
+- `kernel_drift`: `||Theta_T - Theta_0||_F / ||Theta_0||_F` on the training set (Lee et al. 2019:
+  about `m^-1/2` for wide ReLU nets trained by gradient descent).
+- `kernel_distance`: Fort et al. (2020), `1 - <Theta_0, Theta_T>_F / (||Theta_0||_F ||Theta_T||_F)`.
+- `init_vs_analytic`: `||Theta_0 - Theta_inf||_F / ||Theta_inf||_F` (the empirical kernel at
+  initialisation against the analytic kernel; about `m^-1/2` by Thm 4.2).
+
+Kernels are the per-output ("mean") empirical NTK, computed in float64 with the closed form.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+
+from empirics.common import Tensors, as_float64, dataset_tensors, spread, train_network
+from empirics.models import ModelSpec
+from empirics.ntk import ntk_two_layer
+from empirics.records import device_info, library_versions, pick_device
+from empirics.train import TrainConfig, targets
+from theory import gram, kernels, krr
+
+METRICS = ("function_abs", "function_rel", "kernel_drift", "kernel_distance", "init_vs_analytic")
+
+
+@dataclass(frozen=True)
+class DistanceConfig:
+    dataset: str = "mnist"
+    task: str = "10class"
+    models: tuple[str, ...] = ("relu", "attn")
+    widths: tuple[int, ...] = (16, 64, 256, 1024, 4096)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    n_train: int = 500
+    n_test: int = 200
+    sample: str = "balanced"
+    data_seed: int = 0
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parameterization: str = "ntk"
+    attn_layers: int = 1
+    attn_rank: int | None = None
+    data_dir: str | None = None
+    data_source: str = "auto"
+    device: str = "auto"
+
+
+def _frob(a: torch.Tensor) -> float:
+    return float(torch.linalg.norm(a))
+
+
+def one_run(spec: ModelSpec, t: Tensors, cfg: TrainConfig, k_inf_tt: np.ndarray, f_ntk: np.ndarray,
+            device: str) -> dict[str, Any]:
+    """Train one network and measure every distance (float64 kernels)."""
+    tr = train_network(spec, t, cfg, device)
+    m64 = as_float64(tr.model)
+    x = t.x_train.double()
+    theta_t = ntk_two_layer(m64, x)
+    theta_0 = ntk_two_layer(m64, x, weights=tr.init_W.double())
+    k_inf = torch.as_tensor(k_inf_tt, dtype=torch.float64, device=theta_0.device)
+    with torch.no_grad():
+        f_m = m64(t.x_test.double()).cpu().numpy()
+    diff = float(np.linalg.norm(f_m - f_ntk))
+    cos = float((theta_0 * theta_t).sum()) / (_frob(theta_0) * _frob(theta_t))
+    return {
+        "width": spec.width,
+        "seed": spec.seed,
+        "function_abs": diff,
+        "function_rel": diff / max(float(np.linalg.norm(f_ntk)), 1e-300),
+        "kernel_drift": _frob(theta_t - theta_0) / _frob(theta_0),
+        "kernel_distance": 1.0 - cos,
+        "init_vs_analytic": _frob(theta_0 - k_inf) / _frob(k_inf),
+        "train_acc": tr.record.final_train_acc,
+        "test_acc": tr.record.final_test_acc,
+        "train_loss": tr.record.final_train_loss,
+        "train_wall_s": tr.record.wall_s,
+    }
+
+
+def trend(widths: list[int], values: list[float]) -> dict[str, Any]:
+    """Direction of `values` against width: Spearman rho, log-log slope and a one-word verdict.
+
+    Rule (fixed before any run): "decreasing" if every step down or rho <= -0.8; "increasing" if
+    every step up or rho >= 0.8; otherwise "non-monotone".
+    """
+    w = np.asarray(widths, float)
+    v = np.asarray(values, float)
+    ok = np.isfinite(v)
+    w, v = w[ok], v[ok]
+    if v.size < 2:
+        return {"verdict": "not measurable", "spearman": float("nan"), "loglog_slope": float("nan")}
+    rho = float(stats.spearmanr(w, v).statistic) if v.size > 2 else float(np.sign(v[-1] - v[0]))
+    pos = v > 0
+    slope = float(np.polyfit(np.log(w[pos]), np.log(v[pos]), 1)[0]) if pos.sum() >= 2 else float("nan")
+    steps = np.diff(v)
+    if np.all(steps < 0) or rho <= -0.8:
+        verdict = "decreasing"
+    elif np.all(steps > 0) or rho >= 0.8:
+        verdict = "increasing"
+    else:
+        verdict = "non-monotone"
+    return {"verdict": verdict, "spearman": rho, "loglog_slope": slope}
+
+
+def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None) -> dict[str, Any]:
+    """The width sweep. Returns a JSON-ready record with per-run values, spreads and trends."""
+    from empirics.datasets import load_dataset
+
+    t0 = time.perf_counter()
+    device = pick_device(cfg.device)
+    ds = dataset or load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task,
+                                 sample=cfg.sample, seed=cfg.data_seed, data_dir=cfg.data_dir,
+                                 source=cfg.data_source)
+    t = dataset_tensors(ds, device)
+    y_t = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
+    ridge = cfg.n_train * cfg.train.weight_decay
+    results: dict[str, Any] = {"models": {}}
+    for kind in cfg.models:
+        x_tr = ds.x_train.astype(np.float64)
+        x_te = ds.x_test.astype(np.float64)
+        if kind == "attn":
+            f_tr = gram.attention_features(x_tr, x_tr, k=cfg.attn_layers, rank=cfg.attn_rank)
+            f_te = gram.attention_features(x_tr, x_te, k=cfg.attn_layers, rank=cfg.attn_rank)
+        else:
+            f_tr, f_te = x_tr, x_te
+        k_tt = kernels.ntk_two_layer(f_tr, f_tr)
+        k_st = kernels.ntk_two_layer(f_te, f_tr)
+        f_ntk = krr.krr_predict(k_st, krr.krr_fit(k_tt, y_t, ridge))
+        runs = []
+        for width in cfg.widths:
+            for seed in cfg.seeds:
+                spec = ModelSpec(kind, ds.d, width, t.out_dim, cfg.parameterization, cfg.attn_layers,
+                                 cfg.attn_rank, seed)
+                tcfg = TrainConfig(**{**asdict(cfg.train), "seed": seed})
+                runs.append(one_run(spec, t, tcfg, k_tt, f_ntk, device))
+        per_width: dict[str, Any] = {}
+        for width in cfg.widths:
+            rs = [r for r in runs if r["width"] == width]
+            per_width[str(width)] = {k: spread([r[k] for r in rs]) for k in METRICS + ("train_acc", "test_acc")}
+        trends = {}
+        for metric in METRICS:
+            means = [per_width[str(w)][metric]["mean"] for w in cfg.widths]
+            tr = trend(list(cfg.widths), means)
+            seed_verdicts = [trend(list(cfg.widths), [r[metric] for r in runs if r["seed"] == s])["verdict"]
+                             for s in cfg.seeds]
+            tr["seeds_agreeing"] = sum(v == tr["verdict"] for v in seed_verdicts)
+            tr["seeds"] = len(cfg.seeds)
+            trends[metric] = tr
+        results["models"][kind] = {"runs": runs, "per_width": per_width, "trends": trends,
+                                   "ntk_predictor_norm": float(np.linalg.norm(f_ntk))}
+    results.update({
+        "experiment": "ntk-distance",
+        "config": asdict(cfg),
+        "ridge": ridge,
+        "parameterization": cfg.parameterization,
+        "data": ds.provenance,
+        "versions": library_versions(),
+        "device": {**device_info(), "used": device},
+        "wall_s": time.perf_counter() - t0,
+    })
+    return results

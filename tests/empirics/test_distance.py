@@ -1,0 +1,65 @@
+"""NTK distance experiment: trend rule, and the smoke sweep end to end on real MNIST."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from empirics.distance import METRICS, DistanceConfig, run_ntk_distance, trend
+from empirics.train import TrainConfig
+from verify.cli import main
+
+
+def test_trend_rule():
+    assert trend([16, 64, 256], [3.0, 2.0, 1.0])["verdict"] == "decreasing"
+    assert trend([16, 64, 256], [1.0, 2.0, 3.0])["verdict"] == "increasing"
+    assert trend([16, 64, 256, 1024], [1.0, 3.0, 0.5, 2.0])["verdict"] == "non-monotone"
+    slope = trend([16, 64, 256, 1024], [1 / math.sqrt(w) for w in (16, 64, 256, 1024)])["loglog_slope"]
+    assert slope == pytest.approx(-0.5)
+
+
+def test_smoke_sweep_records_every_metric(mnist_small):
+    cfg = DistanceConfig(widths=(16, 256), seeds=(0, 1), n_train=120, n_test=40, train=TrainConfig(epochs=2))
+    res = run_ntk_distance(cfg, dataset=mnist_small)
+    for kind in ("relu", "attn"):
+        block = res["models"][kind]
+        assert len(block["runs"]) == 4
+        for w in ("16", "256"):
+            for metric in METRICS:
+                s = block["per_width"][w][metric]
+                assert s["n"] == 2 and math.isfinite(s["mean"]) and s["mean"] >= 0
+        assert set(block["trends"]) == set(METRICS)
+        # the width-256 kernel at init is closer to Thm 4.2's analytic kernel than the width-16 one
+        assert block["per_width"]["256"]["init_vs_analytic"]["mean"] < block["per_width"]["16"]["init_vs_analytic"]["mean"]
+    assert res["parameterization"] == "ntk"
+    assert res["data"]["dataset"] == "mnist"
+    assert "torch" in res["versions"] and res["wall_s"] > 0
+
+
+def test_cli_smoke_json_and_plot(tmp_path, capsys):
+    out, plot = tmp_path / "nd.json", tmp_path / "nd.png"
+    rc = main(["ntk-distance", "--preset", "smoke", "--widths", "16,64", "--seeds", "1",
+               "--json", str(out), "--plot", str(plot)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert rec["preset"] == "smoke" and rec["config"]["widths"] == [16, 64]
+    assert rec["models"]["attn"]["trends"]["kernel_drift"]["verdict"] in ("decreasing", "increasing", "non-monotone")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "trend vs width" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--dataset", "imagenet"], "unknown dataset"),
+    (["--widths", "16,-4"], "--widths"),
+    (["--model", "cnn"], "unknown model"),
+    (["--preset", "huge"], "unknown preset"),
+    (["--seeds", "0"], "--seeds"),
+])
+def test_cli_bad_input_is_one_line(argv, needle, capsys, tmp_path):
+    out = tmp_path / "x.json"
+    rc = main(["ntk-distance", *argv, "--json", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()

@@ -1,0 +1,1 @@
+"""The `verify` command: orchestration, presets, the claims registry and the audit pipeline."""

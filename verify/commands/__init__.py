@@ -1,0 +1,1 @@
+"""One module per `verify` subcommand (discovered by `verify.cli`)."""

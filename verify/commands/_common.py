@@ -1,0 +1,49 @@
+"""Arguments and output helpers shared by several subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from empirics.records import to_jsonable, write_json
+from theory.errors import UserInputError
+from verify.presets import PRESET_NAMES
+
+DATASETS = ("mnist", "cifar10")
+TASKS = ("10class", "binary")
+
+
+def add_data_args(p: argparse.ArgumentParser, dataset_default: str | None = "mnist") -> None:
+    p.add_argument("--dataset", default=dataset_default, help="mnist or cifar10 (default: %(default)s)")
+    p.add_argument("--task", default="10class", help="10class, or binary: MNIST 3-vs-8 / CIFAR-10 automobile-vs-airplane")
+    p.add_argument("--data-dir", default=None, help="folder with the data (else $NTKM_DATA_DIR, ./data, "
+                   "../shared/data, the user cache, then the bundled sample)")
+    p.add_argument("--sample", default="balanced", help="subset: balanced (seeded, class-balanced) or first")
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="quick", help=f"one of {', '.join(PRESET_NAMES)} (default: %(default)s)")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the preset's)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the result record as JSON ('-' = stdout)")
+
+
+def check_data_args(args: argparse.Namespace) -> None:
+    if args.dataset not in DATASETS:
+        raise UserInputError(f"unknown dataset '{args.dataset}'; choose mnist or cifar10")
+    if args.task not in TASKS:
+        raise UserInputError(f"unknown task '{args.task}'; choose 10class or binary")
+    if args.sample not in ("balanced", "first"):
+        raise UserInputError(f"unknown sample '{args.sample}'; choose balanced or first")
+
+
+def emit_json(target: str | None, record: Any) -> None:
+    """Write the record to a file atomically, or to stdout for '-'."""
+    if target is None:
+        return
+    if target == "-":
+        sys.stdout.write(json.dumps(to_jsonable(record), indent=2) + "\n")
+    else:
+        write_json(target, record)

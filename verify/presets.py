@@ -1,0 +1,74 @@
+"""Presets: how big each experiment is.
+
+- `smoke`: seconds; tiny n and widths; what CI runs end to end.
+- `quick` (default): minutes on a 2-core CPU; real MNIST / CIFAR-10 subsets (the bundled sample is
+  enough when the full data is absent); widths up to 4096.
+- `paper`: the paper's reported scale (500 epochs, widths to 4096, larger n); meant for a GPU.
+
+Every experiment reads its sizes from here, so one table documents the scale of every number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from theory.errors import UserInputError
+
+PRESET_NAMES = ("smoke", "quick", "paper")
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "n_train": 100, "n_test": 40, "widths": (16, 64, 256), "seeds": (0, 1), "epochs": 3,
+        "mall_width": 128, "mall_n_train": 100, "mall_n_test": 40, "attack_steps": 3,
+        "landscape_points": 5, "landscape_grid": 5, "hessian_iters": 5, "hutchinson_samples": 3,
+        "kappa_ns": (50, 100, 200),
+    },
+    "quick": {
+        "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 1024, 4096), "seeds": (0, 1, 2), "epochs": 20,
+        "mall_width": 1024, "mall_n_train": 500, "mall_n_test": 200, "attack_steps": 10,
+        "landscape_points": 21, "landscape_grid": 11, "hessian_iters": 20, "hutchinson_samples": 10,
+        "kappa_ns": (50, 100, 200, 500, 1000, 2000),
+    },
+    "paper": {
+        "n_train": 5000, "n_test": 1000, "widths": (16, 64, 256, 1024, 4096), "seeds": (0, 1, 2), "epochs": 500,
+        "mall_width": 4096, "mall_n_train": 5000, "mall_n_test": 1000, "attack_steps": 40,
+        "landscape_points": 41, "landscape_grid": 21, "hessian_iters": 50, "hutchinson_samples": 30,
+        "kappa_ns": (50, 100, 200, 500, 1000, 2000, 5000, 10000),
+    },
+}
+
+
+def preset(name: str) -> dict[str, Any]:
+    """The size table of a preset (a copy)."""
+    if name not in PRESETS:
+        raise UserInputError(f"unknown preset '{name}'; choose one of {', '.join(PRESET_NAMES)}")
+    return dict(PRESETS[name])
+
+
+def parse_int_list(text: str, what: str, minimum: int = 1) -> tuple[int, ...]:
+    """'16,64,256' -> (16, 64, 256), with a one-line error naming `what` on bad input."""
+    try:
+        vals = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UserInputError(f"{what} must be comma-separated integers, got '{text}'") from None
+    if not vals or any(v < minimum for v in vals):
+        raise UserInputError(f"{what} must be integers >= {minimum}, got '{text}'")
+    return vals
+
+
+def parse_float_list(text: str, what: str, lo: float = 0.0, hi: float = 1.0) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UserInputError(f"{what} must be comma-separated numbers, got '{text}'") from None
+    if not vals or any(not (lo <= v <= hi) for v in vals):
+        raise UserInputError(f"{what} must be numbers in [{lo}, {hi}], got '{text}'")
+    return vals
+
+
+def parse_choices(text: str, what: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    vals = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [v for v in vals if v not in allowed]
+    if not vals or bad:
+        raise UserInputError(f"unknown {what} '{','.join(bad) or text}'; choose from {', '.join(allowed)}")
+    return vals
