@@ -142,6 +142,6 @@ def save_model(model: TwoLayerNet, path: str | Path) -> tuple[Path, Path]:
     atomic_write_bytes(path, tmp.read_bytes())
     tmp.unlink()
     spec_path = path.with_suffix(path.suffix + ".json")
-    atomic_write_text(spec_path, json.dumps({"format": "ntk-malleability-suite/two-layer", "spec": model.spec.to_dict()},
-                                            indent=2))
+    spec = {"format": "ntk-malleability-suite/two-layer", "spec": model.spec.to_dict()}
+    atomic_write_text(spec_path, json.dumps(spec, indent=2))
     return path, spec_path

@@ -28,7 +28,8 @@ class Progress:
         self._last = now
         frac = self.done / self.total
         bar = "#" * int(24 * frac)
-        sys.stderr.write(f"\r{self.label:<24} [{bar:<24}] {self.done}/{self.total} {now - self.start:6.1f}s {note}"[:160])
+        line = f"\r{self.label:<24} [{bar:<24}] {self.done}/{self.total} {now - self.start:6.1f}s {note}"
+        sys.stderr.write(line[:160])
         sys.stderr.flush()
 
     def __enter__(self) -> Progress:

@@ -1,7 +1,9 @@
 """Training the paper's networks: Adam (the reported defaults) or full-batch gradient descent.
 
-Losses: cross-entropy for 10 classes; MSE against +-1 targets for binary tasks (one output), as
-PAPER.md's training summary reports. Optional PGD adversarial training (Madry et al. 2018): each
+Losses (`loss="auto"`): cross-entropy for 10 classes; MSE against +-1 targets for binary tasks (one
+output), as PAPER.md's training summary reports. `loss="mse"` uses squared error against one-hot
+targets for 10 classes too (the setting in which NTK theory's kernel-regression limit is exact).
+Optional PGD adversarial training (Madry et al. 2018): each
 batch is replaced by its PGD adversarial version before the step. Everything is seeded.
 """
 
@@ -32,8 +34,11 @@ class TrainConfig:
     adv_eps: float = 0.3
     adv_steps: int = 7
     record_every: int = 1
+    loss: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.loss not in ("auto", "mse"):
+            raise UserInputError(f"unknown loss '{self.loss}'; choose auto (CE / MSE for binary) or mse")
         if self.optimizer not in OPTIMIZERS:
             raise UserInputError(f"unknown optimizer '{self.optimizer}'; choose adam or gd")
         if self.epochs < 0 or self.lr <= 0 or self.batch_size < 1:
@@ -54,8 +59,14 @@ class TrainRecord:
     wall_s: float = 0.0
 
 
-def loss_fn(out_dim: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Per-example loss: cross-entropy (c > 1) or MSE to +-1 targets (one output)."""
+def loss_fn(out_dim: int, loss: str = "auto") -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Per-example loss: cross-entropy (c > 1) or MSE to +-1 targets (one output); `loss="mse"`
+    gives half the squared error to one-hot targets for c > 1."""
+    if out_dim > 1 and loss == "mse":
+        def mse_onehot(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return 0.5 * ((out - nn.functional.one_hot(y, out_dim).to(out.dtype)) ** 2).sum(dim=1)
+
+        return mse_onehot
     if out_dim == 1:
         def mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return 0.5 * (out[:, 0] - (2.0 * y.to(out.dtype) - 1.0)) ** 2
@@ -90,7 +101,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
     """Train `model` in place on (x, y) and return its training record."""
     t0 = time.perf_counter()
     out_dim = model(x[:1]).shape[1]
-    per_ex = loss_fn(out_dim)
+    per_ex = loss_fn(out_dim, cfg.loss)
     gen = torch.Generator().manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adam":

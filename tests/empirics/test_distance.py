@@ -32,7 +32,8 @@ def test_smoke_sweep_records_every_metric(mnist_small):
                 assert s["n"] == 2 and math.isfinite(s["mean"]) and s["mean"] >= 0
         assert set(block["trends"]) == set(METRICS)
         # the width-256 kernel at init is closer to Thm 4.2's analytic kernel than the width-16 one
-        assert block["per_width"]["256"]["init_vs_analytic"]["mean"] < block["per_width"]["16"]["init_vs_analytic"]["mean"]
+        pw = block["per_width"]
+        assert pw["256"]["init_vs_analytic"]["mean"] < pw["16"]["init_vs_analytic"]["mean"]
     assert res["parameterization"] == "ntk"
     assert res["data"]["dataset"] == "mnist"
     assert "torch" in res["versions"] and res["wall_s"] > 0

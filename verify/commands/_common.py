@@ -17,7 +17,8 @@ TASKS = ("10class", "binary")
 
 def add_data_args(p: argparse.ArgumentParser, dataset_default: str | None = "mnist") -> None:
     p.add_argument("--dataset", default=dataset_default, help="mnist or cifar10 (default: %(default)s)")
-    p.add_argument("--task", default="10class", help="10class, or binary: MNIST 3-vs-8 / CIFAR-10 automobile-vs-airplane")
+    p.add_argument("--task", default="10class",
+                   help="10class, or binary: MNIST 3-vs-8 / CIFAR-10 automobile-vs-airplane")
     p.add_argument("--data-dir", default=None, help="folder with the data (else $NTKM_DATA_DIR, ./data, "
                    "../shared/data, the user cache, then the bundled sample)")
     p.add_argument("--sample", default="balanced", help="subset: balanced (seeded, class-balanced) or first")

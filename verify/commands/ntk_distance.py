@@ -27,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default: the preset's)")
     p.add_argument("--optimizer", default="adam", help="adam (paper's default) or gd (full batch)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--loss", default="auto", help="auto (cross-entropy; MSE for binary) or mse (one-hot MSE)")
     p.add_argument("--parameterization", default="ntk", help="ntk (paper) or standard")
     p.add_argument("--attn-layers", type=int, default=1, help="stacked linearized attention layers k")
     p.add_argument("--attn-rank", type=int, default=None, help="keep the top-r singular directions in C")
@@ -50,7 +51,7 @@ def config_from_args(args: argparse.Namespace) -> DistanceConfig:
         n_test=args.n_test if args.n_test is not None else pre["n_test"],
         sample=args.sample,
         train=TrainConfig(epochs=args.epochs if args.epochs is not None else pre["epochs"],
-                          optimizer=args.optimizer, lr=args.lr),
+                          optimizer=args.optimizer, lr=args.lr, loss=args.loss),
         parameterization=args.parameterization, attn_layers=args.attn_layers, attn_rank=args.attn_rank,
         data_dir=args.data_dir, device=args.device,
     )
@@ -60,10 +61,11 @@ def summary_table(result: dict) -> str:
     rows = []
     for kind, res in result["models"].items():
         for w, pw in res["per_width"].items():
-            rows.append([kind, w] + [mean_pm(pw[m]) for m in ("function_abs", "function_rel", "kernel_drift",
-                                                                "kernel_distance", "init_vs_analytic")]
+            rows.append([kind, w] + [mean_pm(pw[m]) for m in ("function_abs", "function_rel", "function_lin",
+                                                                "kernel_drift", "kernel_distance",
+                                                                "init_vs_analytic")]
                         + [mean_pm(pw["test_acc"])])
-    out = [text_table(["model", "width", "||f_m-f_NTK||", "relative", "kernel drift", "Fort dist",
+    out = [text_table(["model", "width", "||f_m-f_NTK||", "relative", "vs f_lin (rel)", "kernel drift", "Fort dist",
                        "Theta0 vs analytic", "test acc"], rows), ""]
     trows = []
     for kind, res in result["models"].items():
@@ -83,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     prov = result["data"]
     print(f"NTK distance vs width — {prov.get('label', cfg.dataset)}, task {cfg.task}, "
           f"n_train={cfg.n_train}, n_test={cfg.n_test}, seeds={len(cfg.seeds)}, "
-          f"{cfg.train.optimizer} {cfg.train.epochs} epochs, {cfg.parameterization} parameterisation",
+          f"{cfg.train.optimizer} {cfg.train.epochs} epochs, loss {cfg.train.loss}, {cfg.parameterization} "
+          "parameterisation",
           file=sys.stdout if args.json != "-" else sys.stderr)
     print(summary_table(result), file=sys.stdout if args.json != "-" else sys.stderr)
     if args.plot:

@@ -1,0 +1,134 @@
+"""Render claims.json as claims.md, claims.html and claims.pdf (figures from the stored results).
+
+Reads only the record `verify claims` wrote, so `verify report claims.json` re-renders a report
+without recomputing anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from empirics.records import atomic_write_text
+from reports import figures
+from reports.render import PdfUnavailable, image_data_uri, render_html, write_html, write_pdf
+from reports.text import fmt, markdown_table
+
+VERDICT_CLASS = {"holds": "v-holds", "partly": "v-partly", "does not hold": "v-not", "not measurable here": "v-na"}
+GROUP_TITLES = {
+    "theory": "Theorems (symbolic and randomized checks)",
+    "numbers": "Condition numbers on real data",
+    "ntk": "NTK distance against width",
+    "malleability": "Influence malleability (flip rates)",
+    "landscape": "Loss landscape",
+}
+
+
+@dataclass
+class Written:
+    """Paths written; `pdf_ok` is False when the PDF could not be made (the HTML still was)."""
+
+    paths: list[Path] = field(default_factory=list)
+    pdf_ok: bool = True
+    pdf_error: str = ""
+
+    def __iter__(self):
+        return iter(self.paths)
+
+
+def make_figures(record: dict[str, Any], folder: Path) -> list[dict[str, str]]:
+    """PNG figures for the report: (title, path, caption)."""
+    res = record.get("results", {})
+    out: list[dict[str, str]] = []
+    for ds in ("mnist", "cifar10"):
+        r = res.get(f"ntk-distance:{ds}")
+        if r and "models" in r:
+            p = figures.distance_vs_width(r, folder / f"ntk_distance_{ds}.png")
+            out.append({"title": f"NTK distance vs width — {r['data'].get('label', ds)}", "path": str(p),
+                        "caption": "mean ± std over seeds; left: ||f_m - f_NTK|| on test points (unnormalised); "
+                                   "middle: kernel drift ||Θ_T−Θ_0||/||Θ_0||; right: Θ_0 vs analytic NTK."})
+    kap = {ds: res[f"kappa:{ds}"] for ds in ("mnist", "cifar10") if res.get(f"kappa:{ds}", {}).get("rows")}
+    if kap:
+        from verify.claims import PAPER_KAPPA
+
+        p = figures.kappa_vs_n(kap, folder / "kappa_vs_n.png", PAPER_KAPPA)
+        out.append({"title": "Condition number of G against n", "path": str(p),
+                    "caption": "kappa(G) is infinite once n exceeds the rank (n > d, or always-zero pixels); "
+                               "kappa_d uses the rank-min(n, d) truncation. Dotted: the paper's values."})
+    extra = getattr(figures, "claims_extra_figures", None)
+    if extra is not None:
+        out += extra(record, folder)
+    return out
+
+
+def to_markdown(record: dict[str, Any]) -> str:
+    s = record["summary"]
+    lines = [f"# {record['title']}", "",
+             f"Preset `{record['preset']}`, generated {record['generated']}, code version "
+             f"`{record['code_version']}`, {fmt(record['wall_s'])} s.", "",
+             f"**{len(record['claims'])} claims: {s['holds']} hold, {s['partly']} partly, "
+             f"{s['does not hold']} do not hold, {s['not measurable here']} not measurable here.**", ""]
+    for group, title in GROUP_TITLES.items():
+        rows = [c for c in record["claims"] if c["group"] == group]
+        if not rows:
+            continue
+        table = [[c["id"], c["source"], c["statement"], c["paper"] + (f" (v2: {c['v2']})" if c["v2"] else ""),
+                  c["ours"], "-" if c["seeds"] is None else c["seeds"], f"**{c['verdict']}**"] for c in rows]
+        lines += [f"## {title}", "",
+                  markdown_table(["id", "source", "claim", "paper", "ours", "seeds", "verdict"], table), ""]
+    lines += ["## Protocols and verdict rules", ""]
+    for c in record["claims"]:
+        lines += [f"- **{c['id']}** — protocol: {c['protocol']}. Rule (fixed before the run): {c['rule']}."]
+    lines += ["", "## Provenance", "", provenance_markdown(record), ""]
+    return "\n".join(lines)
+
+
+def data_provenance(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per distinct data set used by any unit."""
+    seen: dict[str, dict[str, Any]] = {}
+    for name, res in record.get("results", {}).items():
+        prov = res.get("data")
+        if not prov and res.get("rows"):
+            prov = res["rows"][0].get("provenance")
+        if isinstance(prov, dict):
+            key = f"{prov.get('label')}|{prov.get('task')}|{prov.get('train_indices_digest', prov.get('n_train'))}"
+            seen.setdefault(key, {"units": [], **prov})["units"].append(name)
+    return list(seen.values())
+
+
+def provenance_markdown(record: dict[str, Any]) -> str:
+    out = [f"- versions: {', '.join(f'{k} {v}' for k, v in record['versions'].items())}",
+           f"- device: {record['device'].get('platform')}, CUDA {record['device'].get('cuda')}, "
+           f"torch threads {record['device'].get('torch_threads')}"]
+    for p in data_provenance(record):
+        out.append(f"- data: {p.get('label')} ({p.get('source_kind', p.get('source', ''))}), task {p.get('task')}, "
+                   f"used by {', '.join(p['units'])}")
+    for name, u in record.get("units", {}).items():
+        out.append(f"- unit {name}: {fmt(u.get('wall_s'))} s{' (cached)' if u.get('cached') else ''}")
+    return "\n".join(out)
+
+
+def render_all(record: dict[str, Any], out: Path, pdf: bool = True) -> Written:
+    """Write claims.md, claims.html and (unless `pdf=False`) claims.pdf into `out`."""
+    out = Path(out)
+    written = Written()
+    atomic_write_text(out / "claims.md", to_markdown(record))
+    written.paths.append(out / "claims.md")
+    figs = make_figures(record, out / "figures")
+    for f in figs:
+        f["uri"] = image_data_uri(f["path"])
+    html = render_html("claims.html", {
+        "r": record, "groups": GROUP_TITLES, "figs": figs, "vclass": VERDICT_CLASS,
+        "provenance": data_provenance(record),
+    })
+    written.paths.append(write_html(out / "claims.html", html))
+    if pdf:
+        try:
+            written.paths.append(write_pdf(out / "claims.pdf", html))
+        except PdfUnavailable as exc:
+            written.pdf_ok, written.pdf_error = False, str(exc)
+            import sys
+
+            sys.stderr.write(f"verify: PDF not written: {exc}\n")
+    return written

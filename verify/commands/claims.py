@@ -1,0 +1,111 @@
+"""`verify claims`: regenerate the paper's claims table with our values and a verdict per claim."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import time
+from pathlib import Path
+from typing import Any
+
+from empirics.progress import log
+from empirics.records import device_info, library_versions, write_json
+from theory.errors import UserInputError
+from verify.claims import VERDICTS, all_claims, evaluate_claim
+from verify.experiments import units_for
+from verify.presets import PRESET_NAMES, preset
+from verify.runner import Cache
+
+NAME = "claims"
+HELP = "regenerate every claim of the paper with our value, its spread and an honest verdict"
+ORDER = 5
+DESCRIPTION = (HELP + ". Writes claims.md, claims.json, claims.html and claims.pdf to --out; finished "
+               "experiments are cached under --out/cache and reused with --resume.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="quick", help=f"one of {', '.join(PRESET_NAMES)} (default: %(default)s)")
+    p.add_argument("--only", default=None, help="comma-separated claim ids (see --list)")
+    p.add_argument("--out", default="claims_out", help="output folder (default: %(default)s)")
+    p.add_argument("--resume", action="store_true", help="reuse finished experiments cached in --out/cache")
+    p.add_argument("--data-dir", default=None, help="folder with MNIST / CIFAR-10 (default: found automatically)")
+    p.add_argument("--list", action="store_true", help="list the claim ids and exit")
+    p.add_argument("--no-pdf", action="store_true", help="skip the PDF (Markdown, JSON and HTML only)")
+
+
+def run(args: argparse.Namespace) -> int:
+    claims = all_claims()
+    if args.list:
+        for c in claims:
+            print(f"{c.id:<24} {c.source:<24} {c.statement}")
+        return 0
+    preset(args.preset)
+    if args.only:
+        wanted = [s.strip() for s in args.only.split(",") if s.strip()]
+        known = {c.id for c in claims}
+        bad = [w for w in wanted if w not in known]
+        if bad:
+            raise UserInputError(f"unknown claim id '{','.join(bad)}'; see 'verify claims --list'")
+        claims = [c for c in claims if c.id in wanted]
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"--out {out} is a file; give a folder")
+    cache = Cache(out / "cache")
+    if not args.resume and cache.folder.exists():
+        for f in cache.folder.glob("*.json"):
+            f.unlink()
+    t0 = time.perf_counter()
+    units = units_for(args.preset, args.data_dir)
+    needed = sorted({u for c in claims for u in c.units}, key=list(units).index)
+    results: dict[str, Any] = {}
+    unit_meta: dict[str, Any] = {}
+    for i, name in enumerate(needed, 1):
+        log(f"({i}/{len(needed)})")
+        res, cached = cache.run(units[name], log)
+        results[name] = res
+        unit_meta[name] = {"cached": cached, "wall_s": res.get("unit_wall_s"), "config": res.get("unit_config")}
+    rows = []
+    for c in claims:
+        o = evaluate_claim(c, results)
+        rows.append({"id": c.id, "group": c.group, "source": c.source, "statement": c.statement,
+                     "paper": c.paper, "v2": c.v2, "rule": c.rule, "protocol": o.protocol, "ours": o.ours,
+                     "seeds": o.seeds, "verdict": o.verdict, "numbers": o.numbers})
+    record = {
+        "title": "Claims of arXiv:2603.13085 — regenerated",
+        "preset": args.preset,
+        "preset_sizes": preset(args.preset),
+        "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "code_version": cache.version,
+        "versions": library_versions(),
+        "device": device_info(),
+        "wall_s": time.perf_counter() - t0,
+        "summary": {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS},
+        "claims": rows,
+        "units": unit_meta,
+        "results": {k: slim(v) for k, v in results.items()},
+    }
+    write_json(out / "claims.json", record)
+    from reports.claims_report import render_all
+
+    written = render_all(record, out, pdf=not args.no_pdf)
+    s = record["summary"]
+    print(f"{len(rows)} claims: {s['holds']} hold, {s['partly']} partly, {s['does not hold']} do not hold, "
+          f"{s['not measurable here']} not measurable here ({record['wall_s']:.0f} s, preset {args.preset})")
+    for r in rows:
+        print(f"  {r['verdict']:<20} {r['id']}")
+    print("wrote " + ", ".join(str(p) for p in [out / "claims.json", *written]))
+    return 0 if written.pdf_ok else 3
+
+
+def slim(result: dict[str, Any]) -> dict[str, Any]:
+    """Drop bulky per-example arrays from a unit result before it goes into claims.json."""
+    def walk(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items() if k not in ("per_example", "records", "grid_losses_raw")}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        return v
+
+    return walk(result)
+
+

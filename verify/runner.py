@@ -1,0 +1,84 @@
+"""Experiment units for `verify claims`, each cached under a key of its config and the code version.
+
+A unit is one call of an experiment function of `theory` or `empirics` (never a re-implementation)
+with sizes from a preset. Its result is stored as `<out>/cache/<unit>-<key>.json`, written
+atomically once the unit finishes, so an interrupted run loses at most the unit in progress and a
+rerun with `--resume` recomputes nothing that had finished. The key hashes the unit's config and a
+digest of the source code of `theory/` and `empirics/`, so a code change never reuses a stale result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from empirics.records import stable_hash, write_json
+from theory.errors import UserInputError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def code_version() -> str:
+    """sha256 over the source of the packages that compute results (theory, empirics)."""
+    h = hashlib.sha256()
+    for pkg in ("theory", "empirics"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            h.update(path.relative_to(ROOT).as_posix().encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One cached experiment run: `fn(**config)` returns a JSON-ready dict."""
+
+    name: str
+    config: dict[str, Any]
+    fn: Callable[..., dict[str, Any]]
+
+    def key(self, version: str) -> str:
+        return stable_hash({"unit": self.name, "config": self.config, "code": version})
+
+
+class Cache:
+    """Finished units on disk."""
+
+    def __init__(self, folder: Path, version: str | None = None):
+        self.folder = folder
+        self.version = version or code_version()
+
+    def path(self, unit: Unit) -> Path:
+        safe = unit.name.replace(":", "_").replace("/", "_")
+        return self.folder / f"{safe}-{unit.key(self.version)}.json"
+
+    def get(self, unit: Unit) -> dict[str, Any] | None:
+        p = self.path(unit)
+        if not p.exists():
+            return None
+        try:
+            return json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def run(self, unit: Unit, log: Callable[[str], None]) -> tuple[dict[str, Any], bool]:
+        """The unit's result, from the cache when present; returns (result, was_cached)."""
+        hit = self.get(unit)
+        if hit is not None:
+            log(f"[cached] {unit.name}")
+            return hit, True
+        log(f"[run]    {unit.name} ...")
+        t0 = time.perf_counter()
+        try:
+            res = unit.fn(**unit.config)
+        except UserInputError as exc:
+            res = {"unavailable": str(exc)}
+        res = {"unit": unit.name, "unit_config": unit.config, "code_version": self.version,
+               "unit_wall_s": time.perf_counter() - t0, **res}
+        write_json(self.path(unit), res)
+        log(f"[done]   {unit.name} in {res['unit_wall_s']:.1f} s")
+        return json.loads(self.path(unit).read_text()), False
