@@ -56,9 +56,18 @@ def make_figures(record: dict[str, Any], folder: Path) -> list[dict[str, str]]:
         out.append({"title": "Condition number of G against n", "path": str(p),
                     "caption": "kappa(G) is infinite once n exceeds the rank (n > d, or always-zero pixels); "
                                "kappa_d uses the rank-min(n, d) truncation. Dotted: the paper's values."})
-    extra = getattr(figures, "claims_extra_figures", None)
-    if extra is not None:
-        out += extra(record, folder)
+    for ds in ("mnist", "cifar10"):
+        r = res.get(f"landscape:{ds}")
+        if r and "models" in r:
+            label = r["data"].get("label", ds)
+            p = figures.landscape_lines(r, folder / f"landscape_lines_{ds}.png")
+            out.append({"title": f"Loss landscape, 1-D — {label}", "path": str(p),
+                        "caption": "left: loss from initialisation (alpha 0) to the trained weights (alpha 1); "
+                                   "right: slice along a filter-normalised random direction; mean over seeds."})
+            p = figures.landscape_contours(r, folder / f"landscape_contours_{ds}.png")
+            out.append({"title": f"Loss landscape, 2-D — {label}", "path": str(p),
+                        "caption": "training loss on a plane of two filter-normalised directions through the "
+                                   "trained weights (first seed)."})
     return out
 
 

@@ -48,16 +48,26 @@ def distance_unit(dataset: str, widths: list[int], seeds: list[int], n_train: in
     return run_ntk_distance(cfg)
 
 
+def _typed(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """JSON-style unit config -> dataclass arguments (lists become tuples, `train` a TrainConfig)."""
+    from empirics.train import TrainConfig
+
+    out = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
+    if isinstance(out.get("train"), dict):
+        out["train"] = TrainConfig(**out["train"])
+    return out
+
+
 def malleability_unit(**kwargs: Any) -> dict[str, Any]:
     from empirics.malleability import MalleabilityConfig, run_malleability
 
-    return run_malleability(MalleabilityConfig(**kwargs))
+    return run_malleability(MalleabilityConfig(**_typed(kwargs)))
 
 
 def landscape_unit(**kwargs: Any) -> dict[str, Any]:
     from empirics.landscape import LandscapeConfig, run_landscape
 
-    return run_landscape(LandscapeConfig(**kwargs))
+    return run_landscape(LandscapeConfig(**_typed(kwargs)))
 
 
 def units_for(preset_name: str, data_dir: str | None = None) -> dict[str, Unit]:

@@ -1,0 +1,172 @@
+"""Loss landscape: Hessian-vector products against explicit Hessians, estimators, slices, verdict, smoke."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from PIL import Image
+
+from empirics.landscape import (
+    LandscapeConfig,
+    filter_normalized_direction,
+    hessian_vector_product,
+    hutchinson_trace,
+    interpolation,
+    lanczos_top,
+    landscape_verdict,
+    loss_of_weights,
+    power_iteration,
+    run_landscape,
+    slice_1d,
+    slice_2d,
+)
+from empirics.models import ModelSpec, build_model
+from empirics.records import to_jsonable
+from empirics.train import TrainConfig
+
+pytestmark = pytest.mark.claim("landscape")
+
+
+def _tiny(kind: str, out_dim: int, seed: int = 0, n: int = 20, d: int = 4, width: int = 6):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, d, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, max(out_dim, 2), (n,), generator=gen)
+    model = build_model(ModelSpec(kind, d, width, out_dim, seed=seed), x, dtype=torch.float64)
+    loss = loss_of_weights(model, x, y)
+    w = model.W.detach().clone()
+    hess = torch.autograd.functional.hessian(loss, w).reshape(w.numel(), w.numel())
+    return model, loss, w, hess
+
+
+@pytest.mark.parametrize("kind", ["relu", "attn"])
+@pytest.mark.parametrize("out_dim", [1, 3])
+def test_top_eigenvalue_matches_explicit_hessian(kind, out_dim):
+    _, loss, w, hess = _tiny(kind, out_dim, seed=3)
+    exact = float(torch.linalg.eigvalsh(hess)[-1])
+    hvp = hessian_vector_product(loss, w)
+    power = power_iteration(hvp, w, iters=20000, seed=1, tol=1e-15)
+    lanczos = lanczos_top(hvp, w, iters=w.numel(), seed=1)
+    assert abs(power["value"] - exact) / exact < 1e-6
+    assert abs(lanczos["value"] - exact) / exact < 1e-10
+    assert lanczos["residual"] < 1e-6
+
+
+@pytest.mark.parametrize("kind", ["relu", "attn"])
+@pytest.mark.parametrize("out_dim", [1, 3])
+def test_closed_form_hvp_matches_autograd(kind, out_dim):
+    _, loss, w, hess = _tiny(kind, out_dim, seed=5)
+    v = torch.randn(w.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    fast = loss.hvp_at(w)(v)
+    auto = hessian_vector_product(loss, w)(v)
+    explicit = (hess @ v.reshape(-1)).reshape(w.shape)
+    assert float((fast - auto).norm() / auto.norm()) < 1e-10
+    assert float((auto - explicit).norm() / explicit.norm()) < 1e-10
+
+
+def test_hutchinson_within_standard_errors():
+    _, loss, w, hess = _tiny("relu", 3, seed=7)
+    est = hutchinson_trace(loss.hvp_at(w), w, samples=400, seed=2)
+    exact = float(hess.trace())
+    assert est["samples"] == 400 and est["stderr"] > 0
+    assert abs(est["value"] - exact) <= 4 * est["stderr"] + 1e-9 * abs(exact)
+
+
+def test_interpolation_endpoints_are_exact():
+    model, loss, w1, _ = _tiny("attn", 3, seed=11)
+    w0 = torch.randn(w1.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    curve = interpolation({"train": loss}, w0, w1, [-0.5, 0.0, 0.5, 1.0, 1.5])
+    assert curve["train"][1] == float(loss(w0))
+    assert curve["train"][3] == float(loss(w1))
+    mid = float(loss(0.5 * w0 + 0.5 * w1))
+    assert curve["train"][2] == pytest.approx(mid, rel=1e-12)
+
+
+def test_filter_normalized_rows_and_slices():
+    _, loss, w, _ = _tiny("relu", 3, seed=13, width=8)
+    w[2] = 0.0
+    d = filter_normalized_direction(w, seed=0)
+    assert torch.allclose(d.norm(dim=1), w.norm(dim=1), rtol=1e-12, atol=0)
+    assert torch.equal(d, filter_normalized_direction(w, seed=0))
+    assert not torch.equal(d, filter_normalized_direction(w, seed=1))
+    d2 = filter_normalized_direction(w, seed=0, salt=1)
+    ts = [-1.0, 0.0, 0.5]
+    line = slice_1d({"train": loss}, w, d, ts)
+    grid = slice_2d(loss, w, d, d2, ts)
+    assert line["train"][1] == float(loss(w)) == grid[1][1]
+    assert line["train"][2] == pytest.approx(float(loss(w + 0.5 * d)), rel=1e-12)
+    assert grid[0][2] == pytest.approx(float(loss(w + 0.5 * d - 1.0 * d2)), rel=1e-12)
+
+
+def _run(seed: int, eig: float, flat: float, acc: float = 0.9) -> dict:
+    return {"seed": seed, "top_eigenvalue": eig, "filter_increase": flat, "trace": eig, "sharpness_w2": eig,
+            "sharpness_per_loss": eig, "sharpness_per_input": eig, "filter_increase_rel": flat,
+            "slice_increase": flat, "train_acc": acc, "interp_argmin_alpha": 1.0, "feature_norm2": 1.0}
+
+
+@pytest.mark.parametrize(("relu", "attn", "expected"), [
+    ([(2.0, 2.0), (3.0, 3.0)], [(1.0, 1.0), (1.0, 1.0)], "holds"),
+    ([(2.0, 0.5), (3.0, 0.5)], [(1.0, 1.0), (1.0, 1.0)], "partly"),
+    ([(2.0, 2.0), (0.5, 2.0)], [(1.0, 1.0), (1.0, 1.0)], "partly"),
+    ([(2.0, 0.5), (0.5, 2.0)], [(1.0, 1.0), (1.0, 1.0)], "does not hold"),
+    ([(float("nan"), 2.0), (3.0, 3.0)], [(1.0, 1.0), (1.0, 1.0)], "not measurable"),
+])
+def test_verdict_rule(relu, attn, expected):
+    result = {"models": {"relu": {"runs": [_run(s, *v) for s, v in enumerate(relu)]},
+                         "attn": {"runs": [_run(s, *v) for s, v in enumerate(attn)]}}}
+    assert landscape_verdict(result)["verdict"] == expected
+
+
+def test_verdict_needs_both_models_and_flags_undertraining():
+    only_relu = {"models": {"relu": {"runs": [_run(0, 1.0, 1.0)]}}}
+    assert landscape_verdict(only_relu)["verdict"] == "not measurable"
+    result = {"models": {"relu": {"runs": [_run(0, 2.0, 2.0)]},
+                         "attn": {"runs": [_run(0, 1.0, 1.0, acc=0.1)]}}}
+    v = landscape_verdict(result)
+    assert v["verdict"] == "holds"
+    assert any(c.startswith("attn: training accuracy") for c in v["caveats"])
+
+
+def test_smoke_on_real_mnist(mnist_small, tmp_path):
+    from reports.figures import landscape_contours, landscape_lines
+
+    cfg = LandscapeConfig(width=32, seeds=(0, 1), n_train=120, n_test=40, train=TrainConfig(epochs=2),
+                          points=5, grid=5, hessian_iters=6, hutchinson_samples=3, flat_directions=2)
+    result = run_landscape(cfg, dataset=mnist_small)
+    assert set(result["models"]) == {"relu", "attn"}
+    for res in result["models"].values():
+        for run in res["runs"]:
+            for key in ("top_eigenvalue", "trace", "filter_increase", "sharpness_w2", "sharpness_per_loss",
+                        "sharpness_per_input", "slice_increase", "train_loss", "test_loss", "grad_norm",
+                        "feature_mean_cosine"):
+                assert math.isfinite(run[key]), key
+            assert run["top_eigenvalue"] > 0
+            interp = run["interpolation"]
+            assert interp["train"][interp["alpha"].index(1.0)] == run["train_loss"]
+            assert run["slice_1d"]["train"][run["slice_1d"]["t"].index(0.0)] == run["train_loss"]
+            assert run["train_loss"] == pytest.approx(run["final_train_loss_float32"], rel=1e-4)
+        assert res["summary"]["top_eigenvalue"]["n"] == 2
+    assert result["verdict"]["verdict"] in ("holds", "partly", "does not hold")
+    json.dumps(to_jsonable(result))
+    for fn, name in ((landscape_lines, "lines.png"), (landscape_contours, "contours.png")):
+        path = fn(result, tmp_path / name)
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        with Image.open(path) as img:
+            img.verify()
+
+
+def test_cli_smoke_and_bad_model(tmp_path, capsys):
+    from verify.cli import main
+
+    out = tmp_path / "ls.json"
+    code = main(["landscape", "--preset", "smoke", "--seeds", "1", "--width", "16", "--n-train", "60",
+                 "--n-test", "20", "--epochs", "1", "--json", str(out), "--plot", str(tmp_path / "fig")])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "top eig" in text and "Claim 'ReLU sharp, Attn flat'" in text
+    record = json.loads(out.read_text())
+    assert record["experiment"] == "landscape" and record["preset"] == "smoke"
+    assert (tmp_path / "fig-lines.png").exists() and (tmp_path / "fig-contours.png").exists()
+    assert main(["landscape", "--preset", "smoke", "--model", "cnn"]) == 2
