@@ -72,15 +72,16 @@ def attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: AttackConfig
 
     def grad_of_loss(x_adv: torch.Tensor) -> torch.Tensor:
         nonlocal out_dim
-        x_adv = x_adv.detach().requires_grad_(True)
-        if recompute:
-            ctx = train_x.detach().index_copy(0, train_idx, x_adv)
-            out = model(x_adv, context_inputs=ctx)
-        else:
-            out = model(x_adv)
-        out_dim = out.shape[1]
-        loss = loss_fn(out_dim)(out, y).sum()
-        (g,) = torch.autograd.grad(loss, x_adv)
+        with torch.enable_grad():  # also when called under torch.no_grad()
+            x_adv = x_adv.detach().requires_grad_(True)
+            if recompute:
+                ctx = train_x.detach().index_copy(0, train_idx, x_adv)
+                out = model(x_adv, context_inputs=ctx)
+            else:
+                out = model(x_adv)
+            out_dim = out.shape[1]
+            loss = loss_fn(out_dim)(out, y).sum()
+            (g,) = torch.autograd.grad(loss, x_adv)
         return g
 
     if cfg.name == "fgsm":

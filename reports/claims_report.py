@@ -50,12 +50,21 @@ def make_figures(record: dict[str, Any], folder: Path) -> list[dict[str, str]]:
                                    "middle: kernel drift ||Θ_T−Θ_0||/||Θ_0||; right: Θ_0 vs analytic NTK."})
     kap = {ds: res[f"kappa:{ds}"] for ds in ("mnist", "cifar10") if res.get(f"kappa:{ds}", {}).get("rows")}
     if kap:
-        from verify.claims import PAPER_KAPPA
+        from theory.paper import PAPER_KAPPA
 
         p = figures.kappa_vs_n(kap, folder / "kappa_vs_n.png", PAPER_KAPPA)
         out.append({"title": "Condition number of G against n", "path": str(p),
                     "caption": "kappa(G) is infinite once n exceeds the rank (n > d, or always-zero pixels); "
                                "kappa_d uses the rank-min(n, d) truncation. Dotted: the paper's values."})
+    mall = {k: res[k] for k in ("malleability:mnist:10class", "malleability:cifar10:10class",
+                                "malleability:mnist:binary", "malleability:cifar10:binary")
+            if res.get(k, {}).get("summary")}
+    if mall:
+        p = figures.flip_rate_bars(mall, folder / "flip_rates.png")
+        out.append({"title": "Influence flip rates (transformed intervention)", "path": str(p),
+                    "caption": "fraction of the top-tau training points whose NTK-LOO influence changes sign when "
+                               "they are replaced by their adversarial versions; hatched: random sign noise of "
+                               "the same eps (the baseline); mean ± std over seeds."})
     for ds in ("mnist", "cifar10"):
         r = res.get(f"landscape:{ds}")
         if r and "models" in r:

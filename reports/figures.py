@@ -157,3 +157,39 @@ def landscape_contours(result: dict[str, Any], path: str | Path) -> Path:
     if filled is not None:
         fig.colorbar(filled, ax=list(axes[0]), shrink=0.85, format="%.3g", label="L - L(W_T) (shared scale)")
     return save_figure(fig, path)
+
+
+def flip_rate_bars(results: dict[str, dict[str, Any]], path: str | Path) -> Path:
+    """Flip rate per attack for each model (mean ± std over seeds), with the random-noise baseline as a
+    hatched bar; one panel per malleability result (e.g. MNIST and CIFAR-10, 10 classes)."""
+    import numpy as np
+
+    names = list(results)
+    fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names), 3.3), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        res = results[name]
+        rows = [r for r in res["summary"]["rows"] if r["training"] == "standard"
+                and r["intervention"] == "transformed" and r["eps"] == res["eps_values"][0]]
+        attacks = list(dict.fromkeys(r["attack"] for r in rows))
+        labels = [*attacks, "random"]
+        x = np.arange(len(labels))
+        for k, kind in enumerate(("relu", "attn")):
+            mine = {r["attack"]: r for r in rows if r["model"] == kind}
+            if not mine:
+                continue
+            any_row = next(iter(mine.values()))
+            base = any_row["baseline_flip_rate"]
+            means = [100 * mine[a]["flip_rate"]["mean"] for a in attacks] + [100 * base["mean"]]
+            stds = [100 * mine[a]["flip_rate"]["std"] for a in attacks] + [100 * base["std"]]
+            bars = ax.bar(x + (k - 0.5) * 0.38, means, 0.38, yerr=stds, capsize=3, color=MODEL_COLORS[kind],
+                          label=MODEL_LABELS[kind], alpha=0.85)
+            bars[-1].set_hatch("//")
+            bars[-1].set_alpha(0.45)
+        ax.set_xticks(x, [lab.upper() if lab != "random" else "random\n(baseline)" for lab in labels])
+        ax.set_ylabel("flip rate of top-tau points (%)")
+        title = f"{res['data'].get('label', name)}"[:60]
+        ax.set_title(f"{title}\n{res['config']['task']}, eps {res['eps_values'][0]:g}", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, path)

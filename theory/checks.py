@@ -25,6 +25,7 @@ from typing import Any
 import mpmath
 import numpy as np
 
+from theory import paper
 from theory.bounds import eps_for_width_v1, relu_width_bound, width_bound_v1, width_bound_v2
 from theory.conditioning import (
     EPS,
@@ -54,9 +55,9 @@ CRASHED = "check crashed"
 VERDICTS = (HOLDS, HOLDS_CORRECTED, DOES_NOT_HOLD, ILL_POSED)
 
 #: The paper's stated inputs (v1 Thm 4.7): condition numbers and the widths it derives from them.
-PAPER_KAPPA = {"MNIST": 1.2e3, "CIFAR-10": 8.7e3}
-PAPER_WIDTH_V1 = {"MNIST": 1e18, "CIFAR-10": 1e24}
-PAPER_WIDTH_V2 = {"MNIST": 1e24, "CIFAR-10": 1e29}
+PAPER_KAPPA = {paper.PAPER_DATASET_LABELS[k]: v for k, v in paper.PAPER_KAPPA.items()}
+PAPER_WIDTH_V1 = {paper.PAPER_DATASET_LABELS[k]: v for k, v in paper.PAPER_WIDTH_V1.items()}
+PAPER_WIDTH_V2 = {paper.PAPER_DATASET_LABELS[k]: v for k, v in paper.PAPER_WIDTH_V2.items()}
 #: Assumption for the v2 cross-check (the paper is silent): n = the full training set.
 ASSUMED_N_V2 = {"MNIST": 60000, "CIFAR-10": 50000}
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from empirics.distance import trend
 from reports.text import fmt
+from theory.paper import PAPER_KAPPA
 
 HOLDS, PARTLY, NOT, NA = "holds", "partly", "does not hold", "not measurable here"
 VERDICTS = (HOLDS, PARTLY, NOT, NA)
@@ -109,7 +110,6 @@ THEORY_CLAIMS = [
 
 # ---- condition numbers on real data -----------------------------------------------------------
 
-PAPER_KAPPA = {"mnist": 1.2e3, "cifar10": 8.7e3}
 
 
 def _kappa_claim(ds: str) -> Callable[[Results], Outcome]:

@@ -1,0 +1,314 @@
+"""NTK leave-one-out influence with the trained network's empirical kernel (PAPER.md, "Influence
+malleability").
+
+Definitions (fixed here; the paper leaves them open):
+
+- Kernel: `K_m`, the per-output ("mean" reduction) empirical NTK of the *trained* network, computed in
+  float64 with the closed form of `empirics.ntk`. For MLP-Attn the attention context `C` is rebuilt
+  in float64 from the training inputs passed in (so clean and perturbed training sets are treated the
+  same way, and a perturbed training set changes the features of every train and test point).
+- Predictor: kernel ridge regression with `K_m` on the training targets (one-hot for 10 classes, +-1
+  for the binary tasks, `empirics.train.targets`): `f(x) = k(x)^T (K_m + lambda I)^-1 Y`.
+- Ridge `lambda`: by default relative, `lambda = ridge_rel * trace(K_m) / n` with `ridge_rel = 1e-3`,
+  i.e. 0.1 % of the average kernel diagonal. A relative ridge is scale-free: 2L-ReLU kernels on raw
+  pixels have diagonals of order `||x||^2` (tens to hundreds) while MLP-Attn features are unit
+  vectors (diagonal about 1/2), so one absolute value (e.g. `n * weight_decay`) would regularise the
+  two models very differently and bias the comparison. An absolute `ridge` can be passed instead.
+- Loss: squared error summed over outputs, `L_t(f) = sum_c (f_c(x_t) - y_tc)^2` (no factor 1/2), the
+  loss of the kernel predictor that the leave-one-out formula is exact for.
+- Influence and its sign: `influence[i, t] = L_t(f_-i) - L_t(f)`, where `f_-i` is the kernel predictor
+  refitted without training point i, from the closed form `f_-i(x) = f(x) - (k(x)^T M[:, i]) alpha_i / M_ii`
+  (`M = (K_m + lambda I)^-1`, no retraining; see `theory.krr`). **Positive: removing i raises the test
+  loss, so i is helpful; negative: i is harmful.** The total influence of i is the sum over the test
+  set, `total[i] = sum_t influence[i, t]` (the aggregate the flip rate uses).
+
+Writing `r_t = f(x_t) - y_t` and `d_it = P[t, i] alpha_i / M_ii` with `P = K_test_train M`, the
+influence is `-2 <r_t, d_it> + ||d_it||^2`, evaluated for all (i, t) at once without forming the
+(n_train, n_test, c) array of leave-one-out predictions.
+
+`retrain_study` checks the whole construction against what it approximates: it retrains a wide
+2L-ReLU network from the same initialisation without each of several training points and compares
+the actual change of the network's test loss with the predicted influence.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+import torch
+from scipy import stats
+from torch import nn
+
+from empirics.ntk import empirical_ntk
+from empirics.train import predict_labels, targets
+from theory.errors import UserInputError
+
+RIDGE_REL_DEFAULT = 1e-3
+
+
+@dataclass
+class InfluenceResult:
+    """Influence of every training point on every test point, and what it was computed from.
+
+    per_test: (n_train, n_test) `L_t(f_-i) - L_t(f)`; total: (n_train,) its sum over the test set.
+    predictions: (n_test, c) kernel-predictor outputs; test_loss: mean over test points of `L_t(f)`;
+    test_acc: accuracy of the kernel predictor's labels.
+    """
+
+    per_test: np.ndarray
+    total: np.ndarray
+    ridge: float
+    predictions: np.ndarray
+    test_loss: float
+    test_acc: float
+
+    @property
+    def n_train(self) -> int:
+        return int(self.per_test.shape[0])
+
+
+def resolve_ridge(K: np.ndarray, ridge: float | None = None, ridge_rel: float = RIDGE_REL_DEFAULT) -> float:
+    """The absolute ridge: `ridge` if given, else `ridge_rel * trace(K) / n`."""
+    if ridge is not None:
+        if not np.isfinite(ridge) or ridge < 0:
+            raise UserInputError(f"ridge must be a finite number >= 0, got {ridge}")
+        return float(ridge)
+    if not np.isfinite(ridge_rel) or ridge_rel <= 0:
+        raise UserInputError(f"relative ridge must be a finite number > 0, got {ridge_rel}")
+    return float(ridge_rel * np.trace(K) / K.shape[0])
+
+
+def _as_2d(Y: np.ndarray) -> np.ndarray:
+    Y = np.asarray(Y, dtype=np.float64)
+    return Y[:, None] if Y.ndim == 1 else Y
+
+
+def kernel_influence(K: np.ndarray, Y: np.ndarray, ridge: float, K_test_train: np.ndarray,
+                     Y_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Closed-form leave-one-out influence `L_t(f_-i) - L_t(f)`, shape (n_train, n_test), and `f(X_test)`.
+
+    `K` (n, n) is the training kernel, `Y` (n, c) or (n,) the training targets, `K_test_train`
+    (n_test, n), `Y_test` the test targets. Float64, Cholesky of `K + ridge I`.
+    """
+    K = np.asarray(K, dtype=np.float64)
+    Kt = np.asarray(K_test_train, dtype=np.float64)
+    Y2, Yt = _as_2d(Y), _as_2d(Y_test)
+    n = K.shape[0]
+    if K.shape != (n, n) or Kt.shape[1] != n or Y2.shape[0] != n or Yt.shape[0] != Kt.shape[0]:
+        raise UserInputError(f"inconsistent shapes K {K.shape}, K_test_train {Kt.shape}, Y {Y2.shape}, "
+                             f"Y_test {Yt.shape}; pass (n, n), (n_test, n), (n, c), (n_test, c)")
+    A = (K + K.T) / 2 + ridge * np.eye(n)
+    try:
+        factor = scipy.linalg.cho_factor(A, lower=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        raise UserInputError(f"K + ridge*I is not positive definite (ridge={ridge:.3g}); "
+                             "use a larger ridge") from None
+    M = scipy.linalg.cho_solve(factor, np.eye(n), check_finite=False)
+    M = (M + M.T) / 2
+    alpha = M @ Y2
+    F = Kt @ alpha
+    R = F - Yt
+    P = Kt @ M
+    coef = alpha / np.diag(M)[:, None]
+    per_test = -2.0 * P.T * (coef @ R.T) + P.T**2 * np.sum(coef**2, axis=1)[:, None]
+    return per_test, F
+
+
+def influence_from_kernels(K: np.ndarray, K_test_train: np.ndarray, Y: np.ndarray, Y_test: np.ndarray,
+                           y_test_labels: np.ndarray | None = None, ridge: float | None = None,
+                           ridge_rel: float = RIDGE_REL_DEFAULT) -> InfluenceResult:
+    """`InfluenceResult` from precomputed kernels and targets (see the module docstring)."""
+    lam = resolve_ridge(K, ridge, ridge_rel)
+    per_test, F = kernel_influence(K, Y, lam, K_test_train, Y_test)
+    Yt = _as_2d(Y_test)
+    loss = float(np.mean(np.sum((F - Yt) ** 2, axis=1)))
+    acc = float("nan")
+    if y_test_labels is not None:
+        pred = predict_labels(torch.as_tensor(F)).numpy()
+        acc = float(np.mean(pred == np.asarray(y_test_labels)))
+    return InfluenceResult(per_test, per_test.sum(axis=1), lam, F, loss, acc)
+
+
+def output_dim(model: nn.Module, x: torch.Tensor) -> int:
+    """Number of network outputs (from the spec of a `TwoLayerNet`, else one forward pass)."""
+    spec = getattr(model, "spec", None)
+    if spec is not None and hasattr(spec, "out_dim"):
+        return int(spec.out_dim)
+    with torch.no_grad():
+        return int(model(x[:1]).shape[1])
+
+
+def model_kernels(model: nn.Module, x_train: torch.Tensor,
+                  x_test: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 empirical NTKs `K_m(X_train, X_train)` and `K_m(X_test, X_train)` ("mean" reduction).
+
+    For MLP-Attn the context is rebuilt from `x_train` on a float64 copy (the caller's model is not
+    touched), so every feature, train and test, reflects the training set passed in. Both blocks come
+    from one kernel over the joint set, so features are computed once.
+    """
+    m64 = copy.deepcopy(model).double()
+    xtr = x_train.detach().to(dtype=torch.float64)
+    xte = x_test.detach().to(dtype=torch.float64)
+    if hasattr(m64, "set_context"):
+        m64.set_context(xtr)
+    n = xtr.shape[0]
+    joint = empirical_ntk(m64, torch.cat([xtr, xte]), None, "mean").cpu().numpy()
+    return joint[:n, :n].copy(), joint[n:, :n].copy()
+
+
+def influence_scores(model: nn.Module, x_train: torch.Tensor, y_train: torch.Tensor, x_test: torch.Tensor,
+                     y_test: torch.Tensor, ridge: float | None = None,
+                     ridge_rel: float = RIDGE_REL_DEFAULT) -> InfluenceResult:
+    """NTK leave-one-out influence of each training point on each test point (and summed).
+
+    The kernel is the trained network's empirical NTK (float64); targets are one-hot or +-1 as in
+    training. `ridge` is absolute; when None it is `ridge_rel * trace(K_m) / n`.
+    """
+    out_dim = output_dim(model, x_train)
+    K, Kst = model_kernels(model, x_train, x_test)
+    Y = targets(y_train.cpu(), out_dim, torch.float64).numpy()
+    Yt = targets(y_test.cpu(), out_dim, torch.float64).numpy()
+    return influence_from_kernels(K, Kst, Y, Yt, y_test.cpu().numpy(), ridge, ridge_rel)
+
+
+# --------------------------------------------------------------------------------------------------
+# Predicted influence against actual retraining
+
+
+@dataclass(frozen=True)
+class RetrainConfig:
+    """Sizes of the retraining study (binary task: one output, MSE against +-1, as in training).
+
+    The network is a wide 2L-ReLU trained by full-batch gradient descent without weight decay, close
+    to the linear (lazy) regime; `centered` subtracts the output at initialisation so that the
+    network starts at f = 0 like the kernel predictor. `ridge=None` matches the ridge to the
+    training time, `lambda = n / (lr * steps)` (gradient flow on the mean loss for time `lr * steps`
+    filters eigen-directions of `K/n` like a ridge of that size). `pool` average-pools images by
+    that factor per side before training (1 keeps full resolution). All leave-one-out networks are
+    trained at once as one batched computation (`dtype` float32 by default: the runs share every
+    operation but the removed point, so rounding does not decorrelate them). Removed points are
+    `n_remove` training points at evenly spaced ranks of the predicted total influence, so that both
+    signs and the whole range are covered.
+    """
+
+    dataset: str = "mnist"
+    task: str = "binary"
+    n_train: int = 80
+    n_test: int = 100
+    width: int = 4096
+    steps: int = 400
+    lr: float | None = None
+    n_remove: int = 20
+    centered: bool = True
+    ridge: float | None = None
+    pool: int = 2
+    dtype: str = "float32"
+    seed: int = 0
+    data_seed: int = 0
+    data_dir: str | None = None
+
+
+def _pool(x: np.ndarray, shape: tuple[int, ...], k: int) -> np.ndarray:
+    if k == 1:
+        return x
+    c, h, w = shape
+    hh, ww = h // k, w // k
+    img = x.reshape(-1, c, h, w)[:, :, : hh * k, : ww * k]
+    return img.reshape(-1, c, hh, k, ww, k).mean(axis=(3, 5)).reshape(x.shape[0], -1)
+
+
+def _gd_batched(W: torch.Tensor, A: torch.Tensor, x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor,
+                lr: float, steps: int) -> torch.Tensor:
+    """Full-batch GD for B networks at once, each on the mean of `(f - y)^2 / 2` over its own points.
+
+    `W` (B, m, d) are the initial first-layer weights, `A` (m, c) the fixed output layer, `keep`
+    (B, n) a 0/1 mask of the training points each network sees. Returns the trained weights.
+    """
+    W = W.clone().requires_grad_(True)
+    weight = (keep / keep.sum(dim=1, keepdim=True))[:, :, None]
+    scale = A.shape[0] ** -0.5
+    for _ in range(steps):
+        h = (x @ W.reshape(-1, W.shape[2]).T).reshape(x.shape[0], W.shape[0], -1).transpose(0, 1)
+        out = torch.relu(h) @ A * scale
+        (grad,) = torch.autograd.grad(0.5 * (weight * (out - y) ** 2).sum(), W)
+        with torch.no_grad():
+            W -= lr * grad
+    return W.detach()
+
+
+def retrain_study(cfg: RetrainConfig) -> dict[str, Any]:
+    """Compare predicted NTK influence with the actual change of test loss after retraining.
+
+    Returns per-point predicted and actual values, Pearson and Spearman correlations, the fraction
+    of points where the signs agree, and the kernel predictor's agreement with the network.
+    """
+    from empirics.datasets import load_dataset
+    from empirics.models import ModelSpec, build_model
+    from empirics.records import library_versions
+
+    t0 = time.perf_counter()
+    ds = load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task, seed=cfg.data_seed,
+                      data_dir=cfg.data_dir)
+    out_dim = 1 if cfg.task == "binary" else ds.num_classes
+    dt = torch.float64 if cfg.dtype == "float64" else torch.float32
+    xtr = torch.as_tensor(_pool(ds.x_train, ds.image_shape, cfg.pool), dtype=dt)
+    xte = torch.as_tensor(_pool(ds.x_test, ds.image_shape, cfg.pool), dtype=dt)
+    ytr, yte = torch.as_tensor(ds.y_train), torch.as_tensor(ds.y_test)
+    Y, Yt = targets(ytr, out_dim, dt), targets(yte, out_dim, dt)
+    n = xtr.shape[0]
+    spec = ModelSpec("relu", xtr.shape[1], cfg.width, out_dim, seed=cfg.seed)
+    net = build_model(spec, dtype=dt)
+    W0, A = net.W.detach().clone(), net.A
+    k0 = empirical_ntk(copy.deepcopy(net).double(), xtr.double(), None, "mean").numpy()
+    lr = cfg.lr if cfg.lr is not None else float(n / np.linalg.eigvalsh(k0)[-1])
+    ridge = cfg.ridge if cfg.ridge is not None else n / (lr * cfg.steps)
+    with torch.no_grad():
+        f0_tr, f0_te = (net(xtr), net(xte)) if cfg.centered else (0.0, 0.0)
+
+    def fit(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Test outputs (centred: minus f at initialisation) and weights of networks trained on each row
+        of `keep`."""
+        W = _gd_batched(W0.expand(keep.shape[0], -1, -1), A, xtr, Y + f0_tr, keep.to(dt), lr, cfg.steps)
+        with torch.no_grad():
+            return torch.relu(xte @ W.transpose(1, 2)) @ A * cfg.width**-0.5 - f0_te, W
+
+    def test_loss(f: torch.Tensor) -> np.ndarray:
+        return ((f - Yt) ** 2).sum(dim=(1, 2)).double().numpy()
+
+    f_full, W_full = fit(torch.ones(1, n))
+    with torch.no_grad():
+        net.W.copy_(W_full[0])
+    infl = influence_scores(net, xtr, ytr, xte, yte, ridge=ridge)
+    loss_full = float(test_loss(f_full)[0])
+    order = np.argsort(infl.total)
+    picks = order[np.unique(np.linspace(0, n - 1, min(cfg.n_remove, n)).round().astype(int))]
+    keep = torch.ones(len(picks), n)
+    keep[torch.arange(len(picks)), torch.as_tensor(picks)] = 0.0
+    f_loo, _ = fit(keep)
+    act = test_loss(f_loo) - loss_full
+    pred = infl.total[picks]
+    points = [{"index": int(i), "predicted": float(p), "actual": float(a)}
+              for i, p, a in zip(picks, pred, act, strict=True)]
+    f_net = f_full[0].double().numpy()
+    return {
+        "experiment": "influence-retrain-study",
+        "config": asdict(cfg),
+        "lr": lr,
+        "ridge": ridge,
+        "d": int(xtr.shape[1]),
+        "pearson": float(stats.pearsonr(pred, act).statistic),
+        "spearman": float(stats.spearmanr(pred, act).statistic),
+        "sign_agreement": float(np.mean(np.sign(pred) == np.sign(act))),
+        "kernel_vs_network_rel": float(np.linalg.norm(infl.predictions - f_net) / np.linalg.norm(f_net)),
+        "network_test_loss": loss_full / len(yte),
+        "kernel_test_loss": infl.test_loss,
+        "points": points,
+        "data": ds.provenance,
+        "versions": library_versions(),
+        "wall_s": time.perf_counter() - t0,
+    }

@@ -1,0 +1,445 @@
+"""Influence malleability: how often a small perturbation of training data flips influence signs.
+
+Protocol (PAPER.md, "Influence malleability"; choices the paper leaves open are fixed here):
+
+1. Train each network once per seed (Adam, the preset's epochs; `adv_train` adds a PGD-trained copy
+   with the same seed). Every attack and eps value reuses that trained network.
+2. Clean influence: NTK leave-one-out influence with the trained network's empirical kernel
+   (`empirics.influence`: KRR on one-hot / +-1 targets, squared loss, ridge
+   `ridge_rel * trace(K_m) / n` unless an absolute ridge is given; the ridge found on the clean data
+   is kept for every recomputation, since it is a property of the predictor, not of the data).
+   Influence of i is summed over the test set; positive = helpful.
+3. Selection: the top `tau` fraction of training points by **absolute** total influence
+   (`k = max(1, round(tau * n))`), i.e. the points the predictor relies on most, in either direction.
+4. Perturbation: an L-infinity attack (FGSM / PGD / MIM, `empirics.attacks`) at eps in pixel units,
+   maximising the trained network's loss at the example's own label, clipped to [0, 1]. For MLP-Attn
+   the attack sees the clean context (`attack_context="fixed"`) or the context rebuilt with its own
+   perturbation (`"recomputed"`). **Baseline**: random signs times eps on the same points ("random").
+5. Recompute the trained network's kernel on the modified training set. For MLP-Attn this rebuilds
+   `C` from the modified training set, so the features of every training and test point change.
+   Recompute influence (same ridge, same test set, same targets).
+
+Interventions:
+
+- `transformed` (the headline): replace the selected points by their perturbed versions. Reported:
+  **flip rate** = fraction of the selected points whose total-influence sign flips; Spearman rho
+  between old and new total influence over **all** training points (`rho_all`, the headline rho,
+  "rankings" in the paper's sense) and over the selected points only (`rho_top`); `pair_flip_rate`
+  = fraction of (selected point, test point) pairs whose per-test influence sign flips.
+- `curated`: remove the selected points. Reported: change in the kernel predictor's test loss and
+  accuracy, Spearman rho and sign-flip fraction of the remaining points' influences. Baseline:
+  removing the same number of random points. Attacks play no part.
+- `adversarial`: perturb *all* training points with the attack; flip rate over the clean top-tau
+  set and rho over all points. Baseline: random signs on all points.
+
+Per-example records (index, old influence, new influence, flipped) are kept for every selected point.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+
+from empirics.attacks import CONTEXT_MODES, AttackConfig, attack
+from empirics.common import Tensors, dataset_tensors, spread, train_network
+from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_scores
+from empirics.models import MODEL_KINDS, ModelSpec, TwoLayerNet
+from empirics.progress import log
+from empirics.records import device_info, library_versions, pick_device
+from empirics.train import TrainConfig
+from theory.errors import UserInputError
+from theory.paper import PAPER_ADV, PAPER_FLIP
+
+MALL_ATTACKS = ("fgsm", "pgd", "mim")
+INTERVENTIONS = ("transformed", "curated", "adversarial")
+BASELINE = "random"
+
+#: Flip rates (%) the paper reports at eps = 0.3: (dataset, task) -> model -> attack.
+def paper_ratio_range(dataset: str, task: str) -> tuple[float, float] | None:
+    """Smallest and largest Attn/ReLU flip-rate ratio over the paper's three attacks."""
+    p = PAPER_FLIP.get((dataset, task))
+    if p is None:
+        return None
+    r = [p["attn"][a] / p["relu"][a] for a in MALL_ATTACKS]
+    return min(r), max(r)
+
+
+@dataclass(frozen=True)
+class MalleabilityConfig:
+    """One malleability experiment. `eps` is the headline value; `eps_sweep` adds more values.
+
+    `adv_steps` is the number of PGD steps inside adversarial training (at `eps`); `attack_steps`
+    those of PGD and MIM when measuring (step size 2.5 eps / steps, MIM momentum 1.0).
+    """
+
+    dataset: str = "mnist"
+    task: str = "10class"
+    models: tuple[str, ...] = ("relu", "attn")
+    attacks: tuple[str, ...] = MALL_ATTACKS
+    eps: float = 0.3
+    eps_sweep: tuple[float, ...] = ()
+    tau: float = 0.1
+    seeds: tuple[int, ...] = (0, 1, 2)
+    interventions: tuple[str, ...] = INTERVENTIONS
+    width: int = 1024
+    n_train: int = 500
+    n_test: int = 200
+    sample: str = "balanced"
+    data_seed: int = 0
+    train: TrainConfig = field(default_factory=TrainConfig)
+    adv_train: bool = False
+    adv_steps: int = 7
+    attack_steps: int = 10
+    attack_context: str = "fixed"
+    ridge: float | None = None
+    ridge_rel: float = RIDGE_REL_DEFAULT
+    parameterization: str = "ntk"
+    attn_layers: int = 1
+    attn_rank: int | None = None
+    data_dir: str | None = None
+    data_source: str = "auto"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        for a in self.attacks:
+            if a not in MALL_ATTACKS:
+                raise UserInputError(f"unknown attack '{a}'; choose from {', '.join(MALL_ATTACKS)} "
+                                     "(random noise is always run as the baseline)")
+        for m in self.models:
+            if m not in MODEL_KINDS:
+                raise UserInputError(f"unknown model '{m}'; choose from {', '.join(MODEL_KINDS)}")
+        for i in self.interventions:
+            if i not in INTERVENTIONS:
+                raise UserInputError(f"unknown intervention '{i}'; choose from {', '.join(INTERVENTIONS)}")
+        if not self.attacks or not self.models or not self.interventions or not self.seeds:
+            raise UserInputError("give at least one attack, model, intervention and seed")
+        for e in (self.eps, *self.eps_sweep):
+            if not (isinstance(e, (int, float)) and 0.0 <= e <= 1.0):
+                raise UserInputError(f"eps must be in [0, 1] (pixel units), got {e}")
+        if not (isinstance(self.tau, (int, float)) and 0.0 < self.tau <= 1.0):
+            raise UserInputError(f"tau must be in (0, 1] (a fraction of the training set), got {self.tau}")
+        if self.attack_context not in CONTEXT_MODES:
+            raise UserInputError(f"unknown attack context '{self.attack_context}'; choose fixed or recomputed")
+        if self.n_train < 2 or self.n_test < 1 or self.width < 1:
+            raise UserInputError("n_train must be >= 2, n_test >= 1 and width >= 1")
+        if self.attack_steps < 1 or self.adv_steps < 1:
+            raise UserInputError("attack_steps and adv_steps must be >= 1")
+
+    @property
+    def eps_values(self) -> tuple[float, ...]:
+        """The headline eps first, then the sweep values not equal to it, in the order given."""
+        out = [float(self.eps)]
+        for e in self.eps_sweep:
+            if float(e) not in out:
+                out.append(float(e))
+        return tuple(out)
+
+    def n_selected(self) -> int:
+        return n_top(self.tau, self.n_train)
+
+
+def n_top(tau: float, n: int) -> int:
+    """How many points the top-tau selection takes: `max(1, round(tau * n))`, at most n."""
+    return max(1, min(n, int(round(tau * n))))
+
+
+def top_by_abs(total: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the `k` largest |total| (ties broken by index), sorted ascending."""
+    order = np.lexsort((np.arange(len(total)), -np.abs(total)))
+    return np.sort(order[:k])
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    if len(a) < 2 or np.all(a == a[0]) or np.all(b == b[0]):
+        return float("nan")
+    return float(stats.spearmanr(a, b).statistic)
+
+
+def compare(old: InfluenceResult, new: InfluenceResult, sel: np.ndarray,
+            keep_examples: bool = True) -> dict[str, Any]:
+    """Flip rate over `sel`, Spearman rho over all points and over `sel`, pair flip rate, records.
+
+    `old` and `new` index the same training points (the transformed and adversarial interventions).
+    """
+    o, n = old.total, new.total
+    flipped = np.sign(o[sel]) != np.sign(n[sel])
+    pair = np.sign(old.per_test[sel]) != np.sign(new.per_test[sel])
+    out: dict[str, Any] = {
+        "flip_rate": float(flipped.mean()),
+        "rho_all": _spearman(o, n),
+        "rho_top": _spearman(o[sel], n[sel]),
+        "pair_flip_rate": float(pair.mean()),
+        "n_selected": int(len(sel)),
+        "kernel_test_loss": new.test_loss,
+        "kernel_test_acc": new.test_acc,
+    }
+    if keep_examples:
+        out["examples"] = [{"index": int(i), "old": float(o[i]), "new": float(n[i]), "flipped": bool(f)}
+                           for i, f in zip(sel, flipped, strict=True)]
+    return out
+
+
+def _attack_cfg(name: str, eps: float, cfg: MalleabilityConfig, seed: int) -> AttackConfig:
+    return AttackConfig(name, eps, steps=cfg.attack_steps, seed=seed, context=cfg.attack_context)
+
+
+def _attack_seed(seed: int, eps_idx: int, name: str, intervention: str) -> int:
+    code = ("random",) + MALL_ATTACKS
+    return 1_000_003 * seed + 10_007 * eps_idx + 101 * code.index(name) + INTERVENTIONS.index(intervention)
+
+
+def measure_model(model: TwoLayerNet, t: Tensors, cfg: MalleabilityConfig, seed: int) -> dict[str, Any]:
+    """Every intervention, attack (plus the random baseline) and eps for one trained network."""
+    x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
+    clean = influence_scores(model, x, y, xt, yt, cfg.ridge, cfg.ridge_rel)
+    lam = clean.ridge
+    n = x.shape[0]
+    k = n_top(cfg.tau, n)
+    sel = top_by_abs(clean.total, k)
+    sel_t = torch.as_tensor(sel, device=x.device)
+    everyone = torch.arange(n, device=x.device)
+    res: dict[str, Any] = {
+        "ridge": lam, "selected": sel.tolist(), "n_selected": k,
+        "clean": {"kernel_test_loss": clean.test_loss, "kernel_test_acc": clean.test_acc,
+                  "positive_fraction": float(np.mean(clean.total > 0)),
+                  "selected_positive_fraction": float(np.mean(clean.total[sel] > 0))},
+        "measurements": [],
+    }
+    names = (BASELINE,) + tuple(cfg.attacks)
+    for e_idx, eps in enumerate(cfg.eps_values):
+        for intervention in ("transformed", "adversarial"):
+            if intervention not in cfg.interventions:
+                continue
+            idx_t = sel_t if intervention == "transformed" else everyone
+            for name in names:
+                acfg = _attack_cfg(name, eps, cfg, _attack_seed(seed, e_idx, name, intervention))
+                x_adv = attack(model, x[idx_t], y[idx_t], acfg, train_x=x, train_idx=idx_t)
+                x_new = x.index_copy(0, idx_t, x_adv)
+                new = influence_scores(model, x_new, y, xt, yt, ridge=lam)
+                m = compare(clean, new, sel)
+                m.update({"intervention": intervention, "attack": name, "eps": eps,
+                          "max_abs_perturbation": float((x_new - x).abs().max())})
+                res["measurements"].append(m)
+    if "curated" in cfg.interventions:
+        rng = np.random.default_rng(seed + 7_777)
+        for name, removed in (("removal", sel), (BASELINE, np.sort(rng.choice(n, size=k, replace=False)))):
+            keep = np.setdiff1d(np.arange(n), removed)
+            kt = torch.as_tensor(keep, device=x.device)
+            new = influence_scores(model, x[kt], y[kt], xt, yt, ridge=lam)
+            res["measurements"].append({
+                "intervention": "curated", "attack": name, "eps": None, "removed": removed.tolist(),
+                "kernel_test_loss": new.test_loss, "kernel_test_acc": new.test_acc,
+                "test_loss_change": new.test_loss - clean.test_loss,
+                "test_acc_change": round(new.test_acc - clean.test_acc, 12),
+                "rho_remaining": _spearman(clean.total[keep], new.total),
+                "flip_rate_remaining": float(np.mean(np.sign(clean.total[keep]) != np.sign(new.total))),
+            })
+    return res
+
+
+def _seed_values(runs: list[dict[str, Any]], training: str, model: str, intervention: str, attack_name: str,
+                 eps: float | None, key: str) -> list[float]:
+    out = []
+    for r in runs:
+        if r["training"] != training or r["model"] != model:
+            continue
+        for m in r["measurements"]:
+            if m["intervention"] == intervention and m["attack"] == attack_name and m["eps"] == eps:
+                out.append(m[key])
+    return out
+
+
+def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig) -> dict[str, Any]:
+    """Spreads over seeds, Attn/ReLU ratios and the verdict (see `verdict`)."""
+    trainings = ["standard"] + (["adversarial"] if cfg.adv_train else [])
+    rows, ratios, curated = [], [], []
+    for training in trainings:
+        for intervention in ("transformed", "adversarial"):
+            if intervention not in cfg.interventions:
+                continue
+            for eps in cfg.eps_values:
+                for model in cfg.models:
+                    base = {k: _seed_values(runs, training, model, intervention, BASELINE, eps, k)
+                            for k in ("flip_rate", "rho_all", "rho_top")}
+                    for a in cfg.attacks:
+                        vals = {k: _seed_values(runs, training, model, intervention, a, eps, k)
+                                for k in ("flip_rate", "rho_all", "rho_top", "pair_flip_rate")}
+                        rows.append({
+                            "training": training, "intervention": intervention, "eps": eps, "model": model,
+                            "attack": a, "per_seed_flip_rate": vals["flip_rate"],
+                            **{k: spread(v) for k, v in vals.items()},
+                            **{f"baseline_{k}": spread(v) for k, v in base.items()},
+                            "paper_flip_pct": PAPER_FLIP.get((cfg.dataset, cfg.task), {}).get(model, {}).get(a)
+                            if eps == 0.3 and intervention == "transformed" and training == "standard" else None,
+                        })
+                if "relu" in cfg.models and "attn" in cfg.models:
+                    for a in (*cfg.attacks, BASELINE):
+                        ratios.append({"training": training, "intervention": intervention, "eps": eps, "attack": a,
+                                       **ratio(_seed_values(runs, training, "attn", intervention, a, eps, "flip_rate"),
+                                               _seed_values(runs, training, "relu", intervention, a, eps,
+                                                            "flip_rate"))})
+        if "curated" in cfg.interventions:
+            for model in cfg.models:
+                for name in ("removal", BASELINE):
+                    curated.append({
+                        "training": training, "model": model, "removal": "top" if name == "removal" else "random",
+                        **{k: spread(_seed_values(runs, training, model, "curated", name, None, k))
+                           for k in ("test_loss_change", "test_acc_change", "rho_remaining",
+                                     "flip_rate_remaining")},
+                    })
+    summary = {"rows": rows, "ratios": ratios, "curated": curated}
+    summary["verdict"] = verdict(summary, cfg)
+    if cfg.adv_train:
+        summary["adv_train"] = adv_comparison(rows, cfg)
+    return summary
+
+
+def ratio(attn: list[float], relu: list[float]) -> dict[str, Any]:
+    """Attn/ReLU flip-rate ratio: of the seed means, and per seed (None where ReLU flipped nothing)."""
+    ma = float(np.mean(attn)) if attn else float("nan")
+    mr = float(np.mean(relu)) if relu else float("nan")
+    per_seed = [a / r if r > 0 else None for a, r in zip(attn, relu, strict=True)]
+    defined = [v for v in per_seed if v is not None]
+    return {
+        "ratio": ma / mr if mr > 0 else None,
+        "per_seed": per_seed,
+        "per_seed_min": min(defined) if defined else None,
+        "per_seed_max": max(defined) if defined else None,
+        "attn_mean": ma, "relu_mean": mr,
+        "note": "" if mr > 0 else "undefined: 2L-ReLU flipped no point (ratio of zero)",
+    }
+
+
+def verdict(summary: dict[str, Any], cfg: MalleabilityConfig) -> dict[str, Any]:
+    """Headline comparison on the transformed intervention at the headline eps, standard training.
+
+    Rule (fixed before any run): pool the flip rate over the attacks run. MLP-Attn is "more
+    malleable" when its pooled flip rate exceeds 2L-ReLU's in every seed; the ratio is the ratio of
+    pooled means. "beyond baseline" says whether each model's attack flip rate exceeds its random-noise
+    flip rate (pooled means), i.e. whether the attack rather than any perturbation does the flipping.
+    """
+    label = {"mnist": "MNIST", "cifar10": "CIFAR-10"}.get(cfg.dataset, cfg.dataset)
+    paper = paper_ratio_range(cfg.dataset, cfg.task)
+    paper_txt = (f"paper: {paper[0]:.1f}-{paper[1]:.1f}x" if paper else "paper: no value")
+    rows = [r for r in summary["rows"] if r["training"] == "standard" and r["intervention"] == "transformed"
+            and r["eps"] == cfg.eps_values[0]]
+    if not ("relu" in cfg.models and "attn" in cfg.models) or not rows:
+        return {"status": "not measurable", "text": f"{label}: needs both models and the transformed intervention"}
+
+    def pooled(model: str) -> tuple[np.ndarray, float]:
+        per = np.array([r["per_seed_flip_rate"] for r in rows if r["model"] == model], float)  # attacks x seeds
+        base = np.mean([r["baseline_flip_rate"]["mean"] for r in rows if r["model"] == model])
+        return per.mean(axis=0), float(base)
+
+    attn, base_a = pooled("attn")
+    relu, base_r = pooled("relu")
+    every_seed = bool(np.all(attn > relu))
+    r = float(attn.mean() / relu.mean()) if relu.mean() > 0 else None
+    if r is None:
+        head = (f"MLP-Attn flips {100 * attn.mean():.1f}% of its top points and 2L-ReLU none (ratio undefined)"
+                if attn.mean() > 0 else "neither network flips any top point (ratio undefined)")
+    elif every_seed and r > 1:
+        head = f"MLP-Attn flips {r:.1f}x as often as 2L-ReLU ({100 * attn.mean():.1f}% vs {100 * relu.mean():.1f}%)"
+    else:
+        head = (f"attention is NOT more malleable at this scale (Attn/ReLU = {r:.2f}x, "
+                f"{100 * attn.mean():.1f}% vs {100 * relu.mean():.1f}%"
+                f"{'' if every_seed else '; not higher in every seed'})")
+    more = (r is None and attn.mean() > 0) or (r is not None and r > 1 and every_seed)
+    weak = [name for name, f, b in (("Attn", attn.mean(), base_a), ("ReLU", relu.mean(), base_r)) if f <= b]
+    text = (f"{label} ({cfg.task}, eps={cfg.eps_values[0]:g}): {head} ({paper_txt}); random noise of the same "
+            f"eps flips {100 * base_a:.1f}% (Attn) / {100 * base_r:.1f}% (ReLU)"
+            + (f" — the attack flips no more than random noise for {' and '.join(weak)}" if weak else ""))
+    return {
+        "status": "attention more malleable" if more else "attention not more malleable",
+        "more_malleable": more, "ratio": r, "every_seed": every_seed,
+        "attn_flip": float(attn.mean()), "relu_flip": float(relu.mean()),
+        "attn_baseline_flip": base_a, "relu_baseline_flip": base_r,
+        "attn_beyond_baseline": bool(attn.mean() > base_a), "relu_beyond_baseline": bool(relu.mean() > base_r),
+        "within_paper_range": bool(paper and r is not None and paper[0] <= r <= paper[1]),
+        "paper_range": paper, "text": text,
+    }
+
+
+def adv_comparison(rows: list[dict[str, Any]], cfg: MalleabilityConfig) -> list[dict[str, Any]]:
+    """Flip rate before (standard) and after adversarial training, per model and attack (transformed)."""
+    out = []
+    eps = cfg.eps_values[0]
+    for model in cfg.models:
+        for a in cfg.attacks:
+            pick = {r["training"]: r for r in rows if r["intervention"] == "transformed" and r["eps"] == eps
+                    and r["model"] == model and r["attack"] == a}
+            if "standard" in pick and "adversarial" in pick:
+                paper = PAPER_ADV.get((cfg.dataset, model)) if a == "pgd" and cfg.task == "10class" else None
+                out.append({"model": model, "attack": a, "standard": pick["standard"]["flip_rate"],
+                            "adversarial": pick["adversarial"]["flip_rate"],
+                            "standard_rho_all": pick["standard"]["rho_all"],
+                            "adversarial_rho_all": pick["adversarial"]["rho_all"],
+                            "paper_pct": paper})
+    return out
+
+
+def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None) -> dict[str, Any]:
+    """The whole experiment: returns a JSON-ready record (config, per-run measurements, summary)."""
+    from empirics.datasets import load_dataset
+
+    t0 = time.perf_counter()
+    device = pick_device(cfg.device)
+    ds = dataset or load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task,
+                                 sample=cfg.sample, seed=cfg.data_seed, data_dir=cfg.data_dir,
+                                 source=cfg.data_source)
+    t = dataset_tensors(ds, device)
+    runs: list[dict[str, Any]] = []
+    trainings = [("standard", False)] + ([("adversarial", True)] if cfg.adv_train else [])
+    for seed in cfg.seeds:
+        for training, adv in trainings:
+            for kind in cfg.models:
+                spec = ModelSpec(kind, ds.d, cfg.width, t.out_dim, cfg.parameterization, cfg.attn_layers,
+                                 cfg.attn_rank, seed)
+                tcfg = TrainConfig(**{**asdict(cfg.train), "seed": seed, "adv_train": adv,
+                                      "adv_eps": cfg.eps_values[0], "adv_steps": cfg.adv_steps})
+                t1 = time.perf_counter()
+                tr = train_network(spec, t, tcfg, device, label=f"{kind} seed {seed} {training}")
+                t2 = time.perf_counter()
+                res = measure_model(tr.model, t, cfg, seed)
+                res.update({"training": training, "model": kind, "seed": seed,
+                            "train_acc": tr.record.final_train_acc, "test_acc": tr.record.final_test_acc,
+                            "train_loss": tr.record.final_train_loss, "train_wall_s": t2 - t1,
+                            "measure_wall_s": time.perf_counter() - t2})
+                runs.append(res)
+                flips = [m["flip_rate"] for m in res["measurements"]
+                         if m["intervention"] == "transformed" and m["eps"] == cfg.eps_values[0]]
+                log(f"malleability {cfg.dataset} {kind} seed {seed} {training}: test acc "
+                    f"{tr.record.final_test_acc:.3f}, transformed flip rates "
+                    f"{', '.join(f'{100 * f:.0f}%' for f in flips)} "
+                    f"(train {t2 - t1:.0f}s, measure {time.perf_counter() - t2:.0f}s)")
+    return {
+        "experiment": "malleability",
+        "config": asdict(cfg),
+        "eps_values": list(cfg.eps_values),
+        "n_selected": cfg.n_selected(),
+        "definitions": {
+            "influence": "L(f_-i) - L(f), squared error summed over outputs and over the test set; "
+                         "positive = the point helps",
+            "kernel": "per-output empirical NTK of the trained network, float64; MLP-Attn context rebuilt "
+                      "from the (modified) training set",
+            "ridge": "absolute ridge if given, else ridge_rel * trace(K_m) / n on the clean data; kept fixed",
+            "selection": "top tau fraction by absolute total influence",
+            "flip_rate": "fraction of the selected points whose total-influence sign flips",
+            "headline_rho": "rho_all: Spearman rho of old vs new total influence over all training points",
+            "baseline": "random signs times eps on the same points",
+        },
+        "paper": {"flip_pct": PAPER_FLIP.get((cfg.dataset, cfg.task)),
+                  "ratio_range": paper_ratio_range(cfg.dataset, cfg.task)},
+        "runs": runs,
+        "summary": summarise(runs, cfg),
+        "data": ds.provenance,
+        "versions": library_versions(),
+        "device": {**device_info(), "used": device},
+        "wall_s": time.perf_counter() - t0,
+    }
+

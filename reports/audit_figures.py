@@ -1,0 +1,197 @@
+"""Figures of the `verify audit` report, drawn from the audit record (computes nothing scientific)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib.ticker
+import numpy as np
+
+from reports.figures import MODEL_COLORS, plt, save_figure
+
+USER_COLOR = "#222222"
+ATTACK_LABELS = {"fgsm": "FGSM", "pgd": "PGD", "mim": "MIM", "random": "random noise"}
+
+
+def _color(key: str) -> str:
+    return USER_COLOR if key == "user" else MODEL_COLORS.get(key, "#777777")
+
+
+def _short(label: str) -> str:
+    return label.replace(" (m=", "\n(m=")
+
+
+def flip_rates(result: dict[str, Any], path: str | Path) -> Path:
+    """Grouped bars: flip rate per attack for each model, random noise as mean +- std, with the
+    user's noise ceiling and the risk thresholds as horizontal lines."""
+    models = result["models"]
+    attacks = list(result["config"]["attacks"]) + ["random"]
+    keys = list(models)
+    width = 0.8 / len(keys)
+    fig, ax = plt.subplots(figsize=(7.2, 3.1))
+    for j, key in enumerate(keys):
+        m = models[key]
+        vals = [100 * m["attacks"][a]["flip_rate"] for a in attacks[:-1]] + [100 * m["baseline"]["mean"]]
+        errs = [0.0] * (len(attacks) - 1) + [100 * m["baseline"]["std"]]
+        xs = np.arange(len(attacks)) + (j - (len(keys) - 1) / 2) * width
+        ax.bar(xs, vals, width * 0.92, yerr=errs, capsize=3, color=_color(key), label=m["label"],
+               alpha=0.9 if key == "user" else 0.75)
+        for xv, v in zip(xs, vals, strict=True):
+            ax.text(xv, v + 0.6, f"{v:.0f}", ha="center", va="bottom", fontsize=6.5)
+    risk = result["risk"]
+    ax.axhline(100 * risk["noise_ceiling"], color="#555", ls=":", lw=1, label="noise ceiling (your model)")
+    if risk["high_floor"] > risk["low_ceiling"]:
+        ax.axhspan(100 * risk["high_floor"], ax.get_ylim()[1] * 1.08, color="#cf222e", alpha=0.06, lw=0)
+        ax.axhspan(0, 100 * risk["low_ceiling"], color="#1a7f37", alpha=0.06, lw=0)
+    ax.set_xticks(np.arange(len(attacks)), [ATTACK_LABELS.get(a, a) for a in attacks])
+    ax.set_ylabel("flip rate (%)")
+    ax.set_ylim(0, max(5.0, ax.get_ylim()[1] * 1.08))
+    ax.set_title(f"Influence sign flips among the top {result['models']['user']['n_selected']} training points "
+                 f"(eps = {result['config']['eps']:g})", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def _signed_ticks(lo_mag: float, hi_mag: float) -> tuple[list[float], list[str]]:
+    """0 and up to three powers of ten per sign between two magnitudes, as mathtext labels."""
+    ks = list(range(math.ceil(math.log10(lo_mag)), math.floor(math.log10(hi_mag)) + 1))
+    if not ks:
+        ks = [math.floor(math.log10(hi_mag))]
+    if len(ks) > 3:
+        ks = ks[:: math.ceil(len(ks) / 3)]
+    ticks = [-(10.0**k) for k in reversed(ks)] + [0.0] + [10.0**k for k in ks]
+    labels = [f"$-10^{{{k}}}$" for k in reversed(ks)] + ["0"] + [f"$10^{{{k}}}$" for k in ks]
+    return ticks, labels
+
+
+def _signed_log_axes(ax: Any, xs: np.ndarray, ys: np.ndarray) -> None:
+    """asinh axes (linear near zero, logarithmic beyond the median magnitude) with uncluttered ticks."""
+    for values, axis, setter in ((xs, ax.xaxis, ax.set_xscale), (ys, ax.yaxis, ax.set_yscale)):
+        finite = np.abs(values[np.isfinite(values) & (values != 0)])
+        if not finite.size:
+            continue
+        width = float(np.quantile(finite, 0.5))
+        setter("asinh", linear_width=width)
+        ticks, labels = _signed_ticks(width, float(finite.max()))
+        axis.set_ticks(ticks, labels)
+        axis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def influence_panels(result: dict[str, Any], path: str | Path) -> Path:
+    """(a) NTK leave-one-out vs Gauss-Newton influence; (b) influence before vs after the worst attack."""
+    user = result["models"]["user"]
+    total = np.asarray(user["influence_total"], dtype=float)
+    gn = np.asarray(user["gn_total"], dtype=float)
+    worst = user["worst_attack"]
+    after = np.asarray(user["attacks"][worst]["new_total"], dtype=float)
+    sel = np.asarray(user["selected"], dtype=int)
+    flipped = np.array([e["flipped"] for e in user["attacks"][worst]["examples"]], dtype=bool)
+    fig, axes = plt.subplots(1, 2, figsize=(7.4, 3.2))
+    ax = axes[0]
+    ax.scatter(total, gn, s=6, color=USER_COLOR, alpha=0.5, lw=0)
+    _signed_log_axes(ax, total, gn)
+    ax.axhline(0, color="#999", lw=0.6)
+    ax.axvline(0, color="#999", lw=0.6)
+    ax.set_xlabel("NTK leave-one-out influence")
+    ax.set_ylabel("Gauss-Newton influence")
+    ax.set_title(f"(a) two influence estimates, Spearman {user['rho_ntk_gn']:.2f}", fontsize=8.5)
+    ax = axes[1]
+    rest = np.setdiff1d(np.arange(len(total)), sel)
+    ax.scatter(total[rest], after[rest], s=5, color="#aaaaaa", lw=0, label="other points")
+    ax.scatter(total[sel][~flipped], after[sel][~flipped], s=9, color="#1f77b4", lw=0, label="top, same sign")
+    ax.scatter(total[sel][flipped], after[sel][flipped], s=12, color="#d62728", lw=0, label="top, sign flipped")
+    _signed_log_axes(ax, total, after)
+    ax.axhline(0, color="#999", lw=0.6)
+    ax.axvline(0, color="#999", lw=0.6)
+    ax.set_xlabel("influence before")
+    ax.set_ylabel(f"influence after {ATTACK_LABELS.get(worst, worst)}")
+    ax.set_title(f"(b) before vs after {ATTACK_LABELS.get(worst, worst)}, rho {user['worst_rho_all']:.2f}",
+                 fontsize=8.5)
+    ax.legend(fontsize=6.5, loc="lower right", framealpha=0.85, markerscale=1.5)
+    for a in axes:
+        a.tick_params(labelsize=7)
+        a.grid(alpha=0.25)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def _image(pixels: list[float], shape: list[int]) -> tuple[np.ndarray, str | None]:
+    arr = np.clip(np.asarray(pixels, dtype=float).reshape(shape), 0, 1)
+    if arr.shape[0] == 1:
+        return arr[0], "gray"
+    return arr[:3].transpose(1, 2, 0), None
+
+
+def levers(result: dict[str, Any], path: str | Path, per_row: int = 6) -> Path:
+    """The lever examples: each clean image above its worst-attack version, or influence bars when the
+    inputs are not images."""
+    items = result["levers"]
+    shape = result["data"]["image_shape"]
+    worst = ATTACK_LABELS.get(result["models"]["user"]["worst_attack"], "attack")
+    if not shape or len(shape) != 3 or not items:
+        return _lever_bars(items, path)
+    blocks = math.ceil(len(items) / per_row)
+    fig, axes = plt.subplots(2 * blocks, per_row, figsize=(7.2, 2.55 * blocks), squeeze=False)
+    for ax in axes.ravel():
+        ax.axis("off")
+    for k, it in enumerate(items):
+        r, c = 2 * (k // per_row), k % per_row
+        img, cmap = _image(it["pixels"], shape)
+        axes[r, c].imshow(img, cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+        flips = ",".join(ATTACK_LABELS.get(a, a) for a in it["flipped_by"]) or "none"
+        axes[r, c].set_title(f"#{it['index']} · {it['class']}\n{it['role']} {it['influence']:+.2g}", fontsize=6.5,
+                             color="#cf222e" if it["flipped_by"] else "#222")
+        img2, _ = _image(it["perturbed_pixels"], shape)
+        axes[r + 1, c].imshow(img2, cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+        axes[r + 1, c].set_title(f"after {worst}\nflipped by: {flips}", fontsize=6, color="#555")
+    fig.tight_layout(h_pad=0.6, w_pad=0.4)
+    return save_figure(fig, path)
+
+
+def _lever_bars(items: list[dict[str, Any]], path: str | Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7.0, 0.25 * max(4, len(items)) + 0.8))
+    labels = [f"#{it['index']} ({it['class']})" for it in items]
+    vals = [it["influence"] for it in items]
+    colors = ["#d62728" if it["flipped_by"] else "#1f77b4" for it in items]
+    ax.barh(np.arange(len(items)), vals, color=colors)
+    ax.set_yticks(np.arange(len(items)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(0, color="#999", lw=0.6)
+    ax.set_xlabel("NTK leave-one-out influence (red: sign flipped by an attack)")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def spectra(result: dict[str, Any], path: str | Path) -> Path:
+    """Eigenvalues of each model's empirical NTK, normalised by the largest (log scale)."""
+    fig, ax = plt.subplots(figsize=(5.4, 2.7))
+    for key, m in result["models"].items():
+        ev = np.asarray(m["ntk"]["eigenvalues"], dtype=float)
+        ev = ev[ev > 0] / ev[0] if ev.size and ev[0] > 0 else ev
+        kappa = m["ntk"]["kappa"]
+        kap = f"kappa = {kappa:.2g}" if math.isfinite(kappa) else "singular"
+        ax.plot(np.arange(1, ev.size + 1), ev, color=_color(key), lw=1.3, label=f"{m['label']}: {kap}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("eigenvalue index")
+    ax.set_ylabel("lambda_i / lambda_1")
+    ax.set_title("Spectrum of the empirical NTK on the training subset", fontsize=8.5)
+    ax.legend(fontsize=6.5, frameon=False)
+    ax.grid(alpha=0.25)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def all_figures(result: dict[str, Any], folder: str | Path) -> dict[str, Path]:
+    """Every audit figure as PNG in `folder`; returns name -> path."""
+    folder = Path(folder)
+    return {
+        "flip_rates": flip_rates(result, folder / "flip_rates.png"),
+        "influence": influence_panels(result, folder / "influence.png"),
+        "levers": levers(result, folder / "levers.png"),
+        "spectra": spectra(result, folder / "spectra.png"),
+    }

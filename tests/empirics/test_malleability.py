@@ -1,0 +1,142 @@
+"""The malleability protocol end to end on real MNIST (small n), its JSON record, and the CLI's errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from empirics.malleability import (
+    MalleabilityConfig,
+    compare,
+    n_top,
+    ratio,
+    run_malleability,
+    top_by_abs,
+)
+from empirics.records import to_jsonable
+from empirics.train import TrainConfig
+from theory.errors import UserInputError
+from verify.cli import main
+
+
+@pytest.fixture(scope="module")
+def smoke_record():
+    cfg = MalleabilityConfig(dataset="mnist", width=64, n_train=60, n_test=20, seeds=(0, 1), tau=0.1,
+                             eps=0.3, eps_sweep=(0.0,), attack_steps=2, train=TrainConfig(epochs=2))
+    return json.loads(json.dumps(to_jsonable(run_malleability(cfg))))
+
+
+def test_record_has_what_claims_and_reports_need(smoke_record):
+    r = smoke_record
+    assert r["experiment"] == "malleability"
+    assert r["eps_values"] == [0.3, 0.0]
+    assert r["n_selected"] == 6
+    assert {"versions", "device", "data", "config", "summary", "definitions", "wall_s"} <= set(r)
+    assert r["data"]["label"].startswith("MNIST")
+    assert len(r["runs"]) == 4  # 2 seeds x 2 models, each trained once
+    v = r["summary"]["verdict"]
+    assert v["text"].startswith("MNIST") and "random noise" in v["text"]
+    assert v["status"] in ("attention more malleable", "attention not more malleable")
+
+
+def test_flip_rates_baseline_and_examples_are_consistent(smoke_record):
+    for run in smoke_record["runs"]:
+        sel = run["selected"]
+        assert len(sel) == run["n_selected"] == 6
+        ms = [m for m in run["measurements"] if m["intervention"] != "curated"]
+        assert {(m["intervention"], m["attack"], m["eps"]) for m in ms} == {
+            (i, a, e) for i in ("transformed", "adversarial") for a in ("random", "fgsm", "pgd", "mim")
+            for e in (0.3, 0.0)}
+        olds = None
+        for m in ms:
+            assert 0.0 <= m["flip_rate"] <= 1.0 and 0.0 <= m["pair_flip_rate"] <= 1.0
+            assert m["max_abs_perturbation"] <= m["eps"] + 1e-6
+            ex = m["examples"]
+            assert [e["index"] for e in ex] == sel
+            for e in ex:
+                assert e["flipped"] == (np.sign(e["old"]) != np.sign(e["new"]))
+            assert m["flip_rate"] == pytest.approx(np.mean([e["flipped"] for e in ex]))
+            cur = [e["old"] for e in ex]
+            olds = cur if olds is None else olds
+            assert cur == olds  # one clean influence per trained network
+            if m["eps"] == 0.0:
+                assert m["flip_rate"] == 0.0
+                assert m["rho_all"] == pytest.approx(1.0)
+                assert all(e["new"] == pytest.approx(e["old"], rel=1e-9, abs=1e-12) for e in ex)
+        cur = [m for m in run["measurements"] if m["intervention"] == "curated"]
+        assert {m["attack"] for m in cur} == {"removal", "random"}
+        removal = next(m for m in cur if m["attack"] == "removal")
+        assert removal["removed"] == sel
+        assert -1.0 <= removal["rho_remaining"] <= 1.0
+
+
+def test_summary_rows_and_ratios(smoke_record):
+    s = smoke_record["summary"]
+    head = [r for r in s["rows"] if r["intervention"] == "transformed" and r["eps"] == 0.3]
+    want = {(m, a) for m in ("relu", "attn") for a in ("fgsm", "pgd", "mim")}
+    assert {(r["model"], r["attack"]) for r in head} == want
+    for r in head:
+        assert r["flip_rate"]["n"] == 2 and 0.0 <= r["flip_rate"]["mean"] <= 1.0
+        assert r["baseline_flip_rate"]["n"] == 2
+        assert r["paper_flip_pct"] is not None
+    assert any(q["attack"] == "random" for q in s["ratios"])
+    assert len(s["curated"]) == 4
+
+
+def test_top_by_abs_and_count():
+    total = np.array([0.1, -5.0, 2.0, -0.2, 3.0])
+    assert top_by_abs(total, 2).tolist() == [1, 4]
+    assert n_top(0.1, 500) == 50 and n_top(0.001, 60) == 1 and n_top(1.0, 7) == 7
+
+
+def test_ratio_is_undefined_when_relu_flips_nothing():
+    r = ratio([0.3, 0.2], [0.0, 0.1])
+    assert r["ratio"] == pytest.approx(5.0)
+    assert r["per_seed"] == [None, pytest.approx(2.0)]
+    z = ratio([0.3, 0.2], [0.0, 0.0])
+    assert z["ratio"] is None and "undefined" in z["note"]
+
+
+def test_compare_counts_sign_flips():
+    from empirics.influence import InfluenceResult
+
+    def res(total):
+        t = np.asarray(total, float)
+        return InfluenceResult(t[:, None], t, 1.0, np.zeros((1, 1)), 0.0, 1.0)
+
+    m = compare(res([1.0, -2.0, 3.0, 0.5]), res([-1.0, -1.0, 3.0, 0.4]), np.array([0, 1, 2]))
+    assert m["flip_rate"] == pytest.approx(1 / 3)
+    assert [e["flipped"] for e in m["examples"]] == [True, False, False]
+
+
+@pytest.mark.parametrize("kwargs", [dict(attacks=("cw",)), dict(eps=1.2), dict(eps=-0.1), dict(tau=0.0),
+                                    dict(tau=1.5), dict(interventions=("erase",)), dict(attack_context="x"),
+                                    dict(eps_sweep=(0.1, 2.0)), dict(models=("vit",))])
+def test_bad_config_is_a_user_error(kwargs):
+    with pytest.raises(UserInputError):
+        MalleabilityConfig(**kwargs)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--attack", "cw"], ["--eps", "1.5"], ["--eps", "-0.2"], ["--eps", "abc"], ["--tau", "0"],
+    ["--tau", "1.2"], ["--intervention", "erase"], ["--eps-sweep", "0.1,7"], ["--attack-context", "both"],
+    ["--model", "vit"], ["--dataset", "svhn"], ["--preset", "huge"],
+])
+def test_cli_bad_inputs_exit_2_with_one_line(argv, capsys):
+    assert main(["malleability", "--preset", "smoke", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_smoke_run_prints_the_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "m.json"
+    rc = main(["malleability", "--preset", "smoke", "--seeds", "1", "--n-train", "40", "--n-test", "10",
+               "--width", "32", "--epochs", "1", "--attack", "fgsm", "--intervention", "transformed",
+               "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "flip rate" in text and "Attn/ReLU" in text and "Verdict:" in text
+    rec = json.loads(out.read_text())
+    assert rec["preset"] == "smoke" and rec["config"]["attacks"] == ["fgsm"]
