@@ -27,7 +27,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 1024, 4096), "seeds": (0, 1, 2), "epochs": 20,
         "mall_width": 1024, "mall_n_train": 500, "mall_n_test": 200, "attack_steps": 10,
         "landscape_points": 21, "landscape_grid": 11, "hessian_iters": 20, "hutchinson_samples": 10,
-        "kappa_ns": (50, 100, 200, 500, 1000, 2000),
+        "kappa_ns": (32, 50, 64, 100, 128, 200, 500, 1000, 2000),
     },
     "paper": {
         "n_train": 5000, "n_test": 1000, "widths": (16, 64, 256, 1024, 4096), "seeds": (0, 1, 2), "epochs": 500,
