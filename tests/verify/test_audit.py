@@ -1,0 +1,347 @@
+"""`verify audit` end to end on models trained outside the suite, Gauss-Newton influence, the risk rule,
+and one-line errors (exit 2, nothing written) for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, jacrev, vmap
+
+from empirics.audit_ntk import ModelJacobian
+from empirics.common import Tensors, train_network
+from empirics.datasets import load_dataset
+from empirics.gauss_newton import gn_influence_explicit, gn_influence_full, gn_influence_mean, loss_residuals
+from empirics.models import ModelSpec, save_model
+from empirics.train import TrainConfig
+from verify.audit import RISK_LEVELS, risk_level
+from verify.cli import main
+
+SMALL = ["--n", "60", "--n-test", "20", "--tau", "0.2", "--steps", "2", "--baseline-seeds", "2",
+         "--ref-width", "32", "--ref-epochs", "2", "--hessian-iters", "3", "--top-k", "4"]
+
+
+class CNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 4, 5, stride=2)
+        self.c2 = nn.Conv2d(4, 8, 3, stride=2)
+        self.fc = nn.Linear(8 * 5 * 5, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.c2(torch.relu(self.c1(x)))).flatten(1))
+
+
+class AttnNet(nn.Module):
+    """The 28 image rows as tokens, one softmax-attention block, mean pooling, a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Linear(28, 16)
+        self.att = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x.reshape(x.shape[0], 28, 28))
+        a, _ = self.att(h, h, h, need_weights=False)
+        return self.head((h + a).mean(dim=1))
+
+
+class Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int = 40) -> nn.Module:
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for i in range(steps):
+        b = slice((i * 16) % len(x), (i * 16) % len(x) + 16)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x[b]), y[b]).backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch):
+    monkeypatch.setenv("NTKM_PROGRESS", "0")
+    torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict:
+    ds = load_dataset("mnist", n_train=80, n_test=30, source="bundled")
+    folder = tmp_path_factory.mktemp("audit")
+    np.savez(folder / "train.npz", x=(ds.x_train.reshape(-1, 28, 28) * 255).round().astype(np.uint8), y=ds.y_train)
+    np.savez(folder / "test.npz", x=ds.x_test.reshape(-1, 1, 28, 28), y=ds.y_test)
+    x = torch.as_tensor(ds.x_train).reshape(-1, 1, 28, 28)
+    cnn = _fit(CNN(), x, torch.as_tensor(ds.y_train))
+    torch.jit.script(cnn).save(str(folder / "cnn.ts"))
+    return {"folder": folder, "train": str(folder / "train.npz"), "test": str(folder / "test.npz"),
+            "cnn": str(folder / "cnn.ts"), "ds": ds}
+
+
+def _audit(args: list[str], capsys) -> tuple[int, str, str]:
+    code = main(["audit", *args])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.fixture(scope="module")
+def cnn_report(data, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("cnn-report") / "report.pdf"
+    code = main(["audit", "--model", data["cnn"], "--train", data["train"], "--test", data["test"], *SMALL,
+                 "--out", str(out), "--json", "--html"])
+    return {"code": code, "out": out, "record": json.loads(out.with_suffix(".json").read_text())}
+
+
+# --- end to end ---------------------------------------------------------------------------------------------
+
+
+def _check_record(rec: dict, references: bool) -> None:
+    assert rec["risk"]["level"] in RISK_LEVELS
+    assert set(rec["models"]) == ({"user", "relu", "attn"} if references else {"user"})
+    for m in rec["models"].values():
+        assert m["n_selected"] == 12
+        for a in ("fgsm", "pgd", "mim"):
+            assert 0.0 <= m["attacks"][a]["flip_rate"] <= 1.0
+            assert m["attacks"][a]["max_abs_perturbation"] <= 0.3 + 1e-6
+        assert len(m["baseline"]["flip_rates"]) == 2
+        assert len(m["influence_total"]) == 60 and len(m["gn_total"]) == 60
+        assert -1.0 <= m["rho_ntk_gn"] <= 1.0
+        assert m["ntk"]["lambda_max"] > 0
+    assert len(rec["levers"]) == 4 and len(rec["levers"][0]["pixels"]) == 784
+    assert rec["model"]["sha256"] and rec["data"]["train"]["sha256"] and rec["versions"]["torch"]
+
+
+def test_cnn_torchscript_audit_end_to_end(cnn_report):
+    assert cnn_report["code"] == 0
+    out = cnn_report["out"]
+    assert out.read_bytes()[:5] == b"%PDF-"
+    assert out.with_suffix(".html").read_text().count("data:image/png;base64,") == 4
+    rec = cnn_report["record"]
+    _check_record(rec, references=True)
+    assert rec["model"]["format"] == "torchscript" and rec["model"]["input_shape"] == [1, 28, 28]
+    assert rec["data"]["image_shape"] == [1, 28, 28]
+
+
+def test_attention_model_exported_audit_end_to_end(data, tmp_path, capsys):
+    ds = data["ds"]
+    model = _fit(AttnNet(), torch.as_tensor(ds.x_train).reshape(-1, 1, 28, 28), torch.as_tensor(ds.y_train))
+    path = tmp_path / "attn.pt2"
+    ep = torch.export.export(model, (torch.rand(2, 1, 28, 28),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(ep, str(path))
+    out = tmp_path / "attn.pdf"
+    code, stdout, _ = _audit(["--model", str(path), "--train", data["train"], "--test", data["test"], *SMALL,
+                              "--no-reference", "--out", str(out), "--json"], capsys)
+    assert code == 0, stdout
+    rec = json.loads(out.with_suffix(".json").read_text())
+    _check_record(rec, references=False)
+    assert rec["model"]["format"] == "export" and "factored" in rec["model"]["kernel_method"]
+    assert rec["risk"]["references"].startswith("paper-reported")
+    assert "malleability risk" in stdout
+
+
+def test_suite_trained_model_audit_end_to_end(data, tmp_path, capsys):
+    ds = data["ds"]
+    t = Tensors(torch.as_tensor(ds.x_train), torch.as_tensor(ds.y_train), torch.as_tensor(ds.x_test),
+                torch.as_tensor(ds.y_test), 10)
+    tr = train_network(ModelSpec("attn", 784, 32, 10), t, TrainConfig(epochs=2))
+    weights, spec = save_model(tr.model, tmp_path / "suite.safetensors")
+    out = tmp_path / "suite.pdf"
+    code, _, err = _audit(["--model", str(weights), "--train", data["train"], "--test", data["test"], *SMALL,
+                           "--no-reference", "--out", str(out), "--json"], capsys)
+    assert code == 0, err
+    rec = json.loads(out.with_suffix(".json").read_text())
+    _check_record(rec, references=False)
+    assert rec["model"]["format"] == "safetensors" and rec["model"]["spec"]["kind"] == "attn"
+    assert rec["model"]["kernel_method"].startswith("closed form")
+    assert rec["model"]["spec_path"] == str(spec)
+
+
+def test_report_rerenders_from_json_and_survives_missing_weasyprint(cnn_report, tmp_path, capsys, monkeypatch):
+    import reports.render as render
+
+    saved = cnn_report["out"].with_suffix(".json")
+    out = tmp_path / "again.pdf"
+    code, _, _ = _audit(["--render", str(saved), "--out", str(out)], capsys)
+    assert code == 0 and out.read_bytes()[:5] == b"%PDF-" and not out.with_suffix(".html").exists()
+
+    def broken(path, html):
+        raise render.PdfUnavailable("weasyprint cannot load (libpango missing); install Pango")
+
+    monkeypatch.setattr(render, "write_pdf", broken)
+    out2 = tmp_path / "nopdf.pdf"
+    code, _, err = _audit(["--render", str(saved), "--out", str(out2)], capsys)
+    assert code == 3
+    assert not out2.exists() and out2.with_suffix(".html").exists()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "weasyprint cannot load" in lines[0] and "nopdf.html" in lines[0]
+
+
+# --- bad input: one line, exit 2, nothing written -----------------------------------------------------------
+
+
+def _bad_cases(data: dict, tmp: Path) -> dict[str, tuple[list[str], str]]:
+    rng = np.random.default_rng(0)
+    text = tmp / "notes.pt"
+    text.write_text("not a model\n")
+    noise = tmp / "noise.bin"
+    noise.write_bytes(rng.integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    evil = tmp / "evil.pt"
+    evil.write_bytes(pickle.dumps(Payload(tmp / "MARKER"), protocol=2))
+    nan = tmp / "nan.npz"
+    x = rng.random((30, 784)).astype(np.float32)
+    x[3, 5] = np.nan
+    np.savez(nan, x=x, y=np.zeros(30, dtype=np.int64))
+    labels = tmp / "labels.npz"
+    np.savez(labels, x=rng.random((30, 784)), y=np.full(30, 12))
+    empty = tmp / "empty.npz"
+    np.savez(empty, x=np.zeros((0, 784)), y=np.zeros(0))
+    m, tr, te = data["cnn"], data["train"], data["test"]
+    return {
+        "missing model": (["--model", str(tmp / "nope.ts"), "--train", tr, "--test", te], "does not exist"),
+        "wrong file": (["--model", str(text), "--train", tr, "--test", te], "not a model format"),
+        "unknown format": (["--model", str(noise), "--train", tr, "--test", te], "not a model format"),
+        "malicious pickle": (["--model", str(evil), "--train", tr, "--test", te], "nothing in it ran"),
+        "shape mismatch": (["--model", m, "--train", tr, "--test", te, "--input-shape", "3,32,32"],
+                           r"\(3, 32, 32\).*3072 values.*784 values"),
+        "NaN data": (["--model", m, "--train", str(nan), "--test", te], "NaN or Inf"),
+        "label out of range": (["--model", m, "--train", str(labels), "--test", te], "label 12 is out of range"),
+        "empty set": (["--model", m, "--train", tr, "--test", str(empty)], "empty"),
+        "missing data": (["--model", m, "--train", str(tmp / "nope.npz"), "--test", te], "no such file"),
+        "no test split": (["--model", m, "--train", str(labels)], "--test is required"),
+        "bad eps": (["--model", m, "--train", tr, "--test", te, "--eps", "2"], "eps"),
+    }
+
+
+CASES = ["missing model", "wrong file", "unknown format", "malicious pickle", "shape mismatch", "NaN data",
+         "label out of range", "empty set", "missing data", "no test split", "bad eps"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_exit_2_no_output(case: str, data, tmp_path, capsys):
+    args, match = _bad_cases(data, tmp_path)[case]
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    code, stdout, err = _audit([*args, *SMALL, "--out", str(out_dir / "r.pdf"), "--json", "--html"], capsys)
+    assert code == 2
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("verify audit: error:"), err
+    assert "Traceback" not in err
+    import re
+
+    assert re.search(match, lines[0]), lines[0]
+    assert list(out_dir.iterdir()) == []
+    assert not (tmp_path / "MARKER").exists()
+
+
+# --- Gauss-Newton influence ---------------------------------------------------------------------------------
+
+
+def _jacobians(model: nn.Module, x: torch.Tensor) -> np.ndarray:
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def f(p, xi):
+        return functional_call(model, p, (xi[None],))[0]
+
+    j = vmap(jacrev(f), (None, 0))(params, x)
+    return torch.cat([v.reshape(x.shape[0], -1, v[0].numel() // v.shape[1]) for v in j.values()], 2).numpy()
+
+
+def test_gauss_newton_woodbury_matches_explicit_hessian_inverse():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    x, xt = torch.randn(11, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    y, yt = torch.randint(0, 3, (11,)), torch.randint(0, 3, (4,))
+    J, Jt = _jacobians(model, x), _jacobians(model, xt)
+    with torch.no_grad():
+        r, rt = loss_residuals(model(x), y), loss_residuals(model(xt), yt)
+    theta = np.einsum("icp,jdp->ijcd", J, J)
+    theta_t = np.einsum("tcp,jdp->tjcd", Jt, J)
+    for damping in (1e-3, 0.1, 10.0):
+        ref = gn_influence_explicit(J, Jt, r, rt, damping)
+        got = gn_influence_full(theta, theta_t, r, rt, damping)
+        assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-8
+
+
+def test_mean_form_is_exact_for_one_output_with_the_generic_kernel():
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1)).double().eval()
+    x, xt = torch.rand(9, 6, dtype=torch.float64), torch.rand(3, 6, dtype=torch.float64)
+    y, yt = torch.randint(0, 2, (9,)), torch.randint(0, 2, (3,))
+    eng = ModelJacobian(model, (6,))
+    K, Kt = eng.kernel(x).numpy(), eng.kernel(xt, x).numpy()
+    with torch.no_grad():
+        r, rt = loss_residuals(model(x), y), loss_residuals(model(xt), yt)
+    damping = 0.05
+    ref = gn_influence_explicit(_jacobians(model, x), _jacobians(model, xt), r, rt, damping)
+    got = gn_influence_mean(K, Kt, r, rt, 9 * damping)
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-8
+
+
+def test_mean_form_equals_full_form_when_outputs_do_not_couple():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(7, 7))
+    K, Kt = a @ a.T, rng.normal(size=(3, 7))
+    r, rt = rng.normal(size=(7, 4)), rng.normal(size=(3, 4))
+    eye = np.eye(4)
+    full = gn_influence_full(np.einsum("ij,cd->ijcd", K, eye), np.einsum("tj,cd->tjcd", Kt, eye), r, rt, 0.2)
+    assert np.allclose(gn_influence_mean(K, Kt, r, rt, 7 * 0.2), full, rtol=1e-10, atol=1e-12)
+
+
+# --- the risk rule ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flip, base, relu, attn, level", [
+    (0.10, [0.08, 0.12, 0.10], 0.03, 0.30, "low"),
+    (0.04, [0.00, 0.01, 0.00], 0.05, 0.30, "low"),
+    (0.15, [0.00, 0.01, 0.00], 0.05, 0.30, "medium"),
+    (0.30, [0.00, 0.01, 0.00], 0.05, 0.30, "high"),
+    (0.50, [0.00, 0.01, 0.00], 0.05, 0.30, "high"),
+    (0.20, [0.00, 0.01, 0.00], 0.10, 0.08, "high"),
+])
+def test_risk_rule(flip, base, relu, attn, level):
+    r = risk_level(flip, base, relu, attn)
+    assert r["level"] == level
+    assert r["low_ceiling"] <= r["high_floor"]
+
+
+def test_sharpness_by_finite_differences_matches_double_backward():
+    from verify.audit import top_hessian
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3)).double()
+    x, y = torch.rand(40, 6, dtype=torch.float64), torch.randint(0, 3, (40,))
+    exact = top_hessian(model, x, y, iters=60, seed=0)
+    fd = top_hessian(model, x, y, iters=60, seed=0, finite_differences=True)
+    assert exact["hvp"] == "double backward" and fd["hvp"].startswith("central")
+    assert abs(fd["value"] - exact["value"]) <= 1e-4 * abs(exact["value"])
+
+
+@pytest.mark.parametrize("budget", [1 << 30, 2000])
+def test_perturbed_rows_equal_a_full_recomputation(budget: int):
+    from verify.audit import GenericKernels
+
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double().eval()
+    x, xt = torch.rand(10, 6, dtype=torch.float64), torch.rand(4, 6, dtype=torch.float64)
+    eng = ModelJacobian(model, (6,))
+    prov = GenericKernels(eng, budget)
+    K, Kst = prov.clean(x, xt)
+    sel = np.array([1, 4, 7])
+    x_new = x.clone()
+    x_new[sel] = torch.rand(3, 6, dtype=torch.float64)
+    K2, Kst2 = prov.perturbed(x_new, sel, K, Kst, xt)
+    assert np.allclose(K2, eng.kernel(x_new).numpy(), rtol=1e-12, atol=1e-14)
+    assert np.allclose(Kst2, eng.kernel(xt, x_new).numpy(), rtol=1e-12, atol=1e-14)

@@ -1,0 +1,633 @@
+"""Safe loading of a user's model and data for `verify audit`.
+
+Models. The format is found from the file's bytes (magic numbers), not its name:
+
+- TorchScript archive (zip with `code/`): `torch.jit.load`. Its unpickler only builds TorchScript
+  types, so loading runs no Python code from the file.
+- torch.export program (zip with `archive_format`, usually `.pt2`): `torch.export.load`.
+- safetensors weights (8-byte header length, then JSON): `safetensors.torch.load_file`.
+- `torch.save` files (zip with `data.pkl`, or a legacy pickle): `torch.load(weights_only=True)`.
+  A pickle that needs arbitrary code (a whole `torch.save(model)`, or a crafted `__reduce__`
+  payload) is refused by that restricted unpickler before anything runs, and reported in one line.
+
+Weights (safetensors or a state dict) need an architecture spec: the JSON that
+`empirics.models.save_model` writes beside them (`PATH.json`, or `--spec FILE`); only the suite's
+own networks can be rebuilt from weights.
+
+Data (`--train`, `--test`): a `.npz` with arrays `x`, `y` (or `x_train`, `y_train`, `x_test`,
+`y_test`), an MNIST IDX folder, a CIFAR-10 python-batch folder, an image folder
+`ROOT/{train,test}/<class>/*.png|jpg`, or a built-in data set name (`mnist`, `cifar10`). Inputs must
+lie in [0, 1] (uint8 is divided by 255): attacks use eps in pixel units and clip to [0, 1], so
+normalisation belongs inside the model. Every problem is a one-line `UserInputError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import pickle
+import warnings
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from empirics.records import sha256_file
+from theory.errors import UserInputError
+
+MODEL_FORMATS = ("torchscript", "export", "safetensors", "state-dict")
+SPEC_FORMAT = "ntk-malleability-suite/two-layer"
+SAVE_HINT = ("save a state_dict (with its --spec JSON), torch.jit.script(model).save(PATH) or "
+             "torch.export.save(torch.export.export(model, (x,)), PATH) instead")
+
+
+def _first_line(exc: BaseException, limit: int = 160) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:limit]
+
+
+# --- format detection ----------------------------------------------------------------------------
+
+
+def sniff_format(path: str | Path) -> str:
+    """The kind of file from its bytes: torchscript, export, safetensors, torch-zip, pickle, npz,
+    json, zip or unknown."""
+    p = Path(path)
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        head = f.read(16)
+    if head[:4] == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(p) as zf:
+                names = zf.namelist()
+        except zipfile.BadZipFile:
+            return "unknown"
+        if any(n.endswith("/archive_format") or n == "archive_format" for n in names):
+            return "export"
+        if any("/code/" in n or n.endswith("/constants.pkl") for n in names):
+            return "torchscript"
+        if any(n.endswith("data.pkl") for n in names):
+            return "torch-zip"
+        if names and all(n.endswith(".npy") for n in names):
+            return "npz"
+        return "zip"
+    if len(head) >= 9:
+        n = int.from_bytes(head[:8], "little")
+        if 2 <= n <= size - 8 and head[8:9] == b"{":
+            return "safetensors"
+    if head[:1] == b"\x80":
+        return "pickle"
+    if head.lstrip()[:1] == b"{":
+        return "json"
+    return "unknown"
+
+
+# --- models --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedModel:
+    """A loaded model and what is known about it before it meets data."""
+
+    module: nn.Module
+    fmt: str
+    path: Path
+    sha256: str
+    size_bytes: int
+    graph: torch.fx.GraphModule | None = None
+    static_batch: int | None = None
+    declared_shape: tuple[int, ...] | None = None
+    spec: dict[str, Any] | None = None
+    spec_path: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_suite(self) -> bool:
+        return self.spec is not None
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.module.parameters() if p.requires_grad)
+
+    def widest_layer(self) -> int:
+        """The largest output width of a weight matrix or kernel (the model's "width")."""
+        if self.spec is not None:
+            return int(self.spec["width"])
+        dims = [int(p.shape[0]) for p in self.module.parameters() if p.dim() >= 2]
+        return max(dims) if dims else 0
+
+    def describe(self) -> dict[str, Any]:
+        name = getattr(self.module, "original_name", None) or type(self.module).__name__
+        return {"format": self.fmt, "path": str(self.path), "sha256": self.sha256, "bytes": self.size_bytes,
+                "class": str(name), "parameters": self.n_params, "widest_layer": self.widest_layer(),
+                "static_batch": self.static_batch, "spec": self.spec,
+                "spec_path": str(self.spec_path) if self.spec_path else None, "notes": list(self.notes)}
+
+
+def _refuse_pickle(path: Path, exc: BaseException) -> UserInputError:
+    return UserInputError(
+        f"{path} is a pickle that needs arbitrary code to load (e.g. torch.save of a whole model); it was "
+        f"refused and nothing in it ran ({_first_line(exc, 80)}); {SAVE_HINT}")
+
+
+def _torch_load_weights(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise _refuse_pickle(path, exc) from None
+    except (RuntimeError, EOFError, ValueError, OSError, AttributeError) as exc:
+        raise UserInputError(f"{path} is not a readable torch.save file ({_first_line(exc)})") from None
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise UserInputError(f"{path} holds a {type(obj).__name__}, not a state dict of tensors; {SAVE_HINT}")
+    return {str(k): v for k, v in obj.items()}
+
+
+def _load_spec(weights: Path, spec: str | Path | None) -> tuple[dict[str, Any], Path]:
+    cands = [Path(spec)] if spec else [weights.with_name(weights.name + ".json"), weights.with_suffix(".json")]
+    found = next((c for c in cands if c.is_file()), None)
+    if found is None:
+        where = str(cands[0]) if spec else " or ".join(str(c) for c in cands)
+        raise UserInputError(f"weights in {weights} need an architecture spec but {where} does not exist; pass "
+                             "--spec FILE (the JSON empirics.models.save_model writes), or save the model with "
+                             "torch.jit.script(model).save(PATH) or torch.export.save(...) instead")
+    try:
+        doc = json.loads(found.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"spec {found} is not valid JSON ({_first_line(exc)})") from None
+    if not isinstance(doc, dict) or doc.get("format") != SPEC_FORMAT or not isinstance(doc.get("spec"), dict):
+        raise UserInputError(f"spec {found} is not a '{SPEC_FORMAT}' file (written by empirics.models.save_model)")
+    return doc["spec"], found
+
+
+def _build_suite(tensors: dict[str, torch.Tensor], spec: dict[str, Any], path: Path) -> nn.Module:
+    from empirics.models import ModelSpec, build_model
+
+    try:
+        ms = ModelSpec(**spec)
+    except TypeError as exc:
+        raise UserInputError(f"spec for {path} has unknown or missing fields ({_first_line(exc)})") from None
+    dummy = torch.ones(1, ms.d) if ms.kind == "attn" else None
+    model = build_model(ms, dummy)
+    try:
+        model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)
+    except RuntimeError as exc:
+        raise UserInputError(f"weights in {path} do not match the spec ({_first_line(exc)})") from None
+    return model.eval()
+
+
+def _exported_input(ep: Any) -> tuple[tuple[int, ...] | None, int | None]:
+    """Per-example input shape and static batch size (None when dynamic) of an exported program."""
+    users = list(ep.graph_signature.user_inputs)
+    if len(users) != 1:
+        raise UserInputError(f"the exported program takes {len(users)} inputs; the audit needs a model with "
+                             "one tensor input")
+    for node in ep.graph.nodes:
+        if node.op == "placeholder" and node.name == users[0]:
+            val = node.meta.get("val")
+            if val is None or not hasattr(val, "shape"):
+                return None, None
+            shape = list(val.shape)
+            if not shape:
+                return None, None
+            rest = tuple(int(s) for s in shape[1:]) if all(isinstance(s, int) for s in shape[1:]) else None
+            return rest, (int(shape[0]) if isinstance(shape[0], int) else None)
+    return None, None
+
+
+def load_model(path: str | Path, spec: str | Path | None = None) -> LoadedModel:
+    """Load a model file safely (see the module docstring); raises one-line `UserInputError`s."""
+    p = Path(path).expanduser().absolute()
+    if not p.exists():
+        raise UserInputError(f"model file {p} does not exist")
+    if not p.is_file():
+        raise UserInputError(f"model path {p} is a folder; give a TorchScript, torch.export or weights file")
+    fmt = sniff_format(p)
+    common = {"path": p, "sha256": sha256_file(p), "size_bytes": p.stat().st_size}
+    if fmt == "torchscript":
+        try:
+            module = torch.jit.load(str(p), map_location="cpu")
+        except Exception as exc:  # noqa: BLE001 - any failure of the TorchScript loader is a bad file
+            raise UserInputError(f"{p} looks like TorchScript but cannot be loaded ({_first_line(exc)})") from None
+        module.eval()
+        return LoadedModel(module, "torchscript", **common)
+    if fmt == "export":
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ep = torch.export.load(str(p))
+        except Exception as exc:  # noqa: BLE001 - any failure of the export loader is a bad file
+            raise UserInputError(f"{p} looks like a torch.export program but cannot be loaded "
+                                 f"({_first_line(exc)})") from None
+        shape, batch = _exported_input(ep)
+        gm = ep.module()
+        notes = [] if batch is None else [f"exported with a static batch size {batch}; inputs are padded to it"]
+        return LoadedModel(gm, "export", graph=gm, static_batch=batch, declared_shape=shape, notes=notes, **common)
+    if fmt in ("safetensors", "torch-zip", "pickle"):
+        if fmt == "safetensors":
+            from safetensors import SafetensorError
+            from safetensors.torch import load_file
+
+            try:
+                tensors = load_file(str(p))
+            except (SafetensorError, OSError, ValueError) as exc:
+                raise UserInputError(f"{p} is not a readable safetensors file ({_first_line(exc)})") from None
+        else:
+            tensors = _torch_load_weights(p)
+        sp, sp_path = _load_spec(p, spec)
+        module = _build_suite(tensors, sp, p)
+        return LoadedModel(module, "safetensors" if fmt == "safetensors" else "state-dict", spec=sp,
+                           spec_path=sp_path, declared_shape=(int(sp["d"]),), **common)
+    if fmt == "npz":
+        raise UserInputError(f"{p} is a NumPy .npz data file, not a model; pass it to --train or --test")
+    if fmt == "json":
+        raise UserInputError(f"{p} is a JSON file; pass architecture specs with --spec and the weights to --model")
+    raise UserInputError(f"{p} is not a model format the audit reads (TorchScript, torch.export .pt2, "
+                         "safetensors + spec, or a torch.save state dict); its first bytes are not recognised")
+
+
+class FlatInput(nn.Module):
+    """Calls a model on flat inputs (n, d): reshapes to the model's input shape and, for a program
+    exported with a static batch size, runs chunks of exactly that size (padding the last).
+
+    Outputs are (n, c) (a 1-D output becomes one column). `train()`/`eval()` do not reach the inner
+    model (exported programs refuse them; the audit always evaluates).
+    """
+
+    def __init__(self, inner: nn.Module, input_shape: tuple[int, ...], static_batch: int | None = None):
+        super().__init__()
+        self.inner = inner
+        self.input_shape = tuple(input_shape)
+        self.static_batch = static_batch
+
+    def train(self, mode: bool = True) -> FlatInput:
+        self.training = mode
+        return self
+
+    def _call(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x)
+        while isinstance(out, (tuple, list)) and out:
+            out = out[0]
+        if not isinstance(out, torch.Tensor):
+            raise UserInputError(f"the model returned {type(out).__name__}; the audit needs a tensor of logits")
+        return out.unsqueeze(1) if out.dim() == 1 else out.reshape(out.shape[0], -1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        xs = x.reshape(n, *self.input_shape)
+        b = self.static_batch
+        if not b or n == b:
+            return self._call(xs)
+        outs = []
+        for i in range(0, n, b):
+            chunk = xs[i:i + b]
+            k = chunk.shape[0]
+            if k < b:
+                chunk = torch.cat([chunk, chunk[-1:].expand(b - k, *self.input_shape)])
+            outs.append(self._call(chunk)[:k])
+        return torch.cat(outs)
+
+
+def parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """'1,28,28' -> (1, 28, 28); None stays None."""
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(v) for v in text.replace("x", ",").split(",") if v.strip())
+    except ValueError:
+        raise UserInputError(f"--input-shape must be comma-separated integers like 1,28,28, got '{text}'") from None
+    if not shape or any(s < 1 for s in shape):
+        raise UserInputError(f"--input-shape must be positive integers like 1,28,28, got '{text}'")
+    return shape
+
+
+def _fmt_shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+def bind_input(loaded: LoadedModel, x_sample: np.ndarray, image_shape: tuple[int, ...] | None,
+               input_shape: tuple[int, ...] | None = None) -> tuple[FlatInput, tuple[int, ...], int]:
+    """The model wrapped for flat inputs, its per-example input shape and its number of outputs.
+
+    Tries `input_shape` if given, else the shape the file declares, else flat (d,) and then the data's
+    image shape, with a forward pass on two examples. Checks that outputs are finite and that each
+    example's output does not depend on the others in the batch.
+    """
+    d = int(x_sample.shape[1])
+    if input_shape is not None:
+        cands = [input_shape]
+    elif loaded.declared_shape is not None:
+        cands = [loaded.declared_shape]
+    else:
+        cands = [(d,)] + ([tuple(image_shape)] if image_shape and tuple(image_shape) != (d,) else [])
+    for shape in cands:
+        if math.prod(shape) != d:
+            want = "the model expects" if shape in (input_shape, loaded.declared_shape) else "shape"
+            raise UserInputError(f"{want} inputs of shape {_fmt_shape(shape)} per example ({math.prod(shape)} "
+                                 f"values) but the data has {d} values per example{_img(image_shape)}")
+    x = torch.as_tensor(x_sample[:2], dtype=torch.float32)
+    errors = []
+    for shape in cands:
+        model = FlatInput(loaded.module, shape, loaded.static_batch)
+        try:
+            with torch.no_grad():
+                out = model(x)
+        except UserInputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure means "this shape does not fit"
+            errors.append(f"{_fmt_shape(shape)}: {_first_line(exc, 100)}")
+            continue
+        _check_output(out, x.shape[0])
+        if loaded.static_batch is None and x.shape[0] > 1:
+            with torch.no_grad():
+                alone = model(x[1:2])
+            if not torch.allclose(alone, out[1:2], rtol=1e-4, atol=1e-5):
+                raise UserInputError("the model's output for one example changes with the other examples in the "
+                                     "batch (batch norm or dropout in training mode?); call model.eval() before "
+                                     "saving it")
+        return model, tuple(shape), int(out.shape[1])
+    tried = "; ".join(errors)
+    raise UserInputError(f"the model does not accept the data ({d} values per example{_img(image_shape)}); "
+                         f"tried input shapes {tried}; pass --input-shape C,H,W")
+
+
+def _img(image_shape: tuple[int, ...] | None) -> str:
+    return f", image shape {_fmt_shape(tuple(image_shape))}" if image_shape else ""
+
+
+def _check_output(out: torch.Tensor, n: int) -> None:
+    if out.shape[0] != n:
+        raise UserInputError(f"the model returned {out.shape[0]} rows for {n} examples; it must return one "
+                             "row of logits per example")
+    if not torch.isfinite(out).all():
+        raise UserInputError("the model returned NaN or Inf on the training data")
+
+
+def fx_graph_for(loaded: LoadedModel, model: FlatInput, x_sample: np.ndarray) -> torch.fx.GraphModule | None:
+    """An FX graph computing the same function (enables the fast kernel path), or None.
+
+    Exported programs have one. A TorchScript module is converted with torch's TorchScript-to-export
+    converter when it can be, and the result is used only if it reproduces the module's outputs.
+    """
+    if loaded.graph is not None:
+        return loaded.graph
+    if loaded.fmt != "torchscript":
+        return None
+    x = torch.as_tensor(x_sample[:3], dtype=torch.float32)
+    xs = x.reshape(x.shape[0], *model.input_shape)
+    try:
+        import logging
+
+        from torch._export.converter import TS2EPConverter
+
+        level = logging.getLogger("torch").level
+        logging.getLogger("torch").setLevel(logging.ERROR)
+        try:
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                gm = TS2EPConverter(loaded.module, (xs,)).convert().module()
+                same = torch.allclose(FlatInput(gm, model.input_shape)(x), model(x), rtol=1e-5, atol=1e-6)
+                same = same and torch.allclose(FlatInput(gm, model.input_shape)(x[:1]), model(x[:1]),
+                                               rtol=1e-5, atol=1e-6)
+        finally:
+            logging.getLogger("torch").setLevel(level)
+    except Exception:  # noqa: BLE001 - the converter is optional; any failure means "no graph"
+        return None
+    from empirics.audit_ntk import trainable
+
+    n_ts = sum(p.numel() for p in loaded.module.parameters() if p.requires_grad)
+    if not same or sum(t.numel() for t in trainable(gm).values()) != n_ts:
+        return None
+    loaded.notes.append("TorchScript converted to an FX graph (checked against the module's outputs) "
+                        "for the factored kernel path")
+    return gm
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Split:
+    """One data split as the audit uses it: float32 (n, d) in [0, 1], int64 labels, provenance."""
+
+    x: np.ndarray
+    y: np.ndarray
+    image_shape: tuple[int, ...] | None
+    classes: list[str] | None
+    provenance: dict[str, Any]
+
+
+def _digest(indices: np.ndarray) -> str:
+    return hashlib.sha256(np.asarray(indices, dtype="<i8").tobytes()).hexdigest()
+
+
+def _image_shape_of(x: np.ndarray) -> tuple[np.ndarray, tuple[int, ...] | None]:
+    """Flatten per-example arrays to C,H,W order; (n, H, W) is one channel, (n, H, W, C) is moved."""
+    if x.ndim == 2:
+        return x, None
+    if x.ndim == 3:
+        return x.reshape(len(x), -1), (1, x.shape[1], x.shape[2])
+    if x.ndim == 4:
+        if x.shape[1] in (1, 3, 4):
+            return x.reshape(len(x), -1), tuple(int(s) for s in x.shape[1:])
+        if x.shape[3] in (1, 3, 4):
+            return np.ascontiguousarray(x.transpose(0, 3, 1, 2)).reshape(len(x), -1), (x.shape[3], x.shape[1],
+                                                                                        x.shape[2])
+    raise UserInputError(f"inputs of shape {x.shape} are not understood; give (n, d), (n, H, W), (n, C, H, W) "
+                         "or (n, H, W, C)")
+
+
+def _to_unit(x: np.ndarray, where: str) -> np.ndarray:
+    if x.dtype == np.uint8:
+        return (x.astype(np.float32) / np.float32(255.0))
+    if x.dtype.kind not in "fiu" or x.dtype == np.bool_:
+        raise UserInputError(f"{where}: inputs have dtype {x.dtype}; give floats in [0, 1] or uint8 pixels")
+    xf = x.astype(np.float32)
+    bad = ~np.isfinite(xf)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise UserInputError(f"{where}: inputs contain NaN or Inf (first in example {row}); clean the data")
+    lo, hi = float(xf.min()), float(xf.max())
+    if lo < -1e-6 or hi > 1 + 1e-6:
+        raise UserInputError(f"{where}: inputs range over [{lo:.3g}, {hi:.3g}] but must lie in [0, 1] (eps is in "
+                             "pixel units and attacks clip to [0, 1]); scale the data and move any normalisation "
+                             "into the model")
+    return np.clip(xf, 0.0, 1.0)
+
+
+def _labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1 or len(y) != n:
+        raise UserInputError(f"{where}: labels have shape {y.shape} for {n} inputs; give one integer label per "
+                             "example")
+    if y.dtype.kind == "f":
+        if not np.isfinite(y).all() or not np.all(y == np.round(y)):
+            raise UserInputError(f"{where}: labels must be integers (class indices), found non-integer values")
+    elif y.dtype.kind not in "iub":
+        raise UserInputError(f"{where}: labels have dtype {y.dtype}; give integer class indices")
+    return y.astype(np.int64)
+
+
+def _split(x: np.ndarray, y: np.ndarray, where: str, prov: dict[str, Any],
+           image_shape: tuple[int, ...] | None = None, classes: list[str] | None = None) -> Split:
+    x = np.asarray(x)
+    if x.ndim < 2 or len(x) == 0:
+        raise UserInputError(f"{where}: the set is empty (inputs of shape {x.shape}); give at least one example")
+    flat, shape = _image_shape_of(x)
+    return Split(_to_unit(flat, where), _labels(y, len(x), where), image_shape or shape, classes, prov)
+
+
+def _file_prov(path: Path, kind: str) -> dict[str, Any]:
+    return {"source": kind, "path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except ValueError as exc:
+        raise UserInputError(f"{path}: cannot read the arrays ({_first_line(exc)}); object arrays are refused, "
+                             "save plain numeric arrays with np.savez") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise UserInputError(f"{path} is not a readable .npz file ({_first_line(exc)})") from None
+
+
+def _idx_dir(folder: Path) -> dict[str, Path] | None:
+    from empirics import idx
+
+    files = {role: idx.find_idx_file(folder, stem) for role, stem in idx.MNIST_FILES.items()}
+    if files["train_images"] is None and files["test_images"] is None:
+        return None
+    return {k: v for k, v in files.items() if v is not None}
+
+
+def _image_folder(root: Path) -> tuple[list[str], str] | None:
+    train = root / "train"
+    if not train.is_dir():
+        return None
+    classes = sorted(d.name for d in train.iterdir() if d.is_dir() and not d.name.startswith("."))
+    return (classes, "image-folder") if classes else None
+
+
+def _decode_images(blobs: list[tuple[str, bytes]]) -> tuple[np.ndarray, tuple[int, ...]]:
+    from PIL import Image, UnidentifiedImageError
+
+    arrays, shape, mode = [], None, None
+    for name, blob in blobs:
+        try:
+            with Image.open(io.BytesIO(blob)) as im:
+                mode = mode or ("L" if im.mode in ("L", "1", "I;16", "I") else "RGB")
+                arr = np.asarray(im.convert(mode), dtype=np.uint8)
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+            raise UserInputError(f"{name} is not a readable image ({_first_line(exc)})") from None
+        arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+        if shape is None:
+            shape = arr.shape
+        elif arr.shape != shape:
+            raise UserInputError(f"{name} has shape {arr.shape} but earlier images have {shape}; resize all images "
+                                 "to one size")
+        arrays.append(arr.reshape(-1))
+    return np.stack(arrays), tuple(int(s) for s in shape)
+
+
+def _subset(n_avail: int, n: int | None, seed: int) -> np.ndarray:
+    if n is None or n >= n_avail:
+        return np.arange(n_avail)
+    rng = np.random.default_rng([seed, n_avail])
+    return np.sort(rng.choice(n_avail, size=n, replace=False))
+
+
+def load_split(source: str, split: str, n: int | None, seed: int = 0, data_dir: str | None = None) -> Split:
+    """One split ('train' or 'test') of `source`, subsampled to `n` examples (seeded, sorted)."""
+    from empirics.datasets import DATASETS, load_dataset
+
+    where = f"--{split} {source}"
+    if source in DATASETS:
+        kw = {"n_train": n or 1000, "n_test": 1} if split == "train" else {"n_train": 1, "n_test": n or 200}
+        ds = load_dataset(source, task="10class", sample="balanced", seed=seed, data_dir=data_dir, **kw)
+        x, y = (ds.x_train, ds.y_train) if split == "train" else (ds.x_test, ds.y_test)
+        prov = {"source": "built-in", "dataset": source, "split": split, **ds.provenance}
+        return _split(x, y, where, prov, tuple(ds.image_shape), list(ds.classes))
+    path = Path(source).expanduser().absolute()
+    if not path.exists():
+        raise UserInputError(f"{where}: no such file or folder, and not a built-in data set ({', '.join(DATASETS)})")
+    if path.is_file():
+        kind = sniff_format(path)
+        if kind not in ("npz", "zip"):
+            raise UserInputError(f"{where}: a data file must be a NumPy .npz with arrays x and y (this is {kind})")
+        arrays = _read_npz(path)
+        keys = (f"x_{split}", f"y_{split}") if f"x_{split}" in arrays else ("x", "y")
+        if keys[0] not in arrays or keys[1] not in arrays:
+            raise UserInputError(f"{where}: the .npz holds {sorted(arrays)}; it needs arrays 'x' and 'y' "
+                                 f"(or 'x_{split}' and 'y_{split}')")
+        x, y = arrays[keys[0]], arrays[keys[1]]
+        if len(x) != len(y) and np.asarray(y).ndim >= 1:
+            raise UserInputError(f"{where}: {len(x)} inputs but {len(y)} labels")
+        sel = _subset(len(x), n, seed)
+        prov = {**_file_prov(path, "npz"), "arrays": list(keys), "split": split, "n_available": int(len(x)),
+                "indices_sha256": _digest(sel)}
+        return _split(x[sel] if len(x) else x, np.asarray(y)[sel] if len(x) else y, where, prov)
+    return _load_folder(path, split, n, seed, where)
+
+
+def _load_folder(path: Path, split: str, n: int | None, seed: int, where: str) -> Split:
+    from empirics import cifar, idx
+
+    files = _idx_dir(path)
+    if files is not None:
+        img, lab = (("train_images", "train_labels") if split == "train" else ("test_images", "test_labels"))
+        if img not in files or lab not in files:
+            raise UserInputError(f"{where}: the IDX folder lacks the {split} files "
+                                 f"({idx.MNIST_FILES[img]}, {idx.MNIST_FILES[lab]})")
+        x = idx.read_idx_images(files[img])
+        y = idx.read_idx_labels(files[lab])
+        if len(x) != len(y):
+            raise UserInputError(f"{where}: {len(x)} images but {len(y)} labels in the IDX files")
+        sel = _subset(len(x), n, seed)
+        prov = {"source": "idx", "path": str(path), "split": split, "n_available": int(len(x)),
+                "files": [_file_prov(files[img], "idx"), _file_prov(files[lab], "idx")],
+                "indices_sha256": _digest(sel)}
+        return _split(x[sel], y[sel], where, prov, (1, int(x.shape[1]), int(x.shape[2])))
+    batches = path / "cifar-10-batches-py" if (path / "cifar-10-batches-py").is_dir() else path
+    if (batches / "data_batch_1").is_file():
+        arr = cifar.read_cifar_python_dir(batches)
+        x, y = (arr.x_train, arr.y_train) if split == "train" else (arr.x_test, arr.y_test)
+        sel = _subset(len(x), n, seed)
+        prov = {"source": "cifar-python", "path": str(batches), "split": split, "n_available": int(len(x)),
+                "files": [_file_prov(f, "cifar-python") for f in arr.files], "indices_sha256": _digest(sel)}
+        return _split(x[sel], y[sel], where, prov, (3, 32, 32), list(arr.classes))
+    folder = _image_folder(path)
+    if folder is not None:
+        classes = folder[0]
+        tree = cifar.read_image_tree(path, classes)
+        part = tree.train if split == "train" else tree.test
+        sel = _subset(len(part.labels), n, seed)
+        x, shape = _decode_images([(f"{path}/{part.names[int(i)]}", part.read(int(i))) for i in sel])
+        manifest = hashlib.sha256("".join(f"{part.names[int(i)]}\n" for i in sel).encode()).hexdigest()
+        prov = {"source": "image-folder", "path": str(path), "split": split, "classes": classes,
+                "n_available": int(len(part.labels)), "selected_names_sha256": manifest,
+                "indices_sha256": _digest(sel)}
+        return _split(x, part.labels[sel], where, prov, shape, classes)
+    raise UserInputError(f"{where}: the folder holds neither MNIST IDX files, CIFAR-10 batches nor an image folder "
+                         "train/<class>/*; give a .npz with arrays x and y")
+
+
+def check_labels(split: Split, out_dim: int, where: str) -> None:
+    """Labels must index the model's outputs (0..c-1; 0/1 for a one-output model)."""
+    hi = max(out_dim, 2) - 1
+    bad = (split.y < 0) | (split.y > hi)
+    if bad.any():
+        v = int(split.y[np.argmax(bad)])
+        raise UserInputError(f"{where}: label {v} is out of range for a model with {out_dim} output"
+                             f"{'s' if out_dim > 1 else ''} (labels must be 0..{hi})")
