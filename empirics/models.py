@@ -116,9 +116,12 @@ class TwoLayerNet(nn.Module):
         ctx = self.context if context_inputs is None else attention_context(context_inputs, self.spec.attn_rank)
         return attention_features(x, ctx, self.spec.attn_layers)
 
+    def head(self, feats: torch.Tensor) -> torch.Tensor:
+        """The trained part, `m^-1/2 A^T relu(W x~)`, on precomputed features `x~`."""
+        return (torch.relu(feats @ self.W.T) @ self.A) / self.spec.width**0.5
+
     def forward(self, x: torch.Tensor, context_inputs: torch.Tensor | None = None) -> torch.Tensor:
-        h = torch.relu(self.features(x, context_inputs) @ self.W.T)
-        return (h @ self.A) / self.spec.width**0.5
+        return self.head(self.features(x, context_inputs))
 
 
 def build_model(spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from empirics.models import TwoLayerNet
 from empirics.progress import Progress
 from theory.errors import UserInputError
 
@@ -33,7 +34,7 @@ class TrainConfig:
     adv_train: bool = False
     adv_eps: float = 0.3
     adv_steps: int = 7
-    record_every: int = 1
+    record_every: int = 0
     loss: str = "auto"
 
     def __post_init__(self) -> None:
@@ -101,6 +102,14 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
     """Train `model` in place on (x, y) and return its training record."""
     t0 = time.perf_counter()
     out_dim = model(x[:1]).shape[1]
+    net, inputs, test_inputs = model, x, x_test
+    if isinstance(model, TwoLayerNet) and not cfg.adv_train:
+        # W is the only trained parameter, so the features x~ (for MLP-Attn, C x: the costly product
+        # with the d x d context) are fixed during training: compute them once.
+        with torch.no_grad():
+            inputs = model.features(x)
+            test_inputs = model.features(x_test) if x_test is not None else None
+        net = model.head
     per_ex = loss_fn(out_dim, cfg.loss)
     gen = torch.Generator().manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -112,28 +121,31 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
         batch = x.shape[0]
     rec = TrainRecord()
     n = x.shape[0]
+    every = cfg.record_every or max(1, cfg.epochs // 10)  # 0: about ten points on the curves
     with Progress(cfg.epochs, label) as bar:
         for epoch in range(1, cfg.epochs + 1):
             perm = torch.randperm(n, generator=gen).to(x.device)
             for i in range(0, n, batch):
                 idx = perm[i:i + batch]
-                xb, yb = x[idx], y[idx]
+                yb = y[idx]
                 if cfg.adv_train:
                     from empirics.attacks import AttackConfig, attack
 
-                    xb = attack(model, xb, yb, AttackConfig("pgd", cfg.adv_eps, steps=cfg.adv_steps,
+                    xb = attack(model, x[idx], yb, AttackConfig("pgd", cfg.adv_eps, steps=cfg.adv_steps,
                                                             seed=cfg.seed * 100003 + epoch * 1009 + i))
+                else:
+                    xb = inputs[idx]
                 opt.zero_grad(set_to_none=True)
-                per_ex(model(xb), yb).mean().backward()
+                per_ex(net(xb), yb).mean().backward()
                 opt.step()
-            if epoch % cfg.record_every == 0 or epoch == cfg.epochs:
+            if epoch % every == 0 or epoch == cfg.epochs:
                 with torch.no_grad():
-                    out = model(x)
+                    out = net(inputs)
                     rec.epochs.append(epoch)
                     rec.train_loss.append(float(per_ex(out, y).mean()))
                     rec.train_acc.append(float((predict_labels(out) == y).float().mean()))
-                    if x_test is not None and y_test is not None:
-                        rec.test_acc.append(accuracy(model, x_test, y_test))
+                    if test_inputs is not None and y_test is not None:
+                        rec.test_acc.append(float((predict_labels(net(test_inputs)) == y_test).float().mean()))
                 bar.update(1, f"loss={rec.train_loss[-1]:.4f}")
             else:
                 bar.update(1)

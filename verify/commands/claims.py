@@ -101,7 +101,7 @@ def slim(result: dict[str, Any]) -> dict[str, Any]:
     """Drop bulky per-example arrays from a unit result before it goes into claims.json."""
     def walk(v: Any) -> Any:
         if isinstance(v, dict):
-            return {k: walk(x) for k, x in v.items() if k not in ("per_example", "records", "grid_losses_raw")}
+            return {k: walk(x) for k, x in v.items() if k not in ("examples", "per_example", "records")}
         if isinstance(v, list):
             return [walk(x) for x in v]
         return v
