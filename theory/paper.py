@@ -36,3 +36,6 @@ PAPER_RATIO_V1 = (6.0, 9.0)  # paper v1 abstract: "6-9x"
 PAPER_RATIO_V2 = (2.0, 9.0)  # paper v2: "2-9x"
 #: The eps values over which the paper says the ranking holds.
 PAPER_EPS_SWEEP = (0.1, 0.2, 0.3, 0.5)  # paper, robustness statement
+#: Reference worst-case flip rates for an audit run with --no-reference (paper's 10-class flip rates at
+#: eps = 0.3, rounded: 2L-ReLU 3-4 % -> 5 %, MLP-Attn 22-35 % -> 20 %, a conservative high threshold).
+PAPER_AUDIT_REFERENCE = {"relu": 0.05, "attn": 0.20}  # derived from the paper's flip-rate tables
