@@ -68,3 +68,18 @@ def spread(values: list[float]) -> dict[str, float]:
         "max": float(arr.max()),
         "n": int(arr.size),
     }
+
+
+def experiment_data(cfg: Any, dataset: Any | None = None) -> tuple[Any, Tensors, str]:
+    """The data set an experiment config names (or the one given), its tensors, and the device.
+
+    `cfg` needs the fields dataset, task, n_train, n_test, sample, data_seed, data_dir, data_source, device.
+    """
+    from empirics.datasets import load_dataset
+    from empirics.records import pick_device
+
+    device = pick_device(cfg.device)
+    ds = dataset or load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task,
+                                 sample=cfg.sample, seed=cfg.data_seed, data_dir=cfg.data_dir,
+                                 source=cfg.data_source)
+    return ds, dataset_tensors(ds, device), device

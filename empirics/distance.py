@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from scipy import stats
 
-from empirics.common import Tensors, as_float64, dataset_tensors, spread, train_network
+from empirics.common import Tensors, as_float64, experiment_data, spread, train_network
 from empirics.models import ModelSpec
 from empirics.ntk import ntk_two_layer
-from empirics.records import device_info, library_versions, pick_device
+from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig, targets
 from theory import gram, kernels, krr
 
@@ -131,14 +131,8 @@ def trend(widths: list[int], values: list[float]) -> dict[str, Any]:
 
 def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None) -> dict[str, Any]:
     """The width sweep. Returns a JSON-ready record with per-run values, spreads and trends."""
-    from empirics.datasets import load_dataset
-
     t0 = time.perf_counter()
-    device = pick_device(cfg.device)
-    ds = dataset or load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task,
-                                 sample=cfg.sample, seed=cfg.data_seed, data_dir=cfg.data_dir,
-                                 source=cfg.data_source)
-    t = dataset_tensors(ds, device)
+    ds, t, device = experiment_data(cfg, dataset)
     y_t = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
     ridge = cfg.n_train * cfg.train.weight_decay
     results: dict[str, Any] = {"models": {}}

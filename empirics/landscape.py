@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.common import Tensors, as_float64, dataset_tensors, spread, train_network
+from empirics.common import Tensors, as_float64, experiment_data, spread, train_network
 from empirics.models import ModelSpec, TwoLayerNet
-from empirics.records import device_info, library_versions, pick_device
+from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig, loss_fn, predict_labels
 from theory.errors import UserInputError
 
@@ -398,14 +398,8 @@ def measure(model: TwoLayerNet, init_w: torch.Tensor, t: Tensors, cfg: Landscape
 
 def run_landscape(cfg: LandscapeConfig, dataset: Any | None = None) -> dict[str, Any]:
     """Train each model for each seed and measure its landscape. Returns a JSON-ready record."""
-    from empirics.datasets import load_dataset
-
     t0 = time.perf_counter()
-    device = pick_device(cfg.device)
-    ds = dataset or load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task,
-                                 sample=cfg.sample, seed=cfg.data_seed, data_dir=cfg.data_dir,
-                                 source=cfg.data_source)
-    t = dataset_tensors(ds, device)
+    ds, t, device = experiment_data(cfg, dataset)
     results: dict[str, Any] = {"models": {}}
     for kind in cfg.models:
         runs = []

@@ -46,11 +46,11 @@ import torch
 from scipy import stats
 
 from empirics.attacks import CONTEXT_MODES, AttackConfig, attack
-from empirics.common import Tensors, dataset_tensors, spread, train_network
+from empirics.common import Tensors, experiment_data, spread, train_network
 from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_scores
 from empirics.models import MODEL_KINDS, ModelSpec, TwoLayerNet
 from empirics.progress import log
-from empirics.records import device_info, library_versions, pick_device
+from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig
 from theory.errors import UserInputError
 from theory.paper import PAPER_ADV, PAPER_FLIP
@@ -385,14 +385,8 @@ def adv_comparison(rows: list[dict[str, Any]], cfg: MalleabilityConfig) -> list[
 
 def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None) -> dict[str, Any]:
     """The whole experiment: returns a JSON-ready record (config, per-run measurements, summary)."""
-    from empirics.datasets import load_dataset
-
     t0 = time.perf_counter()
-    device = pick_device(cfg.device)
-    ds = dataset or load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task,
-                                 sample=cfg.sample, seed=cfg.data_seed, data_dir=cfg.data_dir,
-                                 source=cfg.data_source)
-    t = dataset_tensors(ds, device)
+    ds, t, device = experiment_data(cfg, dataset)
     runs: list[dict[str, Any]] = []
     trainings = [("standard", False)] + ([("adversarial", True)] if cfg.adv_train else [])
     for seed in cfg.seeds:

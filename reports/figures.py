@@ -165,7 +165,7 @@ def flip_rate_bars(results: dict[str, dict[str, Any]], path: str | Path) -> Path
     import numpy as np
 
     names = list(results)
-    fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names), 3.3), squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names), 3.4), squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
         res = results[name]
         rows = [r for r in res["summary"]["rows"] if r["training"] == "standard"
