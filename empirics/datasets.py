@@ -559,17 +559,7 @@ def _load_source(src: DataSource, task: str, sample: str, seed: int, n_train: in
     }
     if formats:
         provenance["image_formats"] = sorted(formats)
-    return Dataset(
-        name,
-        task,
-        out["x_train"],
-        out["y_train"],
-        out["x_test"],
-        out["y_test"],
-        IMAGE_SHAPES[name],
-        classes,
-        provenance,
-    )
+    return _dataset(name, task, out, classes, provenance)
 
 
 def _published_summary(flags: list[bool | None]) -> str:
@@ -623,17 +613,14 @@ def _load_bundled(
         provenance["label"] = f"bundled sample of {JPEG_LABEL}"
     if searched is not None:
         provenance["note"] = "no full copy found, so the bundled sample was used; searched: " + "; ".join(searched)
-    return Dataset(
-        name,
-        task,
-        out["x_train"],
-        out["y_train"],
-        out["x_test"],
-        out["y_test"],
-        IMAGE_SHAPES[name],
-        classes,
-        provenance,
-    )
+    return _dataset(name, task, out, classes, provenance)
+
+
+def _dataset(name: str, task: str, out: dict[str, np.ndarray], classes: list[str],
+             provenance: dict[str, Any]) -> Dataset:
+    """A `Dataset` from the selected train/test arrays in `out`."""
+    return Dataset(name, task, out["x_train"], out["y_train"], out["x_test"], out["y_test"],
+                   IMAGE_SHAPES[name], classes, provenance)
 
 
 def preprocess(x: np.ndarray, mode: str, reference: np.ndarray | None = None) -> np.ndarray:
