@@ -2,13 +2,25 @@
 
 Models. The format is found from the file's bytes (magic numbers), not its name:
 
+Before any loader sees a file, every pickle in it (each `.pkl` member of an archive, the
+pickles nested in a `.pt2`, a legacy `torch.save` stream) is read opcode by opcode without being
+unpickled (`check_pickle`): a pickle that names any global outside the tensor-only format of
+`torch.load(weights_only=True)` (or, in TorchScript, outside `__torch__` types) is refused in one line.
+
 - TorchScript archive (zip with `code/`): `torch.jit.load`. Its unpickler only builds TorchScript
   types, so loading runs no Python code from the file.
-- torch.export program (zip with `archive_format`, usually `.pt2`): `torch.export.load`.
+- torch.export program (zip with `archive_format`, usually `.pt2`): read by `load_export_program`,
+  never by `torch.export.load` (which falls back to unrestricted unpickling, `exec`s the file's guard
+  code and `sympify`s (evaluates) its shape expressions). Members that would be unpickled, native code
+  (AOTInductor), legacy archives, operators outside `torch.ops` / symbolic integer arithmetic and
+  shape expressions that are not plain arithmetic on symbols are refused; guard code and node
+  metadata are dropped; weights are read as raw bytes and sample inputs with `weights_only=True`.
 - safetensors weights (8-byte header length, then JSON): `safetensors.torch.load_file`.
 - `torch.save` files (zip with `data.pkl`, or a legacy pickle): `torch.load(weights_only=True)`.
   A pickle that needs arbitrary code (a whole `torch.save(model)`, or a crafted `__reduce__`
-  payload) is refused by that restricted unpickler before anything runs, and reported in one line.
+  payload) is refused before anything runs, and reported in one line.
+
+A module saved in training mode with batch norm or dropout is refused (call `model.eval()` first).
 
 Weights (safetensors or a state dict) need an architecture spec: the JSON that
 `empirics.models.save_model` writes beside them (`PATH.json`, or `--spec FILE`); only the suite's
@@ -28,8 +40,11 @@ import io
 import json
 import math
 import pickle
+import pickletools
+import re
 import warnings
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +103,315 @@ def sniff_format(path: str | Path) -> str:
     return "unknown"
 
 
+# --- reading pickles without unpickling them -----------------------------------------------------
+
+_FALLBACK_TENSOR_GLOBALS = frozenset({
+    "collections.OrderedDict", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_parameter",
+    "torch._utils._rebuild_parameter_with_state", "torch.Size", "torch.device",
+    *(f"torch.{t}Storage" for t in ("Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char",
+                                   "Byte", "Bool", "ComplexFloat", "ComplexDouble")),
+})
+_STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING",
+                         "BINSTRING", "STRING"})
+_NEUTRAL_OPS = frozenset({"MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT", "FRAME", "PROTO"})
+_TS_MODULES = ("__torch__", "torch.jit._pickle")
+
+
+def tensor_globals() -> frozenset[str]:
+    """The globals `torch.load(weights_only=True)` may build: the tensor-only pickle format."""
+    try:
+        from torch._weights_only_unpickler import _get_allowed_globals
+
+        return frozenset(str(k) for k in _get_allowed_globals())
+    except (ImportError, AttributeError):
+        return _FALLBACK_TENSOR_GLOBALS
+
+
+def torchscript_global(name: str) -> bool:
+    """Whether a TorchScript archive's pickle may name this global (its own types, tensors)."""
+    return name.split(".")[0] in _TS_MODULES or name.startswith("torch.jit._pickle.") or name in tensor_globals()
+
+
+def _pickle_globals(f: io.BytesIO) -> list[str]:
+    """Every global one pickle names (as module.name), from its opcodes; never unpickles.
+
+    A STACK_GLOBAL must take its module and name straight from string pushes (or memo reads of
+    them); anything computed otherwise, and the copyreg extension opcodes, yield '<unresolved>'.
+    """
+    found: list[str] = []
+    memo: dict[int, str | None] = {}
+    pushes: list[str | None] = []
+    for op, arg, _pos in pickletools.genops(f):
+        name = op.name
+        if name in _STRING_OPS:
+            pushes.append(arg if isinstance(arg, str) else bytes(arg).decode("latin-1"))
+        elif name == "MEMOIZE":
+            memo[len(memo)] = pushes[-1] if pushes else None
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[int(arg)] = pushes[-1] if pushes else None
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            pushes.append(memo.get(int(arg)))
+        elif name in _NEUTRAL_OPS:
+            continue
+        elif name in ("GLOBAL", "INST"):
+            found.append(str(arg).replace(" ", ".", 1))
+            pushes.append(None)
+        elif name == "STACK_GLOBAL":
+            mod, attr = (pushes[-2], pushes[-1]) if len(pushes) >= 2 else (None, None)
+            found.append(f"{mod}.{attr}" if mod is not None and attr is not None else "<unresolved>")
+            pushes.append(None)
+        elif name.startswith("EXT"):
+            found.append("<unresolved>")
+            pushes.append(None)
+        else:
+            pushes.append(None)
+    return found
+
+
+def check_pickle(data: bytes, where: str, allowed: Callable[[str], bool], count: int = 1) -> None:
+    """Refuse `data` unless its first `count` pickles (fewer if the data ends) name only allowed globals.
+
+    A legacy `torch.save` file is five pickles in a row (then raw storage bytes); a zip member one.
+    """
+    f = io.BytesIO(data)
+    for i in range(count):
+        if i and f.tell() >= len(data):
+            return
+        try:
+            names = _pickle_globals(f)
+        except Exception as exc:  # noqa: BLE001 - pickletools raises many kinds on malformed data
+            raise UserInputError(f"{where} is not a well-formed pickle ({_first_line(exc, 80)}); it was refused "
+                                 f"and nothing in it ran; {SAVE_HINT}") from None
+        bad = sorted({n for n in names if not allowed(n)})
+        if bad:
+            raise UserInputError(f"{where} holds a pickle that needs arbitrary code to load (it names "
+                                 f"{', '.join(bad[:3])}); it was refused and nothing in it ran; {SAVE_HINT}")
+
+
+def _check_zip_pickles(zf: zipfile.ZipFile, where: str, allowed: Callable[[str], bool]) -> None:
+    """Every `.pkl` member of a torch zip archive, read without unpickling."""
+    for info in zf.infolist():
+        if info.filename.endswith(("pkl", ".pickle")):
+            check_pickle(zf.read(info), f"{where} (member {info.filename})", allowed)
+
+
+def check_torch_file(data: bytes, where: str) -> None:
+    """A `torch.save` file (zip or legacy) in the tensor-only format, else a one-line refusal."""
+    allowed = tensor_globals().__contains__
+    if data[:4] == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as zf:
+                _check_zip_pickles(zf, where, allowed)
+        except zipfile.BadZipFile as exc:
+            raise UserInputError(f"{where} is not a readable zip archive ({_first_line(exc)})") from None
+    else:
+        check_pickle(data, where, allowed, count=5)
+
+
+# --- torch.export programs, read without torch.export.load -----------------------------------------
+
+_SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z_]*[0-9]+$")
+_SYMPY_CALLS = frozenset({
+    "Symbol", "Integer", "Rational", "Float", "Max", "Min", "Abs", "Mod", "floor", "ceiling", "Eq", "Ne", "Lt",
+    "Le", "Gt", "Ge", "And", "Or", "Not", "Piecewise", "FloorDiv", "ModularIndexing", "Where", "PythonMod",
+    "CleanDiv", "CeilToInt", "FloorToInt", "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow",
+    "FloatTrueDiv", "IntTrueDiv", "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt",
+    "RoundToInt", "RoundDecimal", "ToFloat", "Identity",
+})
+_SYMPY_NAMES = frozenset({"True", "False", "oo", "zoo", "nan", "int_oo"})
+_TRAINING_OPS = ("_native_batch_norm_legit_functional", "native_dropout", "_native_batch_norm_legit.default")
+
+
+def _safe_sym_expr(text: str) -> bool:
+    """Whether a shape expression is plain arithmetic on symbols (sympy evaluates it as Python)."""
+    import ast
+
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError):
+        return False
+    ok_nodes = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Call, ast.Name, ast.Load,
+                ast.Constant, ast.keyword, ast.operator, ast.unaryop, ast.boolop, ast.cmpop)
+    for node in ast.walk(tree):
+        if not isinstance(node, ok_nodes):
+            return False
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _SYMPY_CALLS):
+            return False
+        if isinstance(node, ast.Name) and node.id not in _SYMPY_CALLS and node.id not in _SYMPY_NAMES \
+                and not _SYMBOL.match(node.id):
+            return False
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and not _SYMBOL.match(node.value):
+            return False
+        if isinstance(node, ast.Constant) and not isinstance(node.value, (str, int, float, bool)):
+            return False
+    return True
+
+
+def _safe_target(target: str) -> bool:
+    """Whether a graph node's target is a torch operator or symbolic-integer arithmetic."""
+    import operator
+
+    from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
+
+    parts = target.split(".")
+    if any(not p or "__" in p for p in parts):
+        return False
+    roots = {"torch": torch, "_operator": operator, "math": math}
+    if parts[0] not in roots or len(parts) < 2:
+        return False
+    obj: Any = roots[parts[0]]
+    for part in parts[1:]:
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    if isinstance(obj, (OpOverload, OpOverloadPacket, HigherOrderOperator)):
+        return parts[1] == "ops"
+    try:
+        from torch._export.serde.serialize import _SYM_OPS
+    except ImportError:
+        _SYM_OPS = set()
+    return obj in _SYM_OPS or obj is operator.getitem or (parts[0] == "math" and callable(obj))
+
+
+def _sanitise_program(doc: Any, where: str) -> None:
+    """Check every node target and shape expression of a serialized program; drop guard code and node
+    metadata (neither is needed to run it; both reach `exec` or codegen)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("graph_module"), dict):
+        raise UserInputError(f"{where}: the program JSON has no graph_module; re-save with torch.export.save")
+    doc["guards_code"] = []
+    stack: list[Any] = [doc]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, list):
+            stack.extend(obj)
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if "target" in obj and "inputs" in obj and "outputs" in obj:
+            target = obj.get("target")
+            if not isinstance(target, str) or not _safe_target(target):
+                raise UserInputError(f"{where}: the program calls '{str(target)[:80]}', which is not a torch "
+                                     "operator; refused (only torch.ops and symbolic-size arithmetic are run)")
+            if any(t in target for t in _TRAINING_OPS) or _training_flag(obj):
+                raise UserInputError(f"{where}: the program runs batch norm or dropout in training mode; call "
+                                     "model.eval() before torch.export.export(model, ...) and save it again")
+            obj["metadata"] = {}
+        expr = obj.get("expr_str")
+        if isinstance(expr, str) and not _safe_sym_expr(expr):
+            raise UserInputError(f"{where}: a shape expression is not plain arithmetic on symbols "
+                                 f"('{expr[:60]}'); refused")
+        stack.extend(v for k, v in obj.items() if k != "expr_str")
+
+
+def _training_flag(node: dict[str, Any]) -> bool:
+    """A batch_norm / dropout node whose `training` / `train` argument is True."""
+    if not any(k in str(node.get("target")) for k in ("batch_norm", "dropout")):
+        return False
+    for inp in node.get("inputs") or []:
+        if isinstance(inp, dict) and inp.get("name") in ("training", "train"):
+            if isinstance(inp.get("arg"), dict) and inp["arg"].get("as_bool") is True:
+                return True
+    return False
+
+
+def _payload_config(raw: bytes, where: str, tensor_prefix: str | None) -> dict[str, Any]:
+    try:
+        cfg = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"{where} is not valid JSON ({_first_line(exc)})") from None
+    entries = cfg.get("config") if isinstance(cfg, dict) else None
+    if not isinstance(entries, dict):
+        raise UserInputError(f"{where} has no 'config' table; re-save with torch.export.save")
+    for fqn, meta in entries.items():
+        if not isinstance(meta, dict) or meta.get("use_pickle") or not isinstance(meta.get("path_name"), str):
+            raise UserInputError(f"{where}: entry '{fqn}' is stored as a pickle (or is malformed); refused and "
+                                 "nothing in it ran; export a model whose weights and constants are plain tensors")
+        if tensor_prefix is not None and not meta["path_name"].startswith(tensor_prefix):
+            raise UserInputError(f"{where}: constant '{fqn}' is a Python or custom object, not a tensor; refused")
+    return cfg
+
+
+def load_export_program(path: Path) -> Any:
+    """An `ExportedProgram` from a `.pt2`, read member by member without unrestricted unpickling."""
+    where = str(path)
+    try:
+        from torch._export.serde import schema
+        from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass
+        from torch.export.pt2_archive._package import PT2ArchiveReader, _load_constants, _load_state_dict
+    except ImportError:
+        raise UserInputError(f"{where}: this torch version cannot read .pt2 archives safely; save the model "
+                             "with torch.jit.script(model).save(PATH) instead") from None
+    with zipfile.ZipFile(path) as zf:
+        infos = {i.filename.split("/", 1)[1] if "/" in i.filename else i.filename: i for i in zf.infolist()}
+
+        def read(name: str) -> bytes:
+            return zf.read(infos[name]) if name in infos else b""
+
+        if any(n.startswith("data/aotinductor/") or n.endswith((".so", ".dll", ".dylib", ".pyd")) for n in infos):
+            raise UserInputError(f"{where} contains compiled native code (AOTInductor); refused; save the program "
+                                 "with torch.export.save(torch.export.export(model, (x,)), PATH) instead")
+        if "serialized_exported_program.json" in infos or "data/weights/model.pt" in infos \
+                or "data/constants/model.pt" in infos:
+            raise UserInputError(f"{where} is a torch.export archive in a legacy format whose weights are pickles; "
+                                 "re-save it with torch.export.save in torch >= 2.7")
+        if read("archive_format").strip() != b"pt2" or "models/model.json" not in infos:
+            raise UserInputError(f"{where} is not a torch.export archive with one program 'model'; "
+                                 "save it with torch.export.save(torch.export.export(model, (x,)), PATH)")
+        for name in infos:
+            if name.endswith(("pkl", ".pickle")):
+                check_pickle(read(name), f"{where} (member {name})", tensor_globals().__contains__)
+            elif name.endswith(".pt"):
+                check_torch_file(read(name), f"{where} (member {name})")
+        _payload_config(read("data/weights/model_weights_config.json"), f"{where} (weights config)", None)
+        _payload_config(read("data/constants/model_constants_config.json"), f"{where} (constants config)",
+                        "tensor")
+        try:
+            doc = json.loads(read("models/model.json"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise UserInputError(f"{where}: models/model.json is not valid JSON ({_first_line(exc)})") from None
+        _sanitise_program(doc, where)
+        sample_raw = read("data/sample_inputs/model.pt")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sample = torch.load(io.BytesIO(sample_raw), map_location="cpu", weights_only=True) if sample_raw else None
+            if sample is not None and not isinstance(sample, tuple):
+                raise UserInputError(f"{where}: the sample inputs are a {type(sample).__name__}, not a tuple")
+            with PT2ArchiveReader(str(path)) as reader:
+                state_dict = _load_state_dict(reader, "model")
+                constants = _load_constants(reader, "model")
+            if not isinstance(state_dict, dict) or not isinstance(constants, dict):
+                raise UserInputError(f"{where}: weights in a legacy pickled layout; refused")
+            program = _dict_to_dataclass(schema.ExportedProgram, doc)
+            return ExportedProgramDeserializer(None).deserialize(program, state_dict, constants, sample)
+    except UserInputError:
+        raise
+    except pickle.UnpicklingError as exc:
+        raise _refuse_pickle(path, exc) from None
+    except Exception as exc:  # noqa: BLE001 - any failure of the deserializer is a bad file
+        raise UserInputError(f"{where} looks like a torch.export program but cannot be loaded "
+                             f"({_first_line(exc)})") from None
+
+
+def export_module(ep: Any) -> nn.Module:
+    """The runnable module of an exported program, without its generated guard code."""
+    import inspect
+
+    if "check_guards" in inspect.signature(ep.module).parameters:
+        return ep.module(check_guards=False)
+    return ep.module()
+
+
+def _check_eval_mode(module: Any, where: str) -> None:
+    """Refuse a TorchScript module saved in training mode that has batch norm or dropout."""
+    kinds = ("BatchNorm", "Dropout", "SyncBatchNorm")
+    for sub in [module, *module.modules()]:
+        name = str(getattr(sub, "original_name", type(sub).__name__))
+        if getattr(sub, "training", False) and any(k in name for k in kinds):
+            raise UserInputError(f"{where} was saved in training mode with {name} (its output would depend on the "
+                                 "batch or be random); call model.eval() before torch.jit.script(model).save(PATH)")
+
+
 # --- models --------------------------------------------------------------------------------------
 
 
@@ -137,6 +461,7 @@ def _refuse_pickle(path: Path, exc: BaseException) -> UserInputError:
 
 
 def _torch_load_weights(path: Path) -> dict[str, torch.Tensor]:
+    check_torch_file(path.read_bytes(), str(path))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -214,22 +539,19 @@ def load_model(path: str | Path, spec: str | Path | None = None) -> LoadedModel:
     fmt = sniff_format(p)
     common = {"path": p, "sha256": sha256_file(p), "size_bytes": p.stat().st_size}
     if fmt == "torchscript":
+        with zipfile.ZipFile(p) as zf:
+            _check_zip_pickles(zf, str(p), torchscript_global)
         try:
             module = torch.jit.load(str(p), map_location="cpu")
         except Exception as exc:  # noqa: BLE001 - any failure of the TorchScript loader is a bad file
             raise UserInputError(f"{p} looks like TorchScript but cannot be loaded ({_first_line(exc)})") from None
+        _check_eval_mode(module, str(p))
         module.eval()
         return LoadedModel(module, "torchscript", **common)
     if fmt == "export":
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ep = torch.export.load(str(p))
-        except Exception as exc:  # noqa: BLE001 - any failure of the export loader is a bad file
-            raise UserInputError(f"{p} looks like a torch.export program but cannot be loaded "
-                                 f"({_first_line(exc)})") from None
+        ep = load_export_program(p)
         shape, batch = _exported_input(ep)
-        gm = ep.module()
+        gm = export_module(ep)
         notes = [] if batch is None else [f"exported with a static batch size {batch}; inputs are padded to it"]
         return LoadedModel(gm, "export", graph=gm, static_batch=batch, declared_shape=shape, notes=notes, **common)
     if fmt in ("safetensors", "torch-zip", "pickle"):

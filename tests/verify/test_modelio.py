@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import zipfile
@@ -109,7 +110,7 @@ def test_fake_torchscript_archive_with_payload_does_not_run(tmp_path: Path):
         zf.writestr("fake/constants.pkl", pickle.dumps(Payload(marker), protocol=2))
         zf.writestr("fake/version", "3\n")
     assert sniff_format(fake) == "torchscript"
-    with pytest.raises(UserInputError, match="cannot be loaded"):
+    with pytest.raises(UserInputError, match="refused and nothing in it ran"):
         load_model(fake)
     assert not marker.exists()
 
@@ -332,3 +333,191 @@ def test_torchscript_is_converted_to_a_graph_when_possible(tmp_path: Path):
     xt = torch.as_tensor(x)
     assert eng.batched
     assert torch.allclose(eng.kernel(xt), ref.kernel(xt), rtol=1e-4)
+
+
+# --- a payload in every member of every accepted format never runs ---------------------------------------
+
+
+def _payload_bytes(marker: Path) -> bytes:
+    return pickle.dumps(Payload(marker), protocol=2)
+
+
+def _torch_zip_payload(marker: Path) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    torch.save((Payload(marker),), buf)
+    return buf.getvalue()
+
+
+def _rewrite(src: Path, dst: Path, member: str | None, data: bytes | None) -> None:
+    """Copy a zip archive, replacing one member's bytes (None: an identical copy)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, data if info.filename == member else zin.read(info))
+
+
+def _model_files(tmp: Path) -> dict[str, Path]:
+    m = SmallCNN().eval()
+    files = {"torchscript": tmp / "m.ts", "export": tmp / "m.pt2", "state-dict": tmp / "sd.pt"}
+    torch.jit.script(m).save(str(files["torchscript"]))
+    torch.export.save(_export(m, (1, 8, 8)), str(files["export"]))
+    suite = build_model(ModelSpec("relu", 16, 8, 3))
+    save_model(suite, tmp / "suite.safetensors")
+    torch.save(suite.state_dict(), files["state-dict"])
+    (tmp / "sd.pt.json").write_bytes((tmp / "suite.safetensors.json").read_bytes())
+    return files
+
+
+def test_payload_is_live_so_the_tests_below_can_fail(tmp_path: Path):
+    marker = tmp_path / "MARKER"
+    pickle.loads(_payload_bytes(marker))
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "export", "state-dict"])
+def test_payload_in_every_archive_member_never_runs(fmt: str, tmp_path: Path):
+    src = _model_files(tmp_path)[fmt]
+    marker = tmp_path / "MARKER"
+    control = tmp_path / f"control{src.suffix}"
+    _rewrite(src, control, None, None)
+    if fmt == "state-dict":
+        (tmp_path / f"{control.name}.json").write_bytes((tmp_path / "sd.pt.json").read_bytes())
+    assert load_model(control).fmt == fmt  # a rewritten archive still loads: refusals below are the payload's
+    with zipfile.ZipFile(src) as zf:
+        members = zf.namelist()
+    refused = 0
+    for member in members:
+        for kind, data in (("pickle", _payload_bytes(marker)), ("torch.save", _torch_zip_payload(marker))):
+            evil = tmp_path / f"evil{src.suffix}"
+            _rewrite(src, evil, member, data)
+            if fmt == "state-dict":
+                (tmp_path / f"{evil.name}.json").write_bytes((tmp_path / "sd.pt.json").read_bytes())
+            try:
+                load_model(evil)
+            except UserInputError as exc:
+                assert "\n" not in str(exc), (member, kind)
+                refused += 1
+            assert not marker.exists(), f"payload ran from member {member} ({kind})"
+    assert refused >= len(members)  # most members are refused outright; raw storages are only bytes
+
+
+def test_payload_in_safetensors_header_and_data_never_runs(tmp_path: Path):
+    marker = tmp_path / "MARKER"
+    suite = build_model(ModelSpec("relu", 16, 8, 3))
+    weights, _ = save_model(suite, tmp_path / "w.safetensors")
+    raw = weights.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header["__metadata__"] = {"payload": _payload_bytes(marker).decode("latin-1")}
+    h = json.dumps(header).encode()
+    variants = [len(h).to_bytes(8, "little") + h + raw[8 + n:],
+                raw[:8 + n] + _payload_bytes(marker).ljust(len(raw) - 8 - n, b"\0")[: len(raw) - 8 - n],
+                raw[:8] + _payload_bytes(marker)]
+    for i, data in enumerate(variants):
+        evil = tmp_path / f"evil{i}.safetensors"
+        evil.write_bytes(data)
+        (tmp_path / f"evil{i}.safetensors.json").write_bytes((tmp_path / "w.safetensors.json").read_bytes())
+        try:
+            load_model(evil)
+        except UserInputError as exc:
+            assert "\n" not in str(exc)
+        assert not marker.exists()
+
+
+# --- torch.export archives: every path by which torch.export.load would run code is closed -------------------
+
+
+def _pt2_doc(src: Path) -> tuple[str, dict]:
+    with zipfile.ZipFile(src) as zf:
+        name = next(n for n in zf.namelist() if n.endswith("models/model.json"))
+        return name, json.loads(zf.read(name))
+
+
+def _evil_program(src: Path, dst: Path, edit) -> None:
+    name, doc = _pt2_doc(src)
+    edit(doc)
+    _rewrite(src, dst, name, json.dumps(doc).encode())
+
+
+def _cmd(marker: Path) -> str:
+    return f"__import__('os').system('touch {marker}')"
+
+
+@pytest.mark.parametrize("attack", ["sympify", "target", "target-dunder", "pickled-weight",
+                                    "opaque-constant", "aotinductor", "legacy", "sample-inputs"])
+def test_export_archive_exploits_are_refused(attack: str, tmp_path: Path):
+    src = _model_files(tmp_path)["export"]
+    marker = tmp_path / "MARKER"
+    evil = tmp_path / "evil.pt2"
+    with zipfile.ZipFile(src) as zf:
+        names = zf.namelist()
+        root = names[0].split("/")[0]
+        cfg_name = f"{root}/data/weights/model_weights_config.json"
+        cfg = json.loads(zf.read(cfg_name))
+    if attack == "sympify":
+        def edit(d):
+            tv = d["graph_module"]["graph"]["tensor_values"]
+            first = next(iter(tv.values()))
+            first["sizes"][0] = {"as_expr": {"expr_str": _cmd(marker), "hint": None}}
+        _evil_program(src, evil, edit)
+    elif attack in ("target", "target-dunder"):
+        bad = "torch.serialization.os.system" if attack == "target" else "torch.ops.__class__.__init__"
+        _evil_program(src, evil, lambda d: d["graph_module"]["graph"]["nodes"][0].__setitem__("target", bad))
+    elif attack == "pickled-weight":
+        key = next(iter(cfg["config"]))
+        cfg["config"][key]["use_pickle"] = True
+        _rewrite(src, evil, cfg_name, json.dumps(cfg).encode())
+        with zipfile.ZipFile(evil, "a") as zf:
+            zf.writestr(f"{root}/data/weights/{cfg['config'][key]['path_name']}.pkl", _payload_bytes(marker))
+    elif attack == "opaque-constant":
+        const = {"config": {"c": {"path_name": "opaque_obj_0", "is_param": False, "use_pickle": False,
+                                  "tensor_meta": None}}}
+        _rewrite(src, evil, f"{root}/data/constants/model_constants_config.json", json.dumps(const).encode())
+        with zipfile.ZipFile(evil, "a") as zf:
+            zf.writestr(f"{root}/data/constants/opaque_obj_0", _payload_bytes(marker))
+    elif attack == "aotinductor":
+        _rewrite(src, evil, None, None)
+        with zipfile.ZipFile(evil, "a") as zf:
+            zf.writestr(f"{root}/data/aotinductor/model/model.so", b"\x7fELF")
+    elif attack == "legacy":
+        _rewrite(src, evil, None, None)
+        with zipfile.ZipFile(evil, "a") as zf:
+            zf.writestr(f"{root}/data/weights/model.pt", _torch_zip_payload(marker))
+    else:
+        _rewrite(src, evil, f"{root}/data/sample_inputs/model.pt", _torch_zip_payload(marker))
+    with pytest.raises(UserInputError) as err:
+        load_model(evil)
+    assert "\n" not in str(err.value)
+    assert not marker.exists()
+
+
+def test_export_guard_code_is_dropped_never_run(tmp_path: Path):
+    src = _model_files(tmp_path)["export"]
+    marker = tmp_path / "MARKER"
+    evil = tmp_path / "evil.pt2"
+    _evil_program(src, evil, lambda d: d.__setitem__("guards_code", [_cmd(marker)]))
+    loaded = load_model(evil)
+    assert loaded.module(torch.rand(2, 1, 8, 8)).shape == (2, 4)
+    assert not marker.exists()
+
+
+def test_sympify_payload_would_run_so_the_expression_check_matters(tmp_path: Path):
+    import sympy
+
+    marker = tmp_path / "MARKER"
+    sympy.sympify(_cmd(marker))
+    assert marker.exists()
+
+
+def test_models_saved_in_training_mode_are_refused(tmp_path: Path):
+    m = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.Flatten(), nn.Linear(108, 4)).train()
+    ts, ep = tmp_path / "train.ts", tmp_path / "train.pt2"
+    torch.jit.script(m).save(str(ts))
+    torch.export.save(_export(m, (1, 8, 8)), str(ep))
+    for path in (ts, ep):
+        with pytest.raises(UserInputError, match="model.eval()"):
+            load_model(path)
+    m.eval()
+    torch.jit.script(m).save(str(ts))
+    assert load_model(ts).fmt == "torchscript"
