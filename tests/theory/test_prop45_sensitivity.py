@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from theory_strategies import matrices
 
-from theory.checks import ILL_POSED, check_prop45
+from theory.checks import DOES_NOT_HOLD, HOLDS, ILL_POSED, check_prop45, prop45_verdict
 from theory.conditioning import EPS
 from theory.errors import UserInputError
 from theory.sensitivity import (
@@ -122,8 +122,17 @@ def test_invalid_index_and_shapes_raise() -> None:
         sensitivity_bound(X, 0, -0.1)
 
 
-def test_check_reports_ill_posed_with_verified_correction() -> None:
+def test_prop45_verdict_reaches_each_outcome() -> None:
+    assert prop45_verdict(2.9, as_written_defined=False) == DOES_NOT_HOLD
+    assert prop45_verdict(1.01, as_written_defined=True) == DOES_NOT_HOLD
+    assert prop45_verdict(1.0, as_written_defined=False) == ILL_POSED
+    assert prop45_verdict(0.5, as_written_defined=True) == HOLDS
+
+
+def test_check_verdict_follows_its_evidence_with_verified_correction() -> None:
     result = check_prop45(0)
-    assert result.verdict == ILL_POSED
-    assert result.numbers["corrected_bound_holds"]
-    assert min(result.numbers["paper_quantity_underestimate_factor"]) > 1
+    nums = result.numbers
+    assert nums["stated_reading_exceeded_by"] == max(nums["paper_quantity_underestimate_factor"])
+    assert result.verdict == prop45_verdict(nums["stated_reading_exceeded_by"], nums["as_written_error"] == "no error")
+    assert nums["corrected_bound_holds"]
+    assert "verified" in result.detail and nums["corrected_bound"] in result.detail
