@@ -190,3 +190,23 @@ def kappa_power_exact(X: np.ndarray, p: int = 1, dps: int | None = None) -> mpma
         if lam[-1] <= 0:
             return mpmath.inf
         return lam[0] / lam[-1]
+
+
+def kernel_spectrum(K: np.ndarray) -> dict[str, Any]:
+    """Extreme eigenvalues and condition number of a symmetric PSD kernel matrix `K` (n x n).
+
+    For kernels that are not Gram matrices of a known `X` (an NTK, Thm 4.2), so the eigenvalues come
+    from `eigvalsh` (absolute error ~ `eps * ||K||`). Keys: n, lambda_max, lambda_min, kappa,
+    log10_kappa, resolved. `resolved` is False when `lambda_min <= n * eps * lambda_max`: float64 then
+    cannot tell `lambda_min` from zero, and kappa is reported as `math.inf`.
+    """
+    M = as_matrix(K, "K")
+    n = M.shape[0]
+    if n != M.shape[1]:
+        raise UserInputError(f"K has shape {M.shape}; pass a square (n x n) kernel matrix")
+    lam = np.linalg.eigvalsh((M + M.T) / 2)
+    top, low = float(lam[-1]), float(lam[0])
+    resolved = top > 0 and low > n * EPS * top
+    kappa = top / low if resolved else math.inf
+    return {"n": n, "lambda_max": top, "lambda_min": low, "kappa": kappa,
+            "log10_kappa": math.log10(kappa) if resolved else math.inf, "resolved": resolved}
