@@ -70,15 +70,18 @@ from verify.modelio import (
     Split,
     bind_input,
     check_labels,
+    check_varied,
     fx_graph_for,
     load_model,
     load_split,
     parse_shape,
+    probe_batches,
     sniff_format,
 )
 
 AUDIT_ATTACKS = ("fgsm", "pgd", "mim")
 RISK_LEVELS = ("low", "medium", "high")
+NOT_MEASURABLE = "not measurable"
 REF_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
 
 
@@ -384,11 +387,16 @@ def measure_network(label: str, model: FlatInput, provider: SuiteKernels | Gener
 def risk_level(flip: float, baseline: list[float], relu_flip: float, attn_flip: float) -> dict[str, Any]:
     """low / medium / high from the worst-case flip rate (the rule in the module docstring)."""
     b = np.asarray(baseline, dtype=float)
-    noise = float(b.mean() + 2 * (b.std(ddof=1) if b.size > 1 else 0.0))
+    noise = float(b.mean() + 2 * (b.std(ddof=1) if b.size > 1 else 0.0)) if b.size else math.nan
     low_ceiling = max(noise, relu_flip)
     high_floor = max(attn_flip, low_ceiling)
     level = "low" if flip <= low_ceiling else "high" if flip >= high_floor else "medium"
-    return {"level": level, "flip_rate": flip, "noise_ceiling": noise, "low_ceiling": low_ceiling,
+    reason = ""
+    if not all(math.isfinite(v) for v in (flip, noise, relu_flip, attn_flip)):
+        level = NOT_MEASURABLE
+        reason = ("a flip rate could not be computed (NaN): influence is undefined for these data, e.g. constant "
+                  "or duplicated inputs or a kernel without signal")
+    return {"level": level, "reason": reason, "flip_rate": flip, "noise_ceiling": noise, "low_ceiling": low_ceiling,
             "high_floor": high_floor, "relu_reference": relu_flip, "attn_reference": attn_flip,
             "references_separate": bool(attn_flip > low_ceiling),
             "rule": "low if F <= max(N, R); high if F >= max(A, N, R); medium otherwise (F: worst-case flip "
@@ -397,6 +405,10 @@ def risk_level(flip: float, baseline: list[float], relu_flip: float, attn_flip: 
 
 
 ADVICE = {
+    NOT_MEASURABLE: [
+        "No risk level can be given for these data: check that the training inputs vary (not all-zero or constant "
+        "images, not one example repeated) and that the model's outputs depend on them, then re-run the audit.",
+    ],
     "low": [
         "No action is needed beyond ordinary data hygiene: the influence ranking of your training data is no "
         "easier to flip than random noise of the same size can, or than the kernel-regime 2L-ReLU reference.",
@@ -501,6 +513,7 @@ def load_inputs(cfg: AuditConfig) -> tuple[LoadedModel, Split, Split]:
     if train.x.shape[1] != test.x.shape[1]:
         raise UserInputError(f"training inputs have {train.x.shape[1]} values per example but test inputs have "
                              f"{test.x.shape[1]}")
+    check_varied(train, "--train")
     return loaded, train, test
 
 
@@ -515,6 +528,8 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
                                          parse_shape(cfg.input_shape))
     check_labels(train, out_dim, "--train")
     check_labels(test, out_dim, "--test")
+    st.run("bind", probe_batches, model, {"training": train.x, "test": test.x},
+           (n_top(cfg.tau, len(train.x)), 1), out_dim)
     if image_shape is None and len(input_shape) == 3:
         image_shape = input_shape
     t = Tensors(torch.as_tensor(train.x), torch.as_tensor(train.y), torch.as_tensor(test.x),
@@ -705,6 +720,32 @@ def load_record(path: str | Path) -> dict[str, Any]:
     return rec
 
 
+_RECORD_SHAPE: dict[str, type | tuple[type, ...]] = {
+    "config": dict, "model": dict, "data": dict, "models": dict, "risk": dict, "levers": list,
+    "diagnostics": dict, "definitions": dict, "versions": dict, "device": dict, "timings": dict, "created": str,
+}
+_NUMBER = (int, float)
+
+
+def check_record(rec: dict[str, Any], where: str) -> None:
+    """Refuse (one line) a saved audit record whose structure this version cannot draw."""
+    bad = [k for k, t in _RECORD_SHAPE.items() if not isinstance(rec.get(k), t)]
+    user = rec.get("models", {}).get("user") if isinstance(rec.get("models"), dict) else None
+    if not bad and not isinstance(user, dict):
+        bad = ["models.user"]
+    if not bad:
+        need = {"worst_flip_rate": _NUMBER, "worst_attack": str, "baseline": dict, "n_selected": int}
+        bad = [f"models.user.{k}" for k, t in need.items() if not isinstance(user.get(k), t)]
+        risk = rec["risk"]
+        if not bad and risk.get("level") not in (*RISK_LEVELS, NOT_MEASURABLE):
+            bad = ["risk.level"]
+        if not bad and not all(isinstance(risk.get(k), _NUMBER) for k in ("relu_reference", "attn_reference")):
+            bad = ["risk.relu_reference / risk.attn_reference"]
+    if bad:
+        raise UserInputError(f"--render {where} is not an audit record this version can draw (missing or malformed: "
+                             f"{', '.join(bad[:4])}); rerun the audit with --json")
+
+
 def render_report(result: dict[str, Any]) -> str:
     """The audit report as one self-contained HTML string (figures embedded)."""
     import tempfile
@@ -717,31 +758,36 @@ def render_report(result: dict[str, Any]) -> str:
     return render_html("audit.html", report_context(result, figs))
 
 
+def output_members(out: Path) -> tuple[str, str, str]:
+    """The files of one audit's output set: the PDF and the HTML and JSON beside it."""
+    return out.name, out.with_suffix(".html").name, out.with_suffix(".json").name
+
+
 def write_outputs(result: dict[str, Any], out: str | Path, html: bool = False, json_out: bool = False) -> int:
-    """Render everything in memory, then write the PDF (and HTML / JSON beside it) atomically.
+    """Render everything, stage the PDF (and HTML / JSON) as one output set, then swap it in.
 
     Returns 0, or `PDF_UNAVAILABLE_EXIT` (3) when weasyprint cannot run: the HTML is then written anyway.
+    A stale member of the set (e.g. last run's PDF when this run could make none) is removed, so the
+    files beside each other always come from the same run.
     """
-    import tempfile
-
-    from empirics.records import atomic_write_bytes, atomic_write_text, write_json
+    from empirics.records import atomic_write_text, write_json
     from reports.render import PdfUnavailable, write_pdf
+    from verify.outputs import output_set
 
-    out = Path(out)
-    page = render_report(result)
-    pdf: bytes | None = None
-    problem = ""
-    with tempfile.TemporaryDirectory() as tmp:
+    out = Path(out).expanduser().absolute()
+    pdf_name, html_name, json_name = output_members(out)
+    problem, pdf_ok = "", True
+    with output_set(out.parent, output_members(out)) as staged:
+        page = render_report(result)
         try:
-            pdf = write_pdf(Path(tmp) / "report.pdf", page).read_bytes()
+            write_pdf(staged.path(pdf_name), page)
         except PdfUnavailable as exc:
-            problem = str(exc)
-    if json_out:
-        write_json(out.with_suffix(".json"), result)
-    if html or pdf is None:
-        atomic_write_text(out.with_suffix(".html"), page)
-    if pdf is None:
+            pdf_ok, problem = False, str(exc)
+        if json_out:
+            write_json(staged.path(json_name), result)
+        if html or not pdf_ok:
+            atomic_write_text(staged.path(html_name), page)
+    if not pdf_ok:
         sys.stderr.write(f"verify audit: no PDF: {problem} ({out.with_suffix('.html')})\n")
         return PDF_UNAVAILABLE_EXIT
-    atomic_write_bytes(out, pdf)
     return 0

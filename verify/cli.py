@@ -2,16 +2,25 @@
 
 Each subcommand lives in its own module under `verify/commands/` and exposes `NAME`, `HELP`,
 `ORDER`, `add_arguments(parser)` and `run(args) -> int`. Errors the user can fix
-(`UserInputError`) become one line on stderr and exit code 2, never a traceback.
+(`UserInputError`), and numeric options that are not finite numbers, become one line on stderr
+and exit code 2, never a traceback.
+
+Interrupts: SIGINT (Ctrl-C) and SIGTERM (`timeout`, containers, Slurm) both stop the command
+cleanly with one line on stderr and exit code 130 (SIGINT) or 143 (SIGTERM). Whatever was
+being computed when the signal came is dropped; finished experiment units stay cached and output
+sets are never half-replaced (`verify.outputs`). An exception raised after a signal arrived (e.g. a
+library interrupted mid-draw) counts as the interrupt, so no traceback reaches the user.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import pkgutil
+import signal
 import sys
-from types import ModuleType
+from types import FrameType, ModuleType
 
 from theory.errors import UserInputError
 
@@ -45,20 +54,70 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit codes of an interrupted command, by signal: 128 + the signal number.
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+_received: list[int] = []
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    """SIGINT and SIGTERM alike: remember which came and unwind the command as an interrupt."""
+    _received.append(signum)
+    raise KeyboardInterrupt
+
+
+def install_signal_handlers() -> None:
+    """Handle SIGTERM like SIGINT (main thread only; elsewhere the defaults stay)."""
+    try:
+        for sig in EXIT_CODES:
+            signal.signal(sig, _on_signal)
+    except ValueError:
+        pass
+
+
+def _check_finite(args: argparse.Namespace) -> None:
+    for key, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserInputError(f"--{key.replace('_', '-')} must be a finite number, got {value}")
+
+
+def _interrupted(args: argparse.Namespace) -> int:
+    for sig in EXIT_CODES:
+        signal.signal(sig, signal.SIG_IGN)
+    signum = _received[-1] if _received else signal.SIGINT
+    name = signal.Signals(signum).name
+    if hasattr(args, "resume"):
+        advice = "finished experiment units are cached; rerun with --resume to continue"
+    else:
+        advice = "nothing was written (earlier outputs are unchanged); rerun the command"
+    sys.stderr.write(f"\nverify {args.command}: interrupted ({name}); {advice}\n")
+    return EXIT_CODES.get(signum, 130)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    install_signal_handlers()
+    _received.clear()
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        return _interrupted(argparse.Namespace(command="(starting)"))
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
     try:
+        _check_finite(args)
         return int(args._run(args) or 0)
     except UserInputError as exc:
+        if _received:
+            return _interrupted(args)
         sys.stderr.write(f"verify {args.command}: error: {exc}\n")
         return 2
     except KeyboardInterrupt:
-        sys.stderr.write(f"verify {args.command}: interrupted; finished steps are cached, rerun with --resume\n")
-        return 130
+        return _interrupted(args)
+    except Exception:
+        if _received:
+            return _interrupted(args)
+        raise
 
 
 if __name__ == "__main__":

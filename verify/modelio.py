@@ -212,7 +212,9 @@ def check_torch_file(data: bytes, where: str) -> None:
 
 _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z_]*[0-9]+$")
 _SYMPY_CALLS = frozenset({
-    "Symbol", "Integer", "Rational", "Float", "Max", "Min", "Abs", "Mod", "floor", "ceiling", "Eq", "Ne", "Lt",
+    "Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Pow", "Max", "Min", "StrictGreaterThan",
+    "StrictLessThan", "GreaterThan", "LessThan", "Equality", "Unequality", "BooleanTrue", "BooleanFalse",
+    "Abs", "Mod", "floor", "ceiling", "Eq", "Ne", "Lt",
     "Le", "Gt", "Ge", "And", "Or", "Not", "Piecewise", "FloorDiv", "ModularIndexing", "Where", "PythonMod",
     "CleanDiv", "CeilToInt", "FloorToInt", "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow",
     "FloatTrueDiv", "IntTrueDiv", "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt",
@@ -601,7 +603,11 @@ class FlatInput(nn.Module):
             out = out[0]
         if not isinstance(out, torch.Tensor):
             raise UserInputError(f"the model returned {type(out).__name__}; the audit needs a tensor of logits")
-        return out.unsqueeze(1) if out.dim() == 1 else out.reshape(out.shape[0], -1)
+        if out.dim() not in (1, 2):
+            raise UserInputError(f"the model returned outputs of shape {_fmt_shape(tuple(out.shape))}; the audit needs "
+                                 "logits of shape (n, classes) (or (n,) for one output): reshape or pool inside "
+                                 "the model")
+        return out.unsqueeze(1) if out.dim() == 1 else out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
@@ -636,6 +642,17 @@ def _fmt_shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ")"
 
 
+def _try_forward(model: FlatInput, x: torch.Tensor) -> tuple[torch.Tensor | None, str]:
+    """The model's outputs on `x`, or None and the first line of its error (`UserInputError` propagates)."""
+    try:
+        with torch.no_grad():
+            return model(x), ""
+    except UserInputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's model is reported, not raised
+        return None, _first_line(exc, 100)
+
+
 def bind_input(loaded: LoadedModel, x_sample: np.ndarray, image_shape: tuple[int, ...] | None,
                input_shape: tuple[int, ...] | None = None) -> tuple[FlatInput, tuple[int, ...], int]:
     """The model wrapped for flat inputs, its per-example input shape and its number of outputs.
@@ -660,13 +677,9 @@ def bind_input(loaded: LoadedModel, x_sample: np.ndarray, image_shape: tuple[int
     errors = []
     for shape in cands:
         model = FlatInput(loaded.module, shape, loaded.static_batch)
-        try:
-            with torch.no_grad():
-                out = model(x)
-        except UserInputError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any failure means "this shape does not fit"
-            errors.append(f"{_fmt_shape(shape)}: {_first_line(exc, 100)}")
+        out, failure = _try_forward(model, x)
+        if out is None:
+            errors.append(f"{_fmt_shape(shape)}: {failure}")
             continue
         _check_output(out, x.shape[0])
         if loaded.static_batch is None and x.shape[0] > 1:
@@ -680,6 +693,32 @@ def bind_input(loaded: LoadedModel, x_sample: np.ndarray, image_shape: tuple[int
     tried = "; ".join(errors)
     raise UserInputError(f"the model does not accept the data ({d} values per example{_img(image_shape)}); "
                          f"tried input shapes {tried}; pass --input-shape C,H,W")
+
+
+def probe_batches(model: FlatInput, splits: dict[str, np.ndarray], sizes: tuple[int, ...], classes: int) -> None:
+    """Run the model on every batch size the audit uses (each whole split, the attacked subset, one
+    example) before any work: each must give finite outputs of shape (n, classes)."""
+    for name, x in splits.items():
+        for n in sorted({len(x), *(s for s in sizes if 1 <= s <= len(x))}):
+            out, failure = _try_forward(model, torch.as_tensor(x[:n], dtype=torch.float32))
+            if out is None:
+                raise UserInputError(f"the model fails on a batch of {n} {name} examples ({failure}); it must "
+                                     "accept any batch size (export with a dynamic batch dimension)")
+            if tuple(out.shape) != (n, classes):
+                raise UserInputError(f"the model returned shape {_fmt_shape(tuple(out.shape))} for a batch of {n} "
+                                     f"{name} examples but ({n}, {classes}) for two; outputs must be (n, classes)")
+            if not torch.isfinite(out).all():
+                raise UserInputError(f"the model returned NaN or Inf on a batch of {n} {name} examples; fix the "
+                                     "model (or the data) so that every output is finite")
+
+
+def check_varied(split: Split, where: str) -> None:
+    """Refuse data whose examples are all identical (e.g. all-zero images): influence is not measurable."""
+    if len(split.x) >= 2 and float(np.ptp(split.x, axis=0).max()) == 0.0:
+        v = float(split.x[0].max())
+        raise UserInputError(f"{where}: not measurable: all {len(split.x)} inputs are identical (every pixel "
+                             f"{v:g} in every example{', all-zero images' if v == 0 else ''}), so influence and flip "
+                             "rates are undefined; check how the data were exported")
 
 
 def _img(image_shape: tuple[int, ...] | None) -> str:
@@ -804,7 +843,10 @@ def _labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
 def _split(x: np.ndarray, y: np.ndarray, where: str, prov: dict[str, Any],
            image_shape: tuple[int, ...] | None = None, classes: list[str] | None = None) -> Split:
     x = np.asarray(x)
-    if x.ndim < 2 or len(x) == 0:
+    if x.ndim < 2:
+        raise UserInputError(f"{where}: inputs have shape {x.shape}; give one row per example, (n, d) or "
+                             "(n, C, H, W), not a single vector or scalar")
+    if len(x) == 0:
         raise UserInputError(f"{where}: the set is empty (inputs of shape {x.shape}); give at least one example")
     flat, shape = _image_shape_of(x)
     return Split(_to_unit(flat, where), _labels(y, len(x), where), image_shape or shape, classes, prov)
@@ -894,7 +936,13 @@ def load_split(source: str, split: str, n: int | None, seed: int = 0, data_dir: 
             raise UserInputError(f"{where}: the .npz holds {sorted(arrays)}; it needs arrays 'x' and 'y' "
                                  f"(or 'x_{split}' and 'y_{split}')")
         x, y = arrays[keys[0]], arrays[keys[1]]
-        if len(x) != len(y) and np.asarray(y).ndim >= 1:
+        if x.ndim < 2:
+            raise UserInputError(f"{where}: '{keys[0]}' has shape {x.shape}; give one row per example, (n, d) or "
+                                 "(n, C, H, W)")
+        if np.asarray(y).ndim == 0:
+            raise UserInputError(f"{where}: '{keys[1]}' is a single value; give one integer label per example, "
+                                 f"shape ({len(x)},)")
+        if len(x) != len(y):
             raise UserInputError(f"{where}: {len(x)} inputs but {len(y)} labels")
         sel = _subset(len(x), n, seed)
         prov = {**_file_prov(path, "npz"), "arrays": list(keys), "split": split, "n_available": int(len(x)),

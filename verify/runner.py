@@ -5,14 +5,23 @@ with sizes from a preset. Its result is stored as `<out>/cache/<unit>-<key>.json
 atomically once the unit finishes, so an interrupted run loses at most the unit in progress and a
 rerun with `--resume` recomputes nothing that had finished. The key hashes the unit's config and a
 digest of the source code of `theory/` and `empirics/`, so a code change never reuses a stale result.
+
+Integrity: a unit that fails because of its input or environment (`UserInputError`: missing or
+corrupt data, no CUDA, ...) is never cached; the run stops with that one-line error (exit 2) so a
+later `--resume` computes the unit once the problem is fixed. A cache file that is not valid JSON
+or fails the schema (a dict naming this unit and code version) is ignored and recomputed. Each unit
+is claimed with an exclusive `fcntl` lock on `.<unit>-<key>.lock` while it runs; a second run on
+the same folder waits for it and then reuses its result instead of computing it again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,28 +66,64 @@ class Cache:
         return self.folder / f"{safe}-{unit.key(self.version)}.json"
 
     def get(self, unit: Unit) -> dict[str, Any] | None:
+        """The cached result, or None when absent, unreadable or not this unit's (schema check)."""
         p = self.path(unit)
         if not p.exists():
             return None
         try:
-            return json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
+            res = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             return None
+        if not isinstance(res, dict) or res.get("unit") != unit.name or res.get("code_version") != self.version:
+            return None
+        if "unavailable" in res:
+            return None
+        return res
+
+    @contextlib.contextmanager
+    def claim(self, unit: Unit, log: Callable[[str], None]) -> Iterator[None]:
+        """Hold the unit's lock file (waiting, with one log line, while another run holds it)."""
+        try:
+            import fcntl
+        except ImportError:
+            yield
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        lock = self.path(unit).with_name(f".{self.path(unit).stem}.lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log(f"[wait]   {unit.name}: another run is computing it")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def run(self, unit: Unit, log: Callable[[str], None]) -> tuple[dict[str, Any], bool]:
-        """The unit's result, from the cache when present; returns (result, was_cached)."""
+        """The unit's result, from the cache when present; returns (result, was_cached).
+
+        Raises the unit's `UserInputError` (prefixed with the unit's name) without caching anything.
+        """
         hit = self.get(unit)
         if hit is not None:
             log(f"[cached] {unit.name}")
             return hit, True
-        log(f"[run]    {unit.name} ...")
-        t0 = time.perf_counter()
-        try:
-            res = unit.fn(**unit.config)
-        except UserInputError as exc:
-            res = {"unavailable": str(exc)}
-        res = {"unit": unit.name, "unit_config": unit.config, "code_version": self.version,
-               "unit_wall_s": time.perf_counter() - t0, **res}
-        write_json(self.path(unit), res)
+        with self.claim(unit, log):
+            hit = self.get(unit)
+            if hit is not None:
+                log(f"[cached] {unit.name} (computed by another run)")
+                return hit, True
+            log(f"[run]    {unit.name} ...")
+            t0 = time.perf_counter()
+            try:
+                res = unit.fn(**unit.config)
+            except UserInputError as exc:
+                raise UserInputError(f"experiment {unit.name}: {exc} (nothing was cached; fix it and rerun with "
+                                     "--resume)") from None
+            res = {"unit": unit.name, "unit_config": unit.config, "code_version": self.version,
+                   "unit_wall_s": time.perf_counter() - t0, **res}
+            write_json(self.path(unit), res)
         log(f"[done]   {unit.name} in {res['unit_wall_s']:.1f} s")
         return json.loads(self.path(unit).read_text()), False

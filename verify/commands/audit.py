@@ -13,7 +13,8 @@ from pathlib import Path
 import jinja2
 
 from theory.errors import UserInputError
-from verify.audit import AuditConfig, load_record, run_audit, write_outputs
+from verify.audit import AuditConfig, check_record, load_record, run_audit, write_outputs
+from verify.outputs import check_output_dir
 from verify.presets import parse_choices
 
 NAME = "audit"
@@ -90,11 +91,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--out {out} is a folder; give a file name ending in .pdf")
     if not out.parent.exists():
         raise UserInputError(f"--out {out}: folder {out.parent} does not exist")
+    check_output_dir(out.parent, "--out")
     if args.render:
         result = load_record(args.render)
+        check_record(result, args.render)
         try:
             code = write_outputs(result, out, html=args.html, json_out=args.json)
-        except (KeyError, TypeError, AttributeError, jinja2.UndefinedError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError, jinja2.UndefinedError) as exc:
             raise UserInputError(f"--render {args.render} lacks fields this version draws ({exc}); rerun the "
                                  "audit") from None
     else:
