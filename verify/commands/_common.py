@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from empirics.records import to_jsonable, write_json
 from theory.errors import UserInputError
+from verify.outputs import check_output_dir, disk_error
 from verify.presets import PRESET_NAMES
 
 DATASETS = ("mnist", "cifar10")
@@ -28,7 +30,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="quick", help=f"one of {', '.join(PRESET_NAMES)} (default: %(default)s)")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the preset's)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--json", default=None, metavar="FILE", help="write the result record as JSON ('-' = stdout)")
+    p.add_argument("--json", default=None, metavar="FILE", type=json_target,
+                   help="write the result record as JSON ('-' = stdout)")
 
 
 def check_data_args(args: argparse.Namespace) -> None:
@@ -40,11 +43,28 @@ def check_data_args(args: argparse.Namespace) -> None:
         raise UserInputError(f"unknown sample '{args.sample}'; choose balanced or first")
 
 
+def json_target(text: str) -> str:
+    """argparse type of `--json FILE`: '-' or a file whose folder can be written, checked before any work."""
+    if text == "-":
+        return text
+    p = Path(text).expanduser()
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name such as result.json")
+    try:
+        check_output_dir(p.absolute().parent, "--json")
+    except UserInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def emit_json(target: str | None, record: Any) -> None:
-    """Write the record to a file atomically, or to stdout for '-'."""
+    """Write the record to a file atomically, or to stdout for '-'; a write error is one line."""
     if target is None:
         return
     if target == "-":
         sys.stdout.write(json.dumps(to_jsonable(record), indent=2) + "\n")
-    else:
+        return
+    try:
         write_json(target, record)
+    except OSError as exc:
+        raise disk_error(exc, Path(target).expanduser().absolute().parent) from None

@@ -9,6 +9,7 @@ from pathlib import Path
 from empirics import datasets as D
 from empirics.download import download
 from theory.errors import UserInputError
+from verify.outputs import check_output_dir
 
 NAME = "data"
 HELP = "show where MNIST / CIFAR-10 are found and their provenance, or download them with checksums"
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "download":
         if args.dataset is None:
             raise UserInputError("download needs --dataset mnist or --dataset cifar10")
-        dest = args.dest or str(D.default_download_dir())
+        dest = str(check_output_dir(args.dest, "--dest")) if args.dest else str(D.default_download_dir())
         for name in _datasets(args.dataset):
             for path in download(name, dest, quiet=args.quiet):
                 sys.stdout.write(f"verified {path}\n")

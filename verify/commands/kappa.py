@@ -19,7 +19,7 @@ from empirics.records import library_versions
 from theory.bounds import width_bound_v1, width_bound_v2
 from theory.conditioning import condition_numbers, log10_kappa_power
 from theory.errors import UserInputError
-from verify.commands._common import add_data_args, check_data_args, emit_json
+from verify.commands._common import add_data_args, check_data_args, emit_json, json_target
 from verify.presets import parse_int_list
 
 NAME = "kappa"
@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eps", type=float, default=0.1, help="accuracy eps in the v1 bound kappa^6/eps^2 (default 0.1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the balanced subset (default 0)")
     p.add_argument("--source", default="auto", help="auto (files, else bundled sample), full or bundled")
-    p.add_argument("--json", default=None, metavar="FILE", help="write the record as JSON ('-' = stdout)")
+    p.add_argument("--json", default=None, metavar="FILE", type=json_target,
+                   help="write the record as JSON ('-' = stdout)")
 
 
 def kappa_rows(

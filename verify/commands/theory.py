@@ -13,8 +13,9 @@ import sys
 import time
 from typing import Any
 
-from empirics.records import library_versions, to_jsonable, write_json
+from empirics.records import library_versions, to_jsonable
 from theory.checks import CRASHED, CheckResult, run_all_checks
+from verify.commands._common import emit_json, json_target
 
 NAME = "theory"
 HELP = "check the paper's theorems (Thm 4.1, 4.2, 4.7, Prop 4.5, stacking, truncation, LOO)"
@@ -29,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",
         metavar="FILE",
+        type=json_target,
         help="also write the results as JSON to FILE (atomically); '-' prints only the JSON to stdout",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random test matrices (default 0)")
@@ -67,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_table(results))
         if args.json:
-            write_json(args.json, record)
+            emit_json(args.json, record)
             print(f"\nwrote {args.json}")
     crashed = [r.claim_id for r in results if r.verdict == CRASHED]
     if crashed:
