@@ -20,6 +20,7 @@ import math
 import pkgutil
 import signal
 import sys
+from pathlib import Path
 from types import FrameType, ModuleType
 
 from theory.errors import UserInputError
@@ -74,10 +75,28 @@ def install_signal_handlers() -> None:
         pass
 
 
-def _check_finite(args: argparse.Namespace) -> None:
+#: Options naming an output folder, by command (checked before the command starts any work).
+OUTPUT_FOLDERS = {"claims": "out"}
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Checks every command gets before it runs: finite numbers, writable output paths."""
+    from verify.outputs import check_output_dir
+
     for key, value in vars(args).items():
         if isinstance(value, float) and not math.isfinite(value):
             raise UserInputError(f"--{key.replace('_', '-')} must be a finite number, got {value}")
+    folder = getattr(args, OUTPUT_FOLDERS.get(args.command, ""), None)
+    if isinstance(folder, str):
+        check_output_dir(folder, f"--{OUTPUT_FOLDERS[args.command]}")
+    plot = getattr(args, "plot", None)
+    if isinstance(plot, str):
+        p = Path(plot).expanduser().absolute()
+        if p.is_dir():
+            raise UserInputError(f"--plot {plot} is a folder; give a file name (or prefix) for the figures")
+        check_output_dir(p.parent, "--plot")
+        if not p.parent.is_dir():
+            raise UserInputError(f"--plot {plot}: folder {p.parent} does not exist; create it or give another path")
 
 
 def _interrupted(args: argparse.Namespace) -> int:
@@ -105,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        _check_finite(args)
+        _check_args(args)
         return int(args._run(args) or 0)
     except UserInputError as exc:
         if _received:

@@ -234,6 +234,11 @@ CASES: dict[str, tuple[list[str], int, str]] = {
     "data download dest in /proc": (["data", "download", "--dataset", "mnist", "--dest", "/proc/d"], 2,
                                     "virtual file system"),
     "claims out is a file": (["claims", "--out", "{d}/a_file", "--only", "thm4.1"], 2, "is a file"),
+    "claims out in /proc": (["claims", "--out", "/proc/claims", "--only", "thm4.1"], 2, "virtual file system"),
+    "claims out under a file": (["claims", "--out", "{d}/a_file/claims", "--only", "thm4.1"], 2, "a_file"),
+    "ntk-distance plot in /sys": (["ntk-distance", "--plot", "/sys/nd.png"], 2, "virtual file system"),
+    "landscape plot is a folder": (["landscape", "--plot", "{d}"], 2, "is a folder"),
+    "ntk-distance plot folder missing": (["ntk-distance", "--plot", "{d}/nope/nd.png"], 2, "does not exist"),
     # saved records with the wrong structure
     "render wrong structure": (["audit", "--render", "{d}/wrong_audit.json", "--out", "{d}/first/r2.pdf"], 2,
                                "not an audit record this version can draw"),
