@@ -7,17 +7,19 @@ import json
 import numpy as np
 import pytest
 
+from empirics.mall_stats import ratio
 from empirics.malleability import (
     MalleabilityConfig,
     compare,
     n_top,
-    ratio,
     run_malleability,
     top_by_abs,
 )
 from empirics.records import to_jsonable
 from empirics.train import TrainConfig
 from theory.errors import UserInputError
+from verify.claims.base import Verdict
+from verify.claims.malleability import experiment_outcomes
 from verify.cli import main
 
 
@@ -36,9 +38,10 @@ def test_record_has_what_claims_and_reports_need(smoke_record):
     assert {"versions", "device", "data", "config", "summary", "definitions", "wall_s"} <= set(r)
     assert r["data"]["label"].startswith("MNIST")
     assert len(r["runs"]) == 4  # 2 seeds x 2 models, each trained once
-    v = r["summary"]["verdict"]
-    assert v["text"].startswith("MNIST") and "random noise" in v["text"]
-    assert v["status"] in ("attention more malleable", "attention not more malleable")
+    outcomes = experiment_outcomes(r)
+    assert [name for name, _ in outcomes] == ["Attn more malleable", "ranking over eps"]
+    for _, o in outcomes:
+        assert o.verdict in set(Verdict) and o.gate
 
 
 def test_flip_rates_baseline_and_examples_are_consistent(smoke_record):
@@ -81,8 +84,14 @@ def test_summary_rows_and_ratios(smoke_record):
         assert r["flip_rate"]["n"] == 2 and 0.0 <= r["flip_rate"]["mean"] <= 1.0
         assert r["baseline_flip_rate"]["n"] == 2
         assert r["paper_flip_pct"] is not None
+        assert r["n_seeds"] == 2 and r["n_points"] == [6, 6]
+        lo, hi = float(r["flip_ci"]["lo"]), float(r["flip_ci"]["hi"])
+        assert 0.0 <= lo <= r["flip_ci"]["value"] <= hi <= 1.0
+        assert r["excess_ci"]["value"] == pytest.approx(r["flip_ci"]["value"] - r["baseline_ci"]["value"])
     assert any(q["attack"] == "random" for q in s["ratios"])
-    assert len(s["curated"]) == 4
+    assert {c["attack"] for c in s["comparisons"]} == {"fgsm", "pgd", "mim", "pooled"}
+    assert len(s["curated"]) == 4 and len(s["curated_diff"]) == 2
+    assert s["bootstrap"]["n_boot"] > 0 and "hierarchical" in s["bootstrap"]["method"]
 
 
 def test_top_by_abs_and_count():

@@ -104,36 +104,3 @@ def test_no_paper_value_in_ours_column(smoke_run):
     rec = json.loads(Path(out / "claims.json").read_text())
     for c in rec["claims"]:
         assert c["ours"] != c["paper"]
-
-
-def _fake_mall(flips: dict[str, dict[str, list[float]]], base: dict[str, float], task: str = "10class") -> dict:
-    """A malleability record with the summary rows the claim rules read."""
-    import numpy as np
-
-    def s(v: list[float]) -> dict:
-        return {"mean": float(np.mean(v)), "std": float(np.std(v, ddof=1)), "n": len(v)}
-
-    rows = [{"training": "standard", "intervention": "transformed", "eps": 0.3, "model": m, "attack": a,
-             "per_seed_flip_rate": v, "flip_rate": s(v), "rho_all": s([0.5] * len(v)),
-             "baseline_flip_rate": s([base[m]] * len(v))}
-            for m, per in flips.items() for a, v in per.items()]
-    cfg = {"dataset": "mnist", "task": task, "n_train": 10, "n_test": 5, "width": 8, "train": {"epochs": 1},
-           "tau": 0.1, "ridge_rel": 1e-3, "eps": 0.3, "attack_steps": 2, "seeds": [0, 1, 2]}
-    return {"summary": {"rows": rows}, "config": cfg, "data": {"label": "x"}, "eps_values": [0.3]}
-
-
-def test_flip_rule_verdicts():
-    from verify.claims_mall import _flip_claim
-
-    claim = _flip_claim("mnist", "10class")
-
-    def evaluate(flips: dict, base: dict):
-        return claim({"malleability:mnist:10class": _fake_mall(flips, base)})
-
-    near_paper = {"relu": {a: [0.03, 0.035, 0.04] for a in ("fgsm", "pgd", "mim")},
-                  "attn": {a: [0.25, 0.3, 0.28] for a in ("fgsm", "pgd", "mim")}}
-    assert evaluate(near_paper, {"relu": 0.01, "attn": 0.05}).verdict == HOLDS
-    # ordering holds in every seed but attention's attack does not beat random noise -> partly
-    assert evaluate(near_paper, {"relu": 0.01, "attn": 0.5}).verdict == PARTLY
-    reversed_ = {"relu": near_paper["attn"], "attn": near_paper["relu"]}
-    assert evaluate(reversed_, {"relu": 0.0, "attn": 0.0}).verdict == NOT

@@ -1,177 +1,524 @@
 """Malleability claims: the flip-rate tables (10 classes and binary), the 6-9x ratio, adversarial
-training, and the robustness of the ranking over eps. Verdict rules are fixed here, before any run."""
+training, the robustness of the ranking over eps, curated removal, the adversarial intervention and the
+Spearman rankings. Verdict rules are fixed here, before any run, and decide on 95 % intervals
+(`empirics.mall_stats`), never on means alone.
+
+Each rule is one function taking the unit's record; the claims registry and `verify malleability`
+(`experiment_outcomes`) call the same functions. Every rule first applies the adequacy gate.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from reports.text import fmt
+from empirics.mall_stats import METHOD, POOLED, SEED_METHOD, find, paper_ratio_range
+from empirics.protocols import GATE_TEXT
 from theory.paper import PAPER_ADV, PAPER_FLIP, PAPER_RATIO_V1, PAPER_RATIO_V2
-from verify.claims import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results
+from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results, Verdict, gated
 
 ATTACKS = ("fgsm", "pgd", "mim")
 LABEL = {"mnist": "MNIST", "cifar10": "CIFAR-10"}
+MODEL = {"relu": "ReLU", "attn": "Attn"}
+NO_GAP_BAND = (0.67, 1.5)
+GATE_FIRST = "adequacy gate first (any network of the unit below it -> not measurable here). "
+CI_NOTE = f"95 % intervals: {METHOD}; per-network scalars: {SEED_METHOD}"
 
 
 def malleability_unit_configs(p: dict[str, Any], data_dir: str | None) -> dict[str, dict[str, Any]]:
-    """Keyword arguments of `MalleabilityConfig` for every malleability unit, sized by the preset."""
+    """Keyword arguments of `MalleabilityConfig` for every malleability unit, sized by the preset
+    (the training config is added per protocol by `verify.experiments`)."""
     base = {"width": p["mall_width"], "n_train": p["mall_n_train"], "n_test": p["mall_n_test"],
-            "seeds": list(p["seeds"]), "attack_steps": p["attack_steps"], "train": {"epochs": p["epochs"]},
-            "eps": 0.3, "tau": 0.1, "data_dir": data_dir}
+            "seeds": list(p["seeds"]), "attack_steps": p["attack_steps"], "eps": 0.3, "tau": 0.1,
+            "data_dir": data_dir}
+    adv_epochs = p.get("adv_max_epochs", 100)
     out: dict[str, dict[str, Any]] = {}
     for ds in ("mnist", "cifar10"):
         out[f"malleability:{ds}:10class"] = {**base, "dataset": ds, "task": "10class", "attacks": list(ATTACKS),
-                                             "interventions": ["transformed", "curated", "adversarial"]}
+                                             "interventions": ["transformed", "curated", "adversarial"],
+                                             "seed_baseline": True}
         out[f"malleability:{ds}:binary"] = {**base, "dataset": ds, "task": "binary", "attacks": list(ATTACKS),
                                             "interventions": ["transformed"]}
         out[f"malleability-adv:{ds}"] = {**base, "dataset": ds, "task": "10class", "attacks": ["pgd"],
-                                         "interventions": ["transformed"], "adv_train": True}
+                                         "interventions": ["transformed"], "adv_train": True,
+                                         "adv_max_epochs": adv_epochs}
     out["malleability-eps:mnist"] = {**base, "dataset": "mnist", "task": "10class", "attacks": ["pgd"],
                                      "interventions": ["transformed"], "eps_sweep": [0.1, 0.2, 0.3, 0.5]}
     return out
 
 
-def _rows(res: dict[str, Any], training: str = "standard", eps: float = 0.3) -> dict[tuple[str, str], dict]:
-    return {(r["model"], r["attack"]): r for r in res["summary"]["rows"]
-            if r["training"] == training and r["intervention"] == "transformed" and r["eps"] == eps}
+# ---- reading and printing intervals -------------------------------------------------------------
+
+def _f(v: Any) -> float:
+    """A number from a record (JSON records hold infinities as the strings 'inf' / '-inf')."""
+    return float("nan") if v is None else float(v)
+
+
+def above(ci: dict[str, Any], x: float = 0.0) -> bool:
+    """The interval lies entirely above `x`."""
+    return _f(ci["lo"]) > x
+
+
+def below(ci: dict[str, Any], x: float = 0.0) -> bool:
+    """The interval lies entirely below `x`."""
+    return _f(ci["hi"]) < x
+
+
+def overlaps(ci: dict[str, Any], lo: float, hi: float) -> bool:
+    """The interval and [lo, hi] share a point."""
+    return _f(ci["lo"]) <= hi and _f(ci["hi"]) >= lo
+
+
+def inside(ci: dict[str, Any], lo: float, hi: float) -> bool:
+    """The interval lies inside [lo, hi]."""
+    return _f(ci["lo"]) >= lo and _f(ci["hi"]) <= hi
+
+
+def _num(v: float, scale: float, digits: int) -> str:
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v * scale:.{digits}f}"
+
+
+def ci_txt(ci: dict[str, Any], scale: float = 100.0, unit: str = " pp", signed: bool = True, digits: int = 1) -> str:
+    """'+14.0 pp [6.0, 22.0]' (the value, then the 95 % interval)."""
+    v = _f(ci["value"])
+    head = ("+" if signed and v > 0 else "") + _num(v, scale, digits)
+    lo, hi = _f(ci["lo"]), _f(ci["hi"])
+    return (f"{head}{unit if math.isfinite(v) else ''} {'(' if lo == float('-inf') else '['}{_num(lo, scale, digits)}, "
+            f"{_num(hi, scale, digits)}{')' if hi == float('inf') else ']'}")
+
+
+def pct_txt(ci: dict[str, Any]) -> str:
+    return ci_txt(ci, unit=" %", signed=False)
+
+
+def x_txt(ci: dict[str, Any]) -> str:
+    return ci_txt(ci, scale=1.0, unit="x", signed=False, digits=2)
+
+
+def rho_txt(ci: dict[str, Any], signed: bool = False) -> str:
+    return ci_txt(ci, scale=1.0, unit="", signed=signed, digits=2)
 
 
 def _protocol(res: dict[str, Any]) -> str:
     c = res["config"]
+    t = c["train"]
+    wd = (f", weight decay {t['weight_decay']:g} ({t.get('decay', 'coupled')})" if t.get("weight_decay")
+          else ", no weight decay")
     return (f"{res['data'].get('label', c['dataset'])}, task {c['task']}, n_train={c['n_train']}, "
-            f"n_test={c['n_test']}, width {c['width']}, Adam {c['train']['epochs']} epochs; top tau={c['tau']} "
-            f"by |NTK-LOO influence| (empirical kernel, ridge_rel {c['ridge_rel']}), transformed by the attack "
-            f"(eps {c['eps']}, {c['attack_steps']} steps), kernel and attention context recomputed; baseline: "
-            f"random signs of the same eps")
+            f"n_test={c['n_test']}, width {c['width']}, {len(c['seeds'])} seeds (each its own data subset); "
+            f"training protocol {t.get('protocol', 'custom')}: {t['optimizer']} lr {t['lr']:g}{wd}, "
+            f"{'up to ' if t.get('plateau') else ''}{t['epochs']} epochs; top tau={c['tau']} by |NTK-LOO "
+            f"influence| (empirical kernel, ridge_rel {c['ridge_rel']}), transformed by the attack (eps "
+            f"{res['eps_values'][0]:g}, {c['attack_steps']} steps); noise baseline: random signs of the same eps "
+            f"on the same points; {CI_NOTE}")
 
 
-def _pct(s: dict[str, Any]) -> str:
-    return f"{100 * s['mean']:.1f}±{100 * s['std']:.1f}%"
+def _gate_runs(res: dict[str, Any], model: str | None = None) -> list[dict[str, Any]]:
+    """The unit's networks for the gate, the second initialisations of the seed baseline included."""
+    out = []
+    for r in res["runs"]:
+        if model is not None and r["model"] != model:
+            continue
+        out.append(r)
+        sb = r.get("seed_baseline")
+        if sb is not None:
+            out.append({"model": f"{r['model']} (second init)", "seed": r["seed"], "gate": sb.get("other_gate")})
+    return out
 
 
-FLIP_RULE = ("for each attack, paired by seed: holds if MLP-Attn's flip rate exceeds 2L-ReLU's in every seed for "
-             "every attack, Attn's attacks beat its random-noise baseline, and both models' means are within a "
-             "factor 2 of the paper's; partly if the ordering holds in every seed for every attack but the values "
-             "or the baseline condition do not; does not hold otherwise")
+def _gate(runs: list[dict[str, Any]], protocol: str) -> Outcome | None:
+    return gated(runs, GATE_TEXT, protocol)
+
+
+def _opened(res: dict[str, Any]) -> tuple[str, Outcome | None]:
+    """A single-record rule's protocol text and its gate outcome (None when every network passed)."""
+    protocol = _protocol(res)
+    return protocol, _gate(_gate_runs(res), protocol)
+
+
+def _done(ours: str, verdict: Verdict, protocol: str, numbers: dict[str, Any], seeds: int | None,
+          condition: str) -> Outcome:
+    return Outcome(ours, verdict, protocol, numbers, seeds, GATE_TEXT, condition)
+
+
+def _where(res: dict[str, Any], intervention: str = "transformed", eps: float | None = None,
+           training: str = "standard") -> dict[str, Any]:
+    return {"training": training, "intervention": intervention,
+            "eps": res["eps_values"][0] if eps is None else eps}
+
+
+def _yes(b: bool) -> str:
+    return "yes" if b else "no"
+
+
+def _needs_both(res: dict[str, Any]) -> str | None:
+    c = res["config"]
+    if not ("relu" in c["models"] and "attn" in c["models"]):
+        return "needs both models (relu and attn)"
+    return None
+
+
+def _seed_baseline_txt(res: dict[str, Any]) -> str:
+    sb = res["summary"].get("seed_baseline") or []
+    if not sb:
+        return ""
+    return "; seed-to-seed baseline (no perturbation, second initialisation) " + ", ".join(
+        f"{MODEL.get(b['model'], b['model'])} {pct_txt(b['flip_ci'])}" for b in sb)
+
+
+def _per_attack_txt(res: dict[str, Any], where: dict[str, Any], attacks: list[str]) -> str:
+    parts = []
+    for a in attacks:
+        cells = []
+        for m in ("attn", "relu"):
+            r = find(res["summary"], "rows", **where, model=m, attack=a)
+            cells.append(f"{MODEL[m]} {100 * _f(r['flip_ci']['value']):.1f} % (excess over noise "
+                         f"{ci_txt(r['excess_ci'])})")
+        parts.append(f"{a.upper()}: " + ", ".join(cells))
+    return "; ".join(parts)
+
+
+def _counts_txt(res: dict[str, Any], where: dict[str, Any]) -> str:
+    p = find(res["summary"], "pooled", **where, model="attn")
+    pts = sorted(set(p["n_points"])) if p else []
+    return f"{p['n_seeds'] if p else 0} seeds x {'/'.join(str(n) for n in pts)} points"
+
+
+# ---- flip rate: Attn more malleable (10 classes, binary MNIST) ------------------------------------
+
+FLIP_RULE = (GATE_FIRST + "Transformed intervention at eps 0.3, standard training; excess over noise = attack "
+             "flip rate - random-sign flip rate on the same points (paired per point), pooled over FGSM/PGD/MIM. "
+             "Holds if the 95 % interval of (Attn excess - ReLU excess) lies above 0, Attn's excess interval "
+             "lies above 0 (its attacks beat noise) and the interval of the ratio of excesses Attn/ReLU overlaps "
+             "the paper's range (min-max over the attacks of the paper's table); partly if the difference "
+             "interval lies above 0 but one of the other two conditions fails; does not hold if the difference "
+             "interval includes 0 (no evidence that Attn is more malleable) or lies below it. " + CI_NOTE)
+
+
+def flip_outcome(res: dict[str, Any], ds: str, task: str) -> Outcome:
+    """The flip rule (`FLIP_RULE`) on one malleability record."""
+    protocol, na = _opened(res)
+    if na:
+        return na
+    why = _needs_both(res)
+    where = _where(res)
+    cmp_ = find(res["summary"], "comparisons", **where, attack=POOLED)
+    if why or cmp_ is None:
+        return _done("-", NA, protocol, {}, None, why or "needs the transformed intervention")
+    s = res["summary"]
+    pa, pr = (find(s, "pooled", **where, model=m) for m in ("attn", "relu"))
+    paper = paper_ratio_range(ds, task)
+    diff, ea, rx = cmp_["excess_diff_ci"], pa["excess_ci"], cmp_["ratio_excess_ci"]
+    d_ok, beyond = above(diff), above(ea)
+    in_range = paper is None or overlaps(rx, *paper)
+    verdict = (HOLDS if d_ok and beyond and in_range else PARTLY if d_ok else NOT)
+    paper_txt = f"paper {paper[0]:.1f}-{paper[1]:.1f}x" if paper else "no paper value"
+    attacks = list(res["config"]["attacks"])
+    ours = (f"pooled over {'/'.join(a.upper() for a in attacks)}: Attn {100 * _f(pa['flip_ci']['value']):.1f} % "
+            f"(excess over noise {ci_txt(ea)}), ReLU {100 * _f(pr['flip_ci']['value']):.1f} % (excess over noise "
+            f"{ci_txt(pr['excess_ci'])}); difference of excesses {ci_txt(diff)}; ratio of excesses {x_txt(rx)} "
+            f"({paper_txt}; plain ratio {x_txt(cmp_['ratio_ci'])}); {_per_attack_txt(res, where, attacks)}; "
+            f"noise flips Attn {pct_txt(pa['baseline_ci'])}, ReLU {pct_txt(pr['baseline_ci'])}"
+            f"{_seed_baseline_txt(res)}; Spearman rho_all Attn {rho_txt(pa['rho_all_ci'])}, ReLU "
+            f"{rho_txt(pr['rho_all_ci'])}; {_counts_txt(res, where)}")
+    condition = (f"difference of excesses {ci_txt(diff)} above 0: {_yes(d_ok)}"
+                 + ("" if d_ok else " (no evidence that Attn is more malleable)" if not below(diff)
+                    else " (ReLU more malleable)")
+                 + f"; Attn excess {ci_txt(ea)} above 0: {_yes(beyond)}; ratio of excesses {x_txt(rx)} overlaps "
+                 f"{paper_txt}: {_yes(in_range)}")
+    numbers = {"excess_diff_ci": diff, "attn_excess_ci": ea, "relu_excess_ci": pr["excess_ci"],
+               "ratio_excess_ci": rx, "ratio_ci": cmp_["ratio_ci"], "attn_beyond_noise": beyond,
+               "difference_above_zero": d_ok, "ratio_overlaps_paper": in_range, "paper_range": paper}
+    return _done(ours, verdict, protocol, numbers, pa["n_seeds"], condition)
 
 
 def _flip_claim(ds: str, task: str) -> Callable[[Results], Outcome]:
     def evaluate(results: Results) -> Outcome:
-        res = results[f"malleability:{ds}:{task}"]
-        rows = _rows(res)
-        paper = PAPER_FLIP[(ds, task)]
-        ordered, within2, beyond = True, True, True
-        parts = []
-        for a in ATTACKS:
-            ra, rr = rows[("attn", a)], rows[("relu", a)]
-            ordered &= all(x > y for x, y in zip(ra["per_seed_flip_rate"], rr["per_seed_flip_rate"], strict=True))
-            for model, r in (("attn", ra), ("relu", rr)):
-                target = paper[model][a] / 100
-                within2 &= target / 2 <= r["flip_rate"]["mean"] <= 2 * target
-            beyond &= ra["flip_rate"]["mean"] > ra["baseline_flip_rate"]["mean"]
-            parts.append(f"{a.upper()}: ReLU {_pct(rr['flip_rate'])}, Attn {_pct(ra['flip_rate'])}")
-        base = (f"random-noise baseline ReLU {_pct(rows[('relu', 'pgd')]['baseline_flip_rate'])}, Attn "
-                f"{_pct(rows[('attn', 'pgd')]['baseline_flip_rate'])}")
-        rho = (f"Spearman rho (PGD) ReLU {fmt(rows[('relu', 'pgd')]['rho_all']['mean'])}, Attn "
-               f"{fmt(rows[('attn', 'pgd')]['rho_all']['mean'])}")
-        verdict = HOLDS if ordered and within2 and beyond else PARTLY if ordered else NOT
-        return Outcome("; ".join(parts) + f"; {base}; {rho}", verdict, _protocol(res),
-                       {"ordered_every_seed": ordered, "within_2x_of_paper": within2, "attn_beyond_baseline": beyond},
-                       len(res["config"]["seeds"]))
+        return flip_outcome(results[f"malleability:{ds}:{task}"], ds, task)
 
     return evaluate
 
 
-def _pooled_ratio(res: dict[str, Any]) -> tuple[float | None, bool, list[float]]:
-    """Attn/ReLU ratio of flip rates pooled over the attacks, whether Attn is higher in every seed, per-seed."""
-    rows = _rows(res)
-    attn = np.mean([rows[("attn", a)]["per_seed_flip_rate"] for a in ATTACKS], axis=0)
-    relu = np.mean([rows[("relu", a)]["per_seed_flip_rate"] for a in ATTACKS], axis=0)
-    per_seed = [float(x / y) if y > 0 else float("inf") for x, y in zip(attn, relu, strict=True)]
-    r = float(attn.mean() / relu.mean()) if relu.mean() > 0 else None
-    return r, bool(np.all(attn > relu)), per_seed
+# ---- the headline ratio ---------------------------------------------------------------------------
+
+RATIO_RULE = (GATE_FIRST + "Ratio of excesses over noise Attn/ReLU, pooled over FGSM/PGD/MIM (10 classes, "
+              "transformed, eps 0.3), per data set. Holds if on both MNIST and CIFAR-10 its 95 % interval lies "
+              f"above 1 and overlaps [{PAPER_RATIO_V1[0]:g}, {PAPER_RATIO_V1[1]:g}]; partly if on at least one "
+              "data set the interval lies above 1 (a gap) but holds fails; does not hold if on neither data set "
+              f"it lies above 1. The v2 range [{PAPER_RATIO_V2[0]:g}, {PAPER_RATIO_V2[1]:g}] is judged the same "
+              "way and reported. Ratio conventions: +inf where only Attn's excess is positive, -inf where "
+              "neither is. " + CI_NOTE)
 
 
-RATIO_RULE = (f"Attn/ReLU flip-rate ratio pooled over FGSM/PGD/MIM, per data set (10 classes): holds if both "
-              f"ratios lie in [{PAPER_RATIO_V1[0]:g}, {PAPER_RATIO_V1[1]:g}] with Attn higher in every seed; partly "
-              f"if Attn is higher in every seed on both but a ratio is outside; does not hold otherwise. The v2 "
-              f"range [{PAPER_RATIO_V2[0]:g}, {PAPER_RATIO_V2[1]:g}] is checked the same way and reported")
+def _range_verdict(cis: list[dict[str, Any]], lo: float, hi: float) -> Verdict:
+    gaps = [above(c, 1.0) for c in cis]
+    if all(g and overlaps(c, lo, hi) for g, c in zip(gaps, cis, strict=True)):
+        return HOLDS
+    return PARTLY if any(gaps) else NOT
 
 
-def _ratio_claim(results: Results) -> Outcome:
-    parts, in_v1, in_v2, gap = [], True, True, True
-    for ds in ("mnist", "cifar10"):
-        r, every, per_seed = _pooled_ratio(results[f"malleability:{ds}:10class"])
-        parts.append(f"{LABEL[ds]} {fmt(r) if r is not None else 'undefined'}x (per seed "
-                     f"{', '.join(fmt(v) for v in per_seed)})")
-        ok = r is not None and every
-        gap &= ok
-        in_v1 &= ok and PAPER_RATIO_V1[0] <= r <= PAPER_RATIO_V1[1]
-        in_v2 &= ok and PAPER_RATIO_V2[0] <= r <= PAPER_RATIO_V2[1]
-    verdict = HOLDS if in_v1 else PARTLY if gap else NOT
-    v2 = "within" if in_v2 else "outside"
-    seeds = len(results["malleability:mnist:10class"]["config"]["seeds"])
-    return Outcome("; ".join(parts) + f"; v2 range 2-9x: {v2}", verdict,
-                   "pooled flip rates of the two 10-class units (see the flip rows)",
-                   {"in_v1_range": in_v1, "in_v2_range": in_v2}, seeds)
+def ratio_outcome(results: Results) -> Outcome:
+    """The ratio rule (`RATIO_RULE`) on the two 10-class records."""
+    recs = {ds: results[f"malleability:{ds}:10class"] for ds in ("mnist", "cifar10")}
+    protocol = "the two 10-class units (see the flip rows): " + _protocol(recs["mnist"])
+    na = _gate([r for res in recs.values() for r in _gate_runs(res)], protocol)
+    if na:
+        return na
+    cis, parts = [], []
+    for ds, res in recs.items():
+        c = find(res["summary"], "comparisons", **_where(res), attack=POOLED)
+        if c is None:
+            return _done("-", NA, protocol, {}, None, f"{LABEL[ds]}: needs both models, transformed intervention")
+        cis.append(c["ratio_excess_ci"])
+        parts.append(f"{LABEL[ds]} ratio of excesses {x_txt(c['ratio_excess_ci'])} (plain ratio "
+                     f"{x_txt(c['ratio_ci'])})")
+    v1 = _range_verdict(cis, *PAPER_RATIO_V1)
+    v2 = _range_verdict(cis, *PAPER_RATIO_V2)
+    ours = "; ".join(parts) + f"; against the v2 range {PAPER_RATIO_V2[0]:g}-{PAPER_RATIO_V2[1]:g}x: {v2.value}"
+    condition = "; ".join(
+        f"{LABEL[ds]} {x_txt(c)} above 1: {_yes(above(c, 1.0))}, overlaps {PAPER_RATIO_V1[0]:g}-"
+        f"{PAPER_RATIO_V1[1]:g}x: {_yes(overlaps(c, *PAPER_RATIO_V1))}" for ds, c in zip(recs, cis, strict=True))
+    seeds = len(recs["mnist"]["config"]["seeds"])
+    return _done(ours, v1, protocol, {"ratio_excess_ci": dict(zip(recs, cis, strict=True)), "v2_verdict": v2.value},
+                 seeds, condition)
 
 
-NO_GAP_RULE = ("pooled Attn/ReLU ratio: holds if in [0.67, 1.5] (no gap, as the paper reports); partly if in "
-               "[0.5, 2]; does not hold otherwise")
+# ---- no gap (binary CIFAR-10) ---------------------------------------------------------------------
+
+NO_GAP_RULE = (GATE_FIRST + "Ratio of excesses over noise Attn/ReLU pooled over FGSM/PGD/MIM (transformed, "
+               f"eps 0.3; plain ratio reported): holds if its 95 % interval lies inside [{NO_GAP_BAND[0]:g}, "
+               f"{NO_GAP_BAND[1]:g}] (no gap, as the paper reports); does not hold if the interval lies entirely "
+               "outside that band; partly otherwise. Ratio conventions: +inf where only Attn's excess is positive, "
+               "-inf where neither is. " + CI_NOTE)
 
 
-def _no_gap_claim(results: Results) -> Outcome:
-    res = results["malleability:cifar10:binary"]
-    r, _, per_seed = _pooled_ratio(res)
-    rows = _rows(res)
-    parts = [f"{a.upper()}: ReLU {_pct(rows[('relu', a)]['flip_rate'])}, Attn {_pct(rows[('attn', a)]['flip_rate'])}"
-             for a in ATTACKS]
-    if r is None:
-        return Outcome("; ".join(parts) + "; ratio undefined (ReLU flips nothing)", NA, _protocol(res))
-    verdict = HOLDS if 0.67 <= r <= 1.5 else PARTLY if 0.5 <= r <= 2 else NOT
-    return Outcome("; ".join(parts) + f"; pooled ratio {fmt(r)}x (per seed {', '.join(fmt(v) for v in per_seed)})",
-                   verdict, _protocol(res), {"ratio": r}, len(res["config"]["seeds"]))
+def no_gap_outcome(res: dict[str, Any]) -> Outcome:
+    """The no-gap rule (`NO_GAP_RULE`) on one malleability record."""
+    protocol, na = _opened(res)
+    if na:
+        return na
+    where = _where(res)
+    c = find(res["summary"], "comparisons", **where, attack=POOLED)
+    if _needs_both(res) or c is None:
+        return _done("-", NA, protocol, {}, None, "needs both models and the transformed intervention")
+    rx = c["ratio_excess_ci"]
+    lo, hi = NO_GAP_BAND
+    verdict = HOLDS if inside(rx, lo, hi) else NOT if (below(rx, lo) or above(rx, hi)) else PARTLY
+    pa, pr = (find(res["summary"], "pooled", **where, model=m) for m in ("attn", "relu"))
+    ours = (f"ratio of excesses {x_txt(rx)} (plain ratio {x_txt(c['ratio_ci'])}); pooled excess over noise Attn "
+            f"{ci_txt(pa['excess_ci'])}, ReLU {ci_txt(pr['excess_ci'])}; "
+            f"{_per_attack_txt(res, where, list(res['config']['attacks']))}; {_counts_txt(res, where)}")
+    condition = (f"ratio of excesses {x_txt(rx)} inside [{lo:g}, {hi:g}]: {_yes(inside(rx, lo, hi))}; entirely "
+                 f"outside: {_yes(below(rx, lo) or above(rx, hi))}")
+    return _done(ours, verdict, protocol, {"ratio_excess_ci": rx, "ratio_ci": c["ratio_ci"]}, pa["n_seeds"],
+                 condition)
 
 
-ADV_RULE = ("PGD flip rate after PGD adversarial training vs after standard training (same seeds): holds if it "
-            "rises by more than the larger seed standard deviation; partly if it rises by less; does not hold if "
-            "it does not rise")
+# ---- adversarial training -------------------------------------------------------------------------
+
+ADV_RULE = (GATE_FIRST.replace("of the unit", "of this model (standard and adversarially trained)")
+            + "PGD flip rate (transformed, eps 0.3) after PGD adversarial training minus after standard training, "
+            "paired by seed (95 % interval): holds if the interval of the rise lies above 0 and so does the "
+            "interval of the rise of the excess over noise; does not hold if the interval of the rise lies below "
+            "0; partly otherwise. " + CI_NOTE)
+
+
+def adv_outcome(res: dict[str, Any], model: str) -> Outcome:
+    """The adversarial-training rule (`ADV_RULE`) for one model of an `adv_train` record."""
+    c = res["config"]
+    protocol = (_protocol(res) + f"; adversarial training: PGD (eps {c['eps']}, {c['adv_steps']} steps) on every "
+                f"batch, at most {c.get('adv_max_epochs') or c['train']['epochs']} epochs")
+    na = _gate(_gate_runs(res, model), protocol)
+    if na:
+        return na
+    row = find(res["summary"], "adv_train", model=model, attack="pgd")
+    if row is None:
+        return _done("-", NA, protocol, {}, None, "needs adversarial training and the PGD attack")
+    rise, rx = row["rise_ci"], row["rise_excess_ci"]
+    verdict = HOLDS if above(rise) and above(rx) else NOT if below(rise) else PARTLY
+    ours = (f"PGD flip rate {pct_txt(row['standard_ci'])} -> {pct_txt(row['adversarial_ci'])}, rise "
+            f"{ci_txt(rise)}; excess over noise {ci_txt(row['standard_excess_ci'])} -> "
+            f"{ci_txt(row['adversarial_excess_ci'])}, rise {ci_txt(rx)}; {row['n_seeds']} seeds")
+    condition = (f"rise {ci_txt(rise)} above 0: {_yes(above(rise))}, below 0: {_yes(below(rise))}; rise of the "
+                 f"excess {ci_txt(rx)} above 0: {_yes(above(rx))}")
+    return _done(ours, verdict, protocol, {"rise_ci": rise, "rise_excess_ci": rx}, row["n_seeds"], condition)
 
 
 def _adv_claim(ds: str, model: str) -> Callable[[Results], Outcome]:
     def evaluate(results: Results) -> Outcome:
-        res = results[f"malleability-adv:{ds}"]
-        std = _rows(res, "standard")[(model, "pgd")]["flip_rate"]
-        adv = _rows(res, "adversarial")[(model, "pgd")]["flip_rate"]
-        rise = adv["mean"] - std["mean"]
-        verdict = HOLDS if rise > max(std["std"], adv["std"]) else PARTLY if rise > 0 else NOT
-        return Outcome(f"{_pct(std)} -> {_pct(adv)}", verdict, _protocol(res) + "; adversarial training: PGD "
-                       f"(eps {res['config']['eps']}, {res['config']['adv_steps']} steps) on every batch",
-                       {"standard": std, "adversarial": adv}, len(res["config"]["seeds"]))
+        return adv_outcome(results[f"malleability-adv:{ds}"], model)
 
     return evaluate
 
 
-EPS_RULE = ("PGD flip rate at eps in {0.1, 0.2, 0.3, 0.5}, MNIST: holds if MLP-Attn's exceeds 2L-ReLU's in every "
-            "seed at every eps; partly if at some eps; does not hold if at none")
+# ---- eps robustness -------------------------------------------------------------------------------
+
+EPS_RULE = (GATE_FIRST + "At each eps of the sweep {0.1, 0.2, 0.3, 0.5} (MNIST, transformed, the attacks run: "
+            "PGD in the claims unit), the 95 % interval of (Attn excess over noise - ReLU excess over noise): "
+            "holds if it lies above 0 at every eps; does not hold if at none; partly otherwise. " + CI_NOTE)
 
 
-def _eps_claim(results: Results) -> Outcome:
-    res = results["malleability-eps:mnist"]
-    parts, wins = [], 0
+def eps_outcome(res: dict[str, Any]) -> Outcome:
+    """The eps rule (`EPS_RULE`) on a record with an eps sweep."""
+    protocol, na = _opened(res)
+    if na:
+        return na
+    parts, wins, cis = [], 0, {}
     eps_values = sorted(res["eps_values"])
     for eps in eps_values:
-        rows = _rows(res, eps=eps)
-        ra, rr = rows[("attn", "pgd")], rows[("relu", "pgd")]
-        ok = all(x > y for x, y in zip(ra["per_seed_flip_rate"], rr["per_seed_flip_rate"], strict=True))
+        c = find(res["summary"], "comparisons", **_where(res, eps=eps), attack=POOLED)
+        if c is None:
+            return _done("-", NA, protocol, {}, None, "needs both models and the transformed intervention")
+        ok = above(c["excess_diff_ci"])
         wins += ok
-        parts.append(f"eps {eps:g}: ReLU {_pct(rr['flip_rate'])}, Attn {_pct(ra['flip_rate'])}{'' if ok else ' (x)'}")
+        cis[str(eps)] = c["excess_diff_ci"]
+        parts.append(f"eps {eps:g}: Attn - ReLU excess {ci_txt(c['excess_diff_ci'])}{'' if ok else ' (x)'}")
     verdict = HOLDS if wins == len(eps_values) else PARTLY if wins else NOT
-    return Outcome("; ".join(parts), verdict, _protocol(res), {"eps_with_attn_higher": wins},
-                   len(res["config"]["seeds"]))
+    return _done("; ".join(parts), verdict, protocol, {"excess_diff_ci": cis, "eps_with_attn_higher": wins},
+                 len(res["config"]["seeds"]), f"difference interval above 0 at {wins} of {len(eps_values)} eps")
+
+
+# ---- new rows: curated removal, adversarial intervention, Spearman rankings -----------------------
+
+#: What a per-data-set judge returns: (first condition, every condition, numbers, text), or why it cannot judge.
+Judged = tuple[bool, bool, dict[str, Any], str] | str
+
+
+def _two_datasets(results: Results, what: str, judge: Callable[[str, dict[str, Any]], Judged],
+                  condition: str) -> Outcome:
+    """A rule judged on both 10-class records: holds if every condition is met on both data sets,
+    partly if the first one is met on at least one, does not hold otherwise. `condition` is formatted
+    with `first` and `full` (the data sets meeting the first / every condition)."""
+    recs = {ds: results[f"malleability:{ds}:10class"] for ds in ("mnist", "cifar10")}
+    protocol = f"the two 10-class units, {what}: " + _protocol(recs["mnist"])
+    na = _gate([r for res in recs.values() for r in _gate_runs(res)], protocol)
+    if na:
+        return na
+    first, full, parts, numbers = [], [], [], {}
+    for ds, res in recs.items():
+        got = judge(ds, res)
+        if isinstance(got, str):
+            return _done("-", NA, protocol, {}, None, f"{LABEL[ds]}: {got}")
+        first.append(got[0])
+        full.append(got[1])
+        numbers[ds] = got[2]
+        parts.append(f"{LABEL[ds]} {got[3]}")
+    verdict = HOLDS if all(full) else PARTLY if any(first) else NOT
+    return _done("; ".join(parts), verdict, protocol, numbers, len(recs["mnist"]["config"]["seeds"]),
+                 condition.format(first=sum(first), full=sum(full)))
+
+
+CURATED_RULE = (GATE_FIRST + "Curated intervention, 10 classes, each data set and model: |change of the kernel "
+                "predictor's test loss| after removing the top-tau points minus after removing as many random "
+                "points, paired by seed (95 % t interval over seeds): holds if the interval lies above 0 for both "
+                "models on both data sets; partly if for at least one model on one data set; does not hold if for "
+                "none. " + CI_NOTE)
+
+
+def _curated_judge(ds: str, res: dict[str, Any]) -> Judged:
+    oks, parts, numbers = [], [], {}
+    for m in ("attn", "relu"):
+        d = find(res["summary"], "curated_diff", training="standard", model=m)
+        top = find(res["summary"], "curated", training="standard", model=m, removal="top")
+        rnd = find(res["summary"], "curated", training="standard", model=m, removal="random")
+        if d is None or top is None or rnd is None:
+            return f"needs the curated intervention for {m}"
+        ci = d["abs_test_loss_change_diff_ci"]
+        oks.append(above(ci))
+        numbers[m] = ci
+        parts.append(f"{MODEL[m]}: test-loss change top {rho_txt(top['test_loss_change_ci'], True)} vs random "
+                     f"{rho_txt(rnd['test_loss_change_ci'], True)}, |top| - |random| {rho_txt(ci, True)}; "
+                     f"rho_remaining top {rho_txt(top['rho_remaining_ci'])} vs random "
+                     f"{rho_txt(rnd['rho_remaining_ci'])}")
+    return any(oks), all(oks), numbers, ", ".join(parts)
+
+
+def curated_outcome(results: Results) -> Outcome:
+    """The curated-removal rule (`CURATED_RULE`) on the two 10-class records."""
+    return _two_datasets(results, "curated intervention", _curated_judge,
+                         "interval above 0 for both models on {full} of 2 data sets, for some model on {first}")
+
+
+ADV_INT_RULE = (GATE_FIRST + "Adversarial intervention (PGD at eps 0.3 on all training points; flips counted on "
+                "the clean top-tau set; noise: random signs on all points), 10 classes, per data set: holds if on "
+                "both data sets the 95 % interval of (Attn excess over noise - ReLU excess) lies above 0 and Attn's "
+                "excess interval lies above 0; partly if the difference interval lies above 0 on at least one data "
+                "set but holds fails; does not hold if on neither. " + CI_NOTE)
+
+
+def _adv_int_judge(ds: str, res: dict[str, Any]) -> Judged:
+    where = _where(res, "adversarial")
+    c = find(res["summary"], "comparisons", **where, attack="pgd")
+    ra, rr = (find(res["summary"], "rows", **where, model=m, attack="pgd") for m in ("attn", "relu"))
+    if c is None or ra is None or rr is None:
+        return "needs both models and the adversarial intervention with PGD"
+    d_ok = above(c["excess_diff_ci"])
+    text = (f"PGD: Attn {100 * _f(ra['flip_ci']['value']):.1f} % (excess over noise {ci_txt(ra['excess_ci'])}), "
+            f"ReLU {100 * _f(rr['flip_ci']['value']):.1f} % (excess over noise {ci_txt(rr['excess_ci'])}), "
+            f"difference {ci_txt(c['excess_diff_ci'])}")
+    return d_ok, d_ok and above(ra["excess_ci"]), {"excess_diff_ci": c["excess_diff_ci"],
+                                                   "attn_excess_ci": ra["excess_ci"],
+                                                   "relu_excess_ci": rr["excess_ci"]}, text
+
+
+def adversarial_intervention_outcome(results: Results) -> Outcome:
+    """The adversarial-intervention rule (`ADV_INT_RULE`) on the two 10-class records."""
+    return _two_datasets(results, "adversarial intervention", _adv_int_judge,
+                         "difference interval above 0 on {first} of 2 data sets; with Attn beyond noise on {full}")
+
+
+SPEARMAN_RULE = (GATE_FIRST + "Spearman rho_all between clean and attacked influence over all training points, "
+                 "averaged over FGSM/PGD/MIM per network (10 classes, transformed, eps 0.3), per data set: holds "
+                 "if on both data sets the 95 % t interval over seeds of (Attn rho - ReLU rho), paired by seed, "
+                 "lies below 0 and Attn's drop below its noise rho (noise rho - attack rho) has an interval above "
+                 "0; partly if the difference interval lies below 0 on at least one data set but holds fails; does "
+                 "not hold if on neither. " + CI_NOTE)
+
+
+def _spearman_judge(ds: str, res: dict[str, Any]) -> Judged:
+    where = _where(res)
+    c = find(res["summary"], "comparisons", **where, attack=POOLED)
+    pa, pr = (find(res["summary"], "pooled", **where, model=m) for m in ("attn", "relu"))
+    if c is None or pa is None or pr is None:
+        return "needs both models and the transformed intervention"
+    d_ok = below(c["rho_all_diff_ci"])
+    text = (f"rho_all Attn {rho_txt(pa['rho_all_ci'])} (noise {rho_txt(pa['baseline_rho_all_ci'])}, drop beyond "
+            f"noise {rho_txt(pa['rho_drop_ci'], True)}), ReLU {rho_txt(pr['rho_all_ci'])} (noise "
+            f"{rho_txt(pr['baseline_rho_all_ci'])}); Attn - ReLU {rho_txt(c['rho_all_diff_ci'], True)}")
+    return d_ok, d_ok and above(pa["rho_drop_ci"]), {"rho_all_diff_ci": c["rho_all_diff_ci"],
+                                                     "attn_rho_drop_ci": pa["rho_drop_ci"]}, text
+
+
+def spearman_outcome(results: Results) -> Outcome:
+    """The Spearman-rankings rule (`SPEARMAN_RULE`) on the two 10-class records."""
+    return _two_datasets(results, "transformed intervention", _spearman_judge,
+                         "difference interval below 0 on {first} of 2 data sets; with Attn's drop beyond noise on "
+                         "{full}")
+
+
+# ---- the single-experiment command ----------------------------------------------------------------
+
+def experiment_outcomes(result: dict[str, Any]) -> list[tuple[str, Outcome]]:
+    """The rules that apply to one `verify malleability` record, by name: the flip rule (the no-gap rule
+    for binary CIFAR-10), adversarial training per model, and the eps rule when eps was swept."""
+    c = result["config"]
+    out: list[tuple[str, Outcome]] = []
+    if "transformed" in c["interventions"]:
+        if (c["dataset"], c["task"]) == ("cifar10", "binary"):
+            out.append(("no gap", no_gap_outcome(result)))
+        else:
+            out.append(("Attn more malleable", flip_outcome(result, c["dataset"], c["task"])))
+        if len(result["eps_values"]) > 1:
+            out.append(("ranking over eps", eps_outcome(result)))
+    if c.get("adv_train") and "pgd" in c["attacks"]:
+        for m in c["models"]:
+            out.append((f"adversarial training raises {MODEL.get(m, m)}'s PGD flip rate", adv_outcome(result, m)))
+    return out
 
 
 def _paper_flip_text(ds: str, task: str) -> str:
@@ -180,29 +527,57 @@ def _paper_flip_text(ds: str, task: str) -> str:
     return f"ReLU {relu} %, Attn {attn} % (FGSM / PGD / MIM)"
 
 
+TEN = ("malleability:mnist:10class", "malleability:cifar10:10class")
+
+
+def _adv_entry(claim_id: str, ds: str, model: str) -> Claim:
+    """The adversarial-training claim `claim_id` (written out at the call) for one data set and model."""
+    before, after = PAPER_ADV[(ds, model)]
+    return Claim(claim_id, "Table (adversarial training)",
+                 f"{LABEL[ds]}, {'2L-ReLU' if model == 'relu' else 'MLP-Attn'}: adversarial training raises the PGD "
+                 "flip rate", paper=f"{before:g} % -> {after:g} %", rule=ADV_RULE, units=(f"malleability-adv:{ds}",),
+                 evaluate=_adv_claim(ds, model), group="malleability", empirical=True)
+
+
 MALLEABILITY_CLAIMS = [
-    *[Claim(f"flip-{ds}", "Table (flip rate, 10 classes)",
-            f"{LABEL[ds]}: MLP-Attn's influence signs flip far more often than 2L-ReLU's under FGSM/PGD/MIM",
-            paper=_paper_flip_text(ds, "10class"), rule=FLIP_RULE, units=(f"malleability:{ds}:10class",),
-            evaluate=_flip_claim(ds, "10class"), group="malleability") for ds in ("mnist", "cifar10")],
+    Claim("flip-mnist", "Table (flip rate, 10 classes)",
+          "MNIST: MLP-Attn's influence signs flip far more often than 2L-ReLU's under FGSM/PGD/MIM",
+          paper=_paper_flip_text("mnist", "10class"), rule=FLIP_RULE, units=("malleability:mnist:10class",),
+          evaluate=_flip_claim("mnist", "10class"), group="malleability", empirical=True),
+    Claim("flip-cifar10", "Table (flip rate, 10 classes)",
+          "CIFAR-10: MLP-Attn's influence signs flip far more often than 2L-ReLU's under FGSM/PGD/MIM",
+          paper=_paper_flip_text("cifar10", "10class"), rule=FLIP_RULE, units=("malleability:cifar10:10class",),
+          evaluate=_flip_claim("cifar10", "10class"), group="malleability", empirical=True),
     Claim("ratio-6-9x", "Abstract / headline", "Attention is 6-9x more malleable than 2L-ReLU",
           paper=f"ratios {PAPER_RATIO_V1[0]:g}-{PAPER_RATIO_V1[1]:g}x",
           v2=f"{PAPER_RATIO_V2[0]:g}-{PAPER_RATIO_V2[1]:g}x",
-          rule=RATIO_RULE, units=("malleability:mnist:10class", "malleability:cifar10:10class"),
-          evaluate=_ratio_claim, group="malleability"),
+          rule=RATIO_RULE, units=TEN, evaluate=ratio_outcome, group="malleability", empirical=True),
     Claim("flip-binary-mnist", "Table (flip rate, binary)", "MNIST 3-vs-8: MLP-Attn flips more often than 2L-ReLU",
           paper=_paper_flip_text("mnist", "binary"), rule=FLIP_RULE, units=("malleability:mnist:binary",),
-          evaluate=_flip_claim("mnist", "binary"), group="malleability"),
+          evaluate=_flip_claim("mnist", "binary"), group="malleability", empirical=True),
     Claim("flip-binary-cifar10", "Table (flip rate, binary)",
           "CIFAR-10 automobile-vs-airplane: no gap between the models (about 1x; lower kappa)",
           paper=_paper_flip_text("cifar10", "binary"), rule=NO_GAP_RULE, units=("malleability:cifar10:binary",),
-          evaluate=_no_gap_claim, group="malleability"),
-    *[Claim(f"adv-{model}-{ds}", "Table (adversarial training)",
-            f"{LABEL[ds]}, {'2L-ReLU' if model == 'relu' else 'MLP-Attn'}: adversarial training raises the PGD "
-            "flip rate", paper=f"{PAPER_ADV[(ds, model)][0]:g} % -> {PAPER_ADV[(ds, model)][1]:g} %",
-            rule=ADV_RULE, units=(f"malleability-adv:{ds}",), evaluate=_adv_claim(ds, model), group="malleability")
-      for ds in ("mnist", "cifar10") for model in ("relu", "attn")],
+          evaluate=lambda results: no_gap_outcome(results["malleability:cifar10:binary"]), group="malleability",
+          empirical=True),
+    _adv_entry("adv-relu-mnist", "mnist", "relu"),
+    _adv_entry("adv-attn-mnist", "mnist", "attn"),
+    _adv_entry("adv-relu-cifar10", "cifar10", "relu"),
+    _adv_entry("adv-attn-cifar10", "cifar10", "attn"),
     Claim("eps-robustness", "Sec. 5 (robustness)", "The ranking Attn > ReLU holds for eps in {0.1, 0.2, 0.3, 0.5}",
-          paper="ranking holds at every eps", rule=EPS_RULE, units=("malleability-eps:mnist",),
-          evaluate=_eps_claim, group="malleability"),
+          paper="rankings are said to hold for eps in {0.1, 0.2, 0.3, 0.5}", rule=EPS_RULE,
+          units=("malleability-eps:mnist",), evaluate=eps_outcome, group="malleability", empirical=True),
+    Claim("curated-removal", "Influence malleability (curated intervention)",
+          "Removing the top-tau points by influence changes the kernel predictor's test loss more than removing "
+          "as many random points", paper="curated intervention: remove the top points (no numbers given)",
+          rule=CURATED_RULE, units=TEN, evaluate=curated_outcome, group="malleability", empirical=True),
+    Claim("adversarial-intervention", "Influence malleability (adversarial intervention)",
+          "PGD on all training data flips MLP-Attn's top influence signs more often than 2L-ReLU's",
+          paper="adversarial intervention: PGD on all training data (no numbers given)", rule=ADV_INT_RULE,
+          units=TEN, evaluate=adversarial_intervention_outcome, group="malleability", empirical=True),
+    Claim("spearman-rankings", "Influence malleability (second metric)",
+          "Attention's influence rankings are more disturbed: lower Spearman rho between original and perturbed "
+          "influence rankings", paper="Spearman rho between original and perturbed influence rankings (lower = "
+          "more malleable; no numbers given)", rule=SPEARMAN_RULE, units=TEN, evaluate=spearman_outcome,
+          group="malleability", empirical=True),
 ]

@@ -1,8 +1,10 @@
 """`verify malleability`: influence flip rate of 2L-ReLU and MLP-Attn under adversarial perturbation.
 
-Prints the paper-shaped table (flip rate per model and attack, the Attn/ReLU ratio, Spearman rho and
-the random-noise baseline), the other interventions, the optional eps sweep and adversarial-training
-comparison, and a one-line verdict. The protocol is documented in `empirics.malleability`.
+Prints the paper-shaped table (flip rate per model and attack, the random-noise baseline, the excess over
+noise, Attn - ReLU differences and ratios, Spearman rho), the other interventions, the seed-to-seed
+baseline, the optional eps sweep and adversarial-training comparison, each figure with its 95 % interval
+(`empirics.mall_stats`), and one verdict line per applicable rule of `verify.claims.malleability` (the
+same functions `verify claims` uses). The protocol is documented in `empirics.malleability`.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import sys
 from typing import Any
 
 from empirics.influence import RIDGE_REL_DEFAULT
+from empirics.mall_stats import POOLED
 from empirics.malleability import INTERVENTIONS, MALL_ATTACKS, MalleabilityConfig, run_malleability
 from empirics.models import MODEL_KINDS
 from empirics.train import TrainConfig
 from reports.text import mean_pm, text_table
 from theory.errors import UserInputError
-from theory.paper import PAPER_ADV
+from verify.claims.base import Outcome
+from verify.claims.malleability import ci_txt, experiment_outcomes, pct_txt, rho_txt, x_txt
 from verify.commands._common import add_data_args, add_run_args, check_data_args, emit_json
 from verify.presets import parse_choices, parse_float_list, preset
 
@@ -93,43 +97,42 @@ def config_from_args(args: argparse.Namespace) -> MalleabilityConfig:
 MODEL_LABEL = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
 
 
-def _pct(s: dict[str, Any] | None) -> str:
-    return mean_pm(s, digits=3, scale=100.0, unit="%")
-
-
-def _ratio_txt(v: float | None) -> str:
-    return "undefined" if v is None else f"{v:.2f}x"
-
-
 def flip_table(summary: dict[str, Any], training: str, intervention: str, eps: float) -> str:
+    """Flip rate, noise flip rate and excess over noise per model and attack, each with its 95 % interval."""
     rows = []
     for r in summary["rows"]:
         if r["training"] == training and r["intervention"] == intervention and r["eps"] == eps:
             paper = r.get("paper_flip_pct")
-            rows.append([MODEL_LABEL.get(r["model"], r["model"]), r["attack"].upper(), _pct(r["flip_rate"]),
-                         "-" if paper is None else f"{paper:g}%", _pct(r["baseline_flip_rate"]),
-                         mean_pm(r["rho_all"]), mean_pm(r["baseline_rho_all"]), mean_pm(r["rho_top"]),
-                         _pct(r["pair_flip_rate"])])
-    return text_table(["model", "attack", "flip rate", "paper", "random baseline", "rho (all)", "baseline rho",
-                       "rho (top)", "pair flips"], rows)
+            rows.append([MODEL_LABEL.get(r["model"], r["model"]), r["attack"].upper(), pct_txt(r["flip_ci"]),
+                         "-" if paper is None else f"{paper:g}%", pct_txt(r["baseline_ci"]), ci_txt(r["excess_ci"]),
+                         rho_txt(r["rho_all_ci"]), mean_pm(r["baseline_rho_all"]), mean_pm(r["rho_top"]),
+                         mean_pm(r["pair_flip_rate"], digits=3, scale=100.0, unit="%")])
+    for r in summary["pooled"]:
+        if r["training"] == training and r["intervention"] == intervention and r["eps"] == eps:
+            rows.append([MODEL_LABEL.get(r["model"], r["model"]), "pooled", pct_txt(r["flip_ci"]), "-",
+                         pct_txt(r["baseline_ci"]), ci_txt(r["excess_ci"]), rho_txt(r["rho_all_ci"]),
+                         rho_txt(r["baseline_rho_all_ci"]), "-", "-"])
+    return text_table(["model", "attack", "flip rate [95% CI]", "paper", "random noise", "excess over noise",
+                       "rho (all)", "noise rho", "rho (top)", "pair flips"], rows)
 
 
 def ratio_table(summary: dict[str, Any], training: str, intervention: str, eps: float,
                 paper: dict[str, dict[str, float]] | None) -> str:
+    """Attn - ReLU excess over noise, ratio of excesses and plain ratio, with intervals."""
     rows = []
-    for q in summary["ratios"]:
+    for q in summary["comparisons"]:
         if q["training"] == training and q["intervention"] == intervention and q["eps"] == eps:
-            per = ", ".join("undef" if v is None else f"{v:.1f}" for v in q["per_seed"])
             p = "-"
-            if paper and q["attack"] in paper.get("relu", {}) and eps == 0.3 and intervention == "transformed":
+            if (paper and q["attack"] in paper.get("relu", {}) and eps == 0.3 and intervention == "transformed"
+                    and training == "standard"):
                 p = f"{paper['attn'][q['attack']] / paper['relu'][q['attack']]:.1f}x"
-            rows.append([q["attack"].upper(), _ratio_txt(q["ratio"]), per, p, q["note"]])
-    return text_table(["attack", "Attn/ReLU flip ratio", "per seed", "paper", "note"], rows)
+            rows.append([q["attack"].upper() if q["attack"] != POOLED else "pooled", ci_txt(q["excess_diff_ci"]),
+                         x_txt(q["ratio_excess_ci"]), x_txt(q["ratio_ci"]), p])
+    return text_table(["attack", "Attn - ReLU excess", "ratio of excesses", "plain Attn/ReLU ratio", "paper"], rows)
 
 
 def _sweep_cell(row: dict[str, Any]) -> str:
-    f, b = row["flip_rate"], row["baseline_flip_rate"]
-    return f"{100 * f['mean']:.0f}±{100 * f['std']:.0f}% (rand {100 * b['mean']:.0f}%)"
+    return f"{100 * float(row['flip_ci']['value']):.0f}% (excess {ci_txt(row['excess_ci'], digits=0)})"
 
 
 def summary_table(result: dict[str, Any]) -> str:
@@ -145,20 +148,29 @@ def summary_table(result: dict[str, Any]) -> str:
         if "transformed" in cfg["interventions"]:
             out += [f"Transformed (top points replaced by their perturbed versions), eps={eps0:g}{tag}",
                     flip_table(s, training, "transformed", eps0), ""]
-            if s["ratios"]:
-                out += [ratio_table(s, training, "transformed", eps0, paper if training == "standard" else None), ""]
+            if s["comparisons"]:
+                out += [ratio_table(s, training, "transformed", eps0, paper), ""]
         if "adversarial" in cfg["interventions"]:
             out += [f"Adversarial (all training points perturbed; flips counted on the clean top set), "
                     f"eps={eps0:g}{tag}", flip_table(s, training, "adversarial", eps0), ""]
-            if s["ratios"]:
+            if s["comparisons"]:
                 out += [ratio_table(s, training, "adversarial", eps0, None), ""]
         if "curated" in cfg["interventions"]:
-            rows = [[MODEL_LABEL.get(c["model"], c["model"]), c["removal"], mean_pm(c["test_loss_change"]),
-                     _pct(c["test_acc_change"]), mean_pm(c["rho_remaining"]), _pct(c["flip_rate_remaining"])]
+            rows = [[MODEL_LABEL.get(c["model"], c["model"]), c["removal"], rho_txt(c["test_loss_change_ci"], True),
+                     ci_txt(c["test_acc_change_ci"]), rho_txt(c["rho_remaining_ci"]),
+                     pct_txt(c["flip_rate_remaining_ci"])]
                     for c in s["curated"] if c["training"] == training]
-            out += [f"Curated (top points removed; random removal as baseline){tag}",
+            rows += [[MODEL_LABEL.get(d["model"], d["model"]), "|top| - |random|",
+                      rho_txt(d["abs_test_loss_change_diff_ci"], True), "-", rho_txt(d["rho_remaining_diff_ci"], True),
+                      "-"] for d in s["curated_diff"] if d["training"] == training]
+            out += [f"Curated (top points removed; random removal as baseline; t intervals over seeds){tag}",
                     text_table(["model", "removed", "d test loss", "d test acc", "rho remaining",
                                 "flips remaining"], rows), ""]
+    if s.get("seed_baseline"):
+        rows = [[MODEL_LABEL.get(b["model"], b["model"]), pct_txt(b["flip_ci"]), rho_txt(b["rho_all_ci"])]
+                for b in s["seed_baseline"]]
+        out += ["Seed-to-seed baseline (no perturbation; a second network differing only in its initialisation)",
+                text_table(["model", "top points with a different sign", "rho (all)"], rows), ""]
     if len(result["eps_values"]) > 1:
         sweep = sorted(result["eps_values"])
         for intervention in ("transformed", "adversarial"):
@@ -170,36 +182,26 @@ def summary_table(result: dict[str, Any]) -> str:
                     cells = {r["eps"]: r for r in s["rows"] if r["training"] == "standard" and r["model"] == model
                              and r["attack"] == a and r["intervention"] == intervention}
                     rows.append([MODEL_LABEL.get(model, model), a.upper()] + [_sweep_cell(cells[e]) for e in sweep])
-            out += [f"Eps sweep, {intervention}: flip rate, mean ± std over seeds (random-noise baseline)",
+            out += [f"Eps sweep, {intervention}: flip rate (excess over noise, 95% CI, pp)",
                     text_table(["model", "attack"] + [f"eps={e:g}" for e in sweep], rows), ""]
     if s.get("adv_train"):
-        rows = [[MODEL_LABEL.get(a["model"], a["model"]), a["attack"].upper(), _pct(a["standard"]),
-                 _pct(a["adversarial"]), mean_pm(a["standard_rho_all"]), mean_pm(a["adversarial_rho_all"]),
+        rows = [[MODEL_LABEL.get(a["model"], a["model"]), a["attack"].upper() if a["attack"] != POOLED else "pooled",
+                 pct_txt(a["standard_ci"]), pct_txt(a["adversarial_ci"]), ci_txt(a["rise_ci"]),
+                 ci_txt(a["rise_excess_ci"]),
                  "-" if a["paper_pct"] is None else f"{a['paper_pct'][0]:g}% -> {a['paper_pct'][1]:g}%"]
                 for a in s["adv_train"]]
         out += [f"Adversarial training (PGD at eps={eps0:g}, {cfg['adv_steps']} steps): transformed flip rate, "
-                "same seeds", text_table(["model", "attack", "standard", "adv. trained", "rho standard",
-                                          "rho adv.", "paper"], rows), ""]
+                "paired by seed", text_table(["model", "attack", "standard", "adv. trained", "rise",
+                                              "rise of excess over noise", "paper"], rows), ""]
+    b = s["bootstrap"]
+    out.append(f"Intervals: 95 %, {b['method']}; per-network scalars (rho, curated): {b['seed_level_method']}.")
     return "\n".join(out).rstrip()
 
 
-def adv_verdict(result: dict[str, Any]) -> str | None:
-    """One line on adversarial training: does it raise each model's flip rate (pooled over attacks)?"""
-    rows = result["summary"].get("adv_train")
-    if not rows:
-        return None
-    parts = []
-    for model in result["config"]["models"]:
-        rs = [r for r in rows if r["model"] == model]
-        before = sum(r["standard"]["mean"] for r in rs) / len(rs)
-        after = sum(r["adversarial"]["mean"] for r in rs) / len(rs)
-        parts.append(f"{MODEL_LABEL.get(model, model)} {100 * before:.1f}% -> {100 * after:.1f}% "
-                     f"({'raises' if after > before else 'does not raise'})")
-    line = "Adversarial training, flip rate pooled over attacks: " + "; ".join(parts)
-    paper = [(m, PAPER_ADV.get((result["config"]["dataset"], m))) for m in ("relu", "attn")]
-    if result["config"]["task"] == "10class" and all(p for _, p in paper):
-        line += " (paper, PGD: " + ", ".join(f"{MODEL_LABEL[m]} {p[0]:g} -> {p[1]:g}%" for m, p in paper) + ")"
-    return line
+def verdict_lines(outcomes: list[tuple[str, Outcome]]) -> list[str]:
+    """One line per rule that applies (`experiment_outcomes`: the same rule functions as `verify claims`)."""
+    return [f"Verdict: {name}: {o.verdict.value} — {o.ours}" + (f" [{o.condition}]" if o.condition else "")
+            for name, o in outcomes]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,10 +217,11 @@ def run(args: argparse.Namespace) -> int:
           f"attn attack context {cfg.attack_context}, {ridge}; preset {args.preset}", file=stream)
     print(summary_table(result), file=stream)
     print("", file=stream)
-    print("Verdict: " + result["summary"]["verdict"]["text"], file=stream)
-    adv = adv_verdict(result)
-    if adv:
-        print(adv, file=stream)
+    outcomes = experiment_outcomes(result)
+    for line in verdict_lines(outcomes):
+        print(line, file=stream)
+    result["verdicts"] = [{"rule": name, "verdict": o.verdict.value, "ours": o.ours, "condition": o.condition,
+                           "gate": o.gate} for name, o in outcomes]
     print(f"wall time {result['wall_s']:.0f}s", file=stream)
     emit_json(args.json, result)
     return 0
