@@ -525,3 +525,37 @@ def test_signal_during_an_audit_stops_cleanly(sig: int, code: int, env, tmp_path
     assert len(final) == 1 and f"interrupted ({signal.Signals(sig).name})" in final[0], rest
     assert "--resume" not in final[0]
     assert list(out.iterdir()) == []
+
+
+# --- degenerate measurements and the claims report's set -----------------------------------------------------
+
+
+def test_nan_flip_rate_is_not_measurable_never_a_level(env):
+    from verify.audit import NOT_MEASURABLE, load_record, render_report, risk_level
+
+    r = risk_level(float("nan"), [0.1, 0.2], 0.05, 0.2)
+    assert r["level"] == NOT_MEASURABLE and "NaN" in r["reason"]
+    assert risk_level(0.5, [0.1, 0.2], 0.05, 0.2)["level"] == "high"
+    rec = load_record(env["audit_json"])
+    rec["risk"].update(level=NOT_MEASURABLE, reason=r["reason"], advice=["check the data"])
+    assert "NOT MEASURABLE" in render_report(rec)
+
+
+def test_interrupted_claims_report_keeps_the_previous_set(env, tmp_path: Path, monkeypatch, capsys):
+    import reports.claims_report as claims_report
+
+    rec = tmp_path / "claims.json"
+    rec.write_text((env["dir"] / "claims_min.json").read_text())
+    for name in ("claims.md", "claims.html", "claims.pdf"):
+        (tmp_path / name).write_text(f"old {name}")
+
+    def half_then_interrupt(record, out, pdf=True):
+        (Path(out) / "claims.md").write_text("new")
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+
+    monkeypatch.setattr(claims_report, "render_all", half_then_interrupt)
+    assert main(["report", str(rec)]) == 130
+    assert "interrupted (SIGINT)" in _one_line(capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["claims.html", "claims.json", "claims.md", "claims.pdf"]
+    assert (tmp_path / "claims.md").read_text() == "old claims.md"
