@@ -763,6 +763,21 @@ def output_members(out: Path) -> tuple[str, str, str]:
     return out.name, out.with_suffix(".html").name, out.with_suffix(".json").name
 
 
+def earlier_audit_file(path: Path) -> bool:
+    """Whether an existing file is an earlier audit's output (so it may be removed as stale): a PDF, the
+    audit HTML, or an audit JSON record; anything else with that name is left alone."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    if path.suffix == ".pdf":
+        return head.startswith(b"%PDF")
+    if path.suffix == ".html":
+        return b"Training-data malleability audit" in head
+    return b'"experiment": "audit"' in head
+
+
 def write_outputs(result: dict[str, Any], out: str | Path, html: bool = False, json_out: bool = False) -> int:
     """Render everything, stage the PDF (and HTML / JSON) as one output set, then swap it in.
 
@@ -777,7 +792,7 @@ def write_outputs(result: dict[str, Any], out: str | Path, html: bool = False, j
     out = Path(out).expanduser().absolute()
     pdf_name, html_name, json_name = output_members(out)
     problem, pdf_ok = "", True
-    with output_set(out.parent, output_members(out)) as staged:
+    with output_set(out.parent, output_members(out), owned=earlier_audit_file) as staged:
         page = render_report(result)
         try:
             write_pdf(staged.path(pdf_name), page)

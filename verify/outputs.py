@@ -6,8 +6,9 @@ set (files and folders such as `figures/`) in a hidden temporary folder inside t
 when the body finishes, the previous set's members are moved aside and the new ones moved in with
 SIGINT/SIGTERM held off, so an interrupted or failed run leaves the previous set intact (or no
 set), never new files beside old ones. A member of the set that this run did not write is removed
-(an old `claims.pdf` never stays beside a new `claims.json`). A write error such as a full disk
-becomes one `UserInputError` line naming the folder.
+(an old `claims.pdf` never stays beside a new `claims.json`) when `owned` says it came from an
+earlier run. Two runs swapping sets into one folder take turns (an `fcntl` lock on the folder). A
+write error such as a full disk becomes one `UserInputError` line naming the folder.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from theory.errors import UserInputError
@@ -82,7 +83,7 @@ def check_output_dir(folder: str | Path, option: str = "--out") -> Path:
     return p
 
 
-def _disk_error(exc: OSError, folder: Path) -> UserInputError:
+def disk_error(exc: OSError, folder: Path) -> UserInputError:
     why = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (exc.strerror or str(exc))
     return UserInputError(f"could not write the outputs in {folder} ({why}); nothing was replaced: the previous "
                           "outputs there are unchanged; free space or choose another --out and rerun")
@@ -106,9 +107,11 @@ def _signals_held() -> Iterator[None]:
 class OutputSet:
     """A staged output set: write each member to `path(name)`; `final(path)` is where it will land."""
 
-    def __init__(self, folder: Path, members: Iterable[str], staging: Path):
+    def __init__(self, folder: Path, members: Iterable[str], staging: Path,
+                 owned: Callable[[Path], bool] | None = None):
         self.folder = folder
         self.members = tuple(members)
+        self.owned = owned or (lambda path: True)
         self.dir = staging / "new"
         self.dir.mkdir()
         self._aside = staging / "old"
@@ -129,12 +132,13 @@ class OutputSet:
         """Move the previous set aside and the new one in (signals held); returns the new final paths."""
         self._aside.mkdir()
         moved: list[str] = []
-        with _signals_held():
+        stale = [n for n in self.members if os.path.lexists(self.folder / n)
+                 and (os.path.lexists(self.dir / n) or self.owned(self.folder / n))]
+        with _signals_held(), _folder_lock(self.folder):
             try:
-                for name in self.members:
-                    if os.path.lexists(self.folder / name):
-                        os.replace(self.folder / name, self._aside / name)
-                        moved.append(name)
+                for name in stale:
+                    os.replace(self.folder / name, self._aside / name)
+                    moved.append(name)
                 for name in self.members:
                     if os.path.lexists(self.dir / name):
                         os.replace(self.dir / name, self.folder / name)
@@ -145,13 +149,34 @@ class OutputSet:
                 for name in moved:
                     os.replace(self._aside / name, self.folder / name)
                 self.written = []
-                raise _disk_error(exc, self.folder) from None
+                raise disk_error(exc, self.folder) from None
         return list(self.written)
 
 
 @contextlib.contextmanager
-def output_set(folder: str | Path, members: Iterable[str], option: str = "--out") -> Iterator[OutputSet]:
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """Two runs swapping sets into one folder take turns (an fcntl lock on the folder itself)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def output_set(folder: str | Path, members: Iterable[str], option: str = "--out",
+               owned: Callable[[Path], bool] | None = None) -> Iterator[OutputSet]:
     """Stage an output set in `folder` and swap it in when the body succeeds (see the module docstring).
+
+    `owned(path)` says whether an existing member that this run does not rewrite belongs to an earlier
+    set (and is removed); by default every member does. Use it where a member's name could collide
+    with a user's own file.
 
     On an exception or interrupt in the body, the staging folder is deleted and the previous set is
     untouched; a folder this call created is removed again if it stays empty. OSErrors (a full disk)
@@ -163,13 +188,13 @@ def output_set(folder: str | Path, members: Iterable[str], option: str = "--out"
         out.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".outputs-", dir=out))
     except OSError as exc:
-        raise _disk_error(exc, out) from None
+        raise disk_error(exc, out) from None
     try:
         try:
-            s = OutputSet(out, members, staging)
+            s = OutputSet(out, members, staging, owned)
             yield s
         except OSError as exc:
-            raise _disk_error(exc, out) from None
+            raise disk_error(exc, out) from None
         s.commit()
     finally:
         shutil.rmtree(staging, ignore_errors=True)

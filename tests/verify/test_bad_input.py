@@ -305,6 +305,15 @@ def test_output_set_replaces_the_whole_set_and_drops_stale_members(tmp_path: Pat
     assert s.final(s.dir / "a.json") == tmp_path / "a.json"
 
 
+def test_audit_set_removes_earlier_audit_files_but_not_a_users_own(env, tmp_path: Path, capsys):
+    (tmp_path / "r.json").write_text('{"experiment": "audit", "old": true}')
+    (tmp_path / "r.html").write_text("<html>my own notes, not an audit</html>")
+    assert main(["audit", "--render", str(env["audit_json"]), "--out", str(tmp_path / "r.pdf")]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r.pdf"]
+    assert "my own notes" in (tmp_path / "r.html").read_text()
+
+
 @pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()])
 def test_failed_or_interrupted_set_leaves_the_previous_one(tmp_path: Path, exc: BaseException):
     _previous_set(tmp_path)
