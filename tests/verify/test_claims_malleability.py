@@ -228,8 +228,10 @@ def test_adv_rule_outcomes():
 
 def test_adv_rule_gates_the_model_it_judges():
     rec = _adv((0.3, 0.1), (0.7, 0.1), failing=(("adversarial", "relu", 0),))
-    assert adv_outcome(rec, "relu").verdict == NA
+    o = adv_outcome(rec, "relu")
+    assert o.verdict == NA and "relu (adversarially trained) seed 0" in o.ours
     assert adv_outcome(rec, "attn").verdict == HOLDS
+    assert flip_outcome(rec, "mnist", "10class").verdict != NA  # reads the standard networks only
 
 
 # ---- eps ----------------------------------------------------------------------------------------

@@ -118,13 +118,17 @@ def _protocol(res: dict[str, Any]) -> str:
             f"on the same points; {CI_NOTE}")
 
 
-def _gate_runs(res: dict[str, Any], model: str | None = None) -> list[dict[str, Any]]:
-    """The unit's networks for the gate, the second initialisations of the seed baseline included."""
+def _gate_runs(res: dict[str, Any], model: str | None = None,
+               training: str | None = "standard") -> list[dict[str, Any]]:
+    """The networks a rule reads, for the gate: those of `training` (None: every training) and `model`
+    (None: both), adversarially trained ones labelled so, and the second initialisations of the seed
+    baseline."""
     out = []
     for r in res["runs"]:
-        if model is not None and r["model"] != model:
+        if (model is not None and r["model"] != model) or (training is not None and r["training"] != training):
             continue
-        out.append(r)
+        tag = "" if r["training"] == "standard" else f" ({r['training']}ly trained)"
+        out.append({**r, "model": f"{r['model']}{tag}"})
         sb = r.get("seed_baseline")
         if sb is not None:
             out.append({"model": f"{r['model']} (second init)", "seed": r["seed"], "gate": sb.get("other_gate")})
@@ -333,7 +337,7 @@ def adv_outcome(res: dict[str, Any], model: str) -> Outcome:
     c = res["config"]
     protocol = (_protocol(res) + f"; adversarial training: PGD (eps {c['eps']}, {c['adv_steps']} steps) on every "
                 f"batch, at most {c.get('adv_max_epochs') or c['train']['epochs']} epochs")
-    na = _gate(_gate_runs(res, model), protocol)
+    na = _gate(_gate_runs(res, model, training=None), protocol)
     if na:
         return na
     row = find(res["summary"], "adv_train", model=model, attack="pgd")
