@@ -9,7 +9,8 @@ digest of the source code of `theory/` and `empirics/`, so a code change never r
 Integrity: a unit that fails because of its input or environment (`UserInputError`: missing or
 corrupt data, no CUDA, ...) is never cached; the run stops with that one-line error (exit 2) so a
 later `--resume` computes the unit once the problem is fixed. A cache file that is not valid JSON
-or fails the schema (a dict naming this unit and code version) is ignored and recomputed. Each unit
+or fails the schema (a dict naming this unit, its config and the code version, whose result fields
+match the `result_sha256` stored with them) is ignored and recomputed. Each unit
 is claimed with an exclusive `fcntl` lock on `.<unit>-<key>.lock` while it runs; a second run on
 the same folder waits for it and then reuses its result instead of computing it again.
 """
@@ -40,6 +41,15 @@ def code_version() -> str:
             h.update(path.relative_to(ROOT).as_posix().encode())
             h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+#: Fields the cache adds around a unit's own result (not covered by its digest).
+META_KEYS = ("unit", "unit_config", "code_version", "unit_wall_s", "result_sha256")
+
+
+def _digest(entry: dict[str, Any]) -> str:
+    """Digest of a cache entry's result fields: a truncated or edited entry no longer matches."""
+    return stable_hash({k: v for k, v in entry.items() if k not in META_KEYS}, length=32)
 
 
 @dataclass(frozen=True)
@@ -76,7 +86,9 @@ class Cache:
             return None
         if not isinstance(res, dict) or res.get("unit") != unit.name or res.get("code_version") != self.version:
             return None
-        if "unavailable" in res:
+        if "unavailable" in res or res.get("result_sha256") != _digest(res):
+            return None
+        if stable_hash(res.get("unit_config")) != stable_hash(unit.config):
             return None
         return res
 
@@ -124,6 +136,7 @@ class Cache:
                                      "--resume)") from None
             res = {"unit": unit.name, "unit_config": unit.config, "code_version": self.version,
                    "unit_wall_s": time.perf_counter() - t0, **res}
+            res["result_sha256"] = _digest(res)
             write_json(self.path(unit), res)
         log(f"[done]   {unit.name} in {res['unit_wall_s']:.1f} s")
         return json.loads(self.path(unit).read_text()), False

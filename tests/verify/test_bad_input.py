@@ -434,11 +434,15 @@ def test_input_errors_are_not_cached_and_stop_the_run(tmp_path: Path):
 
 @pytest.mark.parametrize("content", ["[1, 2]", '{"code_version": "v1"}', '{"unit": "other", "code_version": "v1"}',
                                      '{"unit": "u", "code_version": "old"}', '{"unit": "u", "code_version": "v1", '
-                                     '"unavailable": "no data"}', "{truncated"])
+                                     '"unavailable": "no data"}', "{truncated", "EDITED"])
 def test_cache_entries_failing_the_schema_are_recomputed(tmp_path: Path, content: str):
     cache = Cache(tmp_path, version="v1")
     unit = Unit("u", {"a": 1}, lambda a: {"value": a + 1})
-    tmp_path.mkdir(exist_ok=True)
+    if content == "EDITED":
+        cache.run(unit, lambda m: None)
+        entry = json.loads(cache.path(unit).read_text())
+        entry["value"] = 99
+        content = json.dumps(entry)
     cache.path(unit).write_text(content)
     res, cached = cache.run(unit, lambda m: None)
     assert not cached and res["value"] == 2
