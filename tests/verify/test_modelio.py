@@ -453,8 +453,6 @@ def test_export_archive_exploits_are_refused(attack: str, tmp_path: Path):
     with zipfile.ZipFile(src) as zf:
         names = zf.namelist()
         root = names[0].split("/")[0]
-        cfg_name = f"{root}/data/weights/model_weights_config.json"
-        cfg = json.loads(zf.read(cfg_name))
     if attack == "sympify":
         def edit(d):
             tv = d["graph_module"]["graph"]["tensor_values"]
@@ -465,11 +463,7 @@ def test_export_archive_exploits_are_refused(attack: str, tmp_path: Path):
         bad = "torch.serialization.os.system" if attack == "target" else "torch.ops.__class__.__init__"
         _evil_program(src, evil, lambda d: d["graph_module"]["graph"]["nodes"][0].__setitem__("target", bad))
     elif attack == "pickled-weight":
-        key = next(iter(cfg["config"]))
-        cfg["config"][key]["use_pickle"] = True
-        _rewrite(src, evil, cfg_name, json.dumps(cfg).encode())
-        with zipfile.ZipFile(evil, "a") as zf:
-            zf.writestr(f"{root}/data/weights/{cfg['config'][key]['path_name']}.pkl", _payload_bytes(marker))
+        _pickled_weight_pt2(src, evil, marker)
     elif attack == "opaque-constant":
         const = {"config": {"c": {"path_name": "opaque_obj_0", "is_param": False, "use_pickle": False,
                                   "tensor_meta": None}}}
@@ -489,6 +483,32 @@ def test_export_archive_exploits_are_refused(attack: str, tmp_path: Path):
     with pytest.raises(UserInputError) as err:
         load_model(evil)
     assert "\n" not in str(err.value)
+    assert not marker.exists()
+
+
+def _pickled_weight_pt2(src: Path, dst: Path, marker: Path) -> None:
+    """A .pt2 whose first weight is declared a pickle and holds a torch.save'd payload."""
+    with zipfile.ZipFile(src) as zf:
+        cfg_name = next(n for n in zf.namelist() if n.endswith("model_weights_config.json"))
+        cfg = json.loads(zf.read(cfg_name))
+    first = next(iter(cfg["config"].values()))
+    first["use_pickle"] = True
+    weight = cfg_name.replace("model_weights_config.json", first["path_name"])
+    mid = dst.with_suffix(".mid")
+    _rewrite(src, mid, cfg_name, json.dumps(cfg).encode())
+    _rewrite(mid, dst, weight, _torch_zip_payload(marker))
+
+
+def test_torch_export_load_would_run_a_pickled_weight_but_the_audit_loader_does_not(tmp_path: Path):
+    src = _model_files(tmp_path)["export"]
+    live, marker = tmp_path / "LIVE", tmp_path / "MARKER"
+    _pickled_weight_pt2(src, tmp_path / "live.pt2", live)
+    with pytest.raises(Exception):  # noqa: B017 - torch fails after the payload already ran
+        torch.export.load(str(tmp_path / "live.pt2"))
+    assert live.exists(), "torch.export.load no longer unpickles this payload: the threat this test guards is gone"
+    _pickled_weight_pt2(src, tmp_path / "evil.pt2", marker)
+    with pytest.raises(UserInputError, match="stored as a pickle"):
+        load_model(tmp_path / "evil.pt2")
     assert not marker.exists()
 
 
