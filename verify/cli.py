@@ -107,7 +107,7 @@ def _interrupted(args: argparse.Namespace) -> int:
     if hasattr(args, "resume"):
         advice = "finished experiment units are cached; rerun with --resume to continue"
     else:
-        advice = "nothing was written (earlier outputs are unchanged); rerun the command"
+        advice = "no output was half-written (earlier outputs stay unless the new set was complete); rerun it"
     sys.stderr.write(f"\nverify {args.command}: interrupted ({name}); {advice}\n")
     return EXIT_CODES.get(signum, 130)
 
