@@ -29,6 +29,7 @@ from typing import Any
 
 from empirics.records import stable_hash, write_json
 from theory.errors import UserInputError
+from verify.outputs import disk_error
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,9 +101,12 @@ class Cache:
         except ImportError:
             yield
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
         lock = self.path(unit).with_name(f".{self.path(unit).stem}.lock")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise disk_error(exc, self.folder) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -137,6 +141,9 @@ class Cache:
             res = {"unit": unit.name, "unit_config": unit.config, "code_version": self.version,
                    "unit_wall_s": time.perf_counter() - t0, **res}
             res["result_sha256"] = _digest(res)
-            write_json(self.path(unit), res)
+            try:
+                write_json(self.path(unit), res)
+            except OSError as exc:
+                raise disk_error(exc, self.folder) from None
         log(f"[done]   {unit.name} in {res['unit_wall_s']:.1f} s")
         return json.loads(self.path(unit).read_text()), False

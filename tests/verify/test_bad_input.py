@@ -572,3 +572,17 @@ def test_interrupted_claims_report_keeps_the_previous_set(env, tmp_path: Path, m
     assert "interrupted (SIGINT)" in _one_line(capsys.readouterr().err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["claims.html", "claims.json", "claims.md", "claims.pdf"]
     assert (tmp_path / "claims.md").read_text() == "old claims.md"
+
+
+def test_full_disk_while_caching_a_unit_is_one_line(tmp_path: Path, monkeypatch):
+    import verify.runner as runner
+
+    def full(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runner, "write_json", full)
+    cache = Cache(tmp_path, version="v1")
+    unit = Unit("u", {"a": 1}, lambda a: {"value": a})
+    with pytest.raises(UserInputError, match="disk is full") as err:
+        cache.run(unit, lambda m: None)
+    assert "\n" not in str(err.value) and not cache.path(unit).exists()
