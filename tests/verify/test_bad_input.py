@@ -126,6 +126,12 @@ def env(tmp_path_factory) -> dict:
             zout.writestr(info.filename, payload if info.filename.endswith("constants.pkl") else zin.read(info))
     torch.save({"w": Payload(marker)}, d / "evil_state.pt")
     (d / "a_file").write_text("not a folder\n")
+    (d / "idx").mkdir()
+    (d / "idx" / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03garbage")
+    (d / "idx" / "train-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x01")
+    (d / "truncated.npz").write_bytes((d / "train.npz").read_bytes()[:300])
+    (d / "imgs" / "train" / "cat").mkdir(parents=True)
+    (d / "imgs" / "train" / "cat" / "a.png").write_bytes(b"\x89PNG not really")
     out = d / "first" / "audit.pdf"
     out.parent.mkdir()
     code = main(["audit", "--model", str(d / "cnn.ts"), "--train", str(d / "train.npz"), "--test",
@@ -208,6 +214,9 @@ CASES: dict[str, tuple[list[str], int, str]] = {
     "1-D x": (["audit", "--model", M, "--train", "{d}/flat_x.npz", "--test", TE], 2, "one row per example"),
     "all-zero images": (["audit", "--model", M, "--train", "{d}/zeros.npz", "--test", TE], 2, "not measurable"),
     "data is a model": (["audit", "--model", M, "--train", M, "--test", TE], 2, "must be a NumPy .npz"),
+    "corrupt IDX folder": (["audit", "--model", M, "--train", "{d}/idx", "--test", TE], 2, "idx"),
+    "truncated npz": (["audit", "--model", M, "--train", "{d}/truncated.npz", "--test", TE], 2, "truncated.npz"),
+    "broken image file": (["audit", "--model", M, "--train", "{d}/imgs", "--test", TE], 2, "a.png"),
     # options
     "eps nan": ([*AUD, "--eps", "nan"], 2, "--eps must be a finite number"),
     "tau inf": ([*AUD, "--tau", "inf"], 2, "--tau must be a finite number"),
