@@ -4,51 +4,96 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from empirics.models import ModelSpec, TwoLayerNet, build_model
+from empirics.protocols import adequacy, chance_accuracy
+from empirics.records import stable_hash
 from empirics.train import TrainConfig, TrainRecord, train
 
 
 @dataclass
 class Tensors:
+    """A data set as tensors; `key` identifies its subset (index digests), for the training memo."""
+
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
     out_dim: int
+    key: str = ""
+
+    @property
+    def chance(self) -> float:
+        return chance_accuracy(self.out_dim, self.out_dim)
 
 
 def dataset_tensors(ds: Any, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Tensors:
     """Torch tensors of a `empirics.datasets.Dataset`; binary tasks get one output (MSE on +-1)."""
     out_dim = 1 if ds.task == "binary" else int(ds.num_classes)
+    prov = getattr(ds, "provenance", {}) or {}
+    key = stable_hash({k: prov.get(k) for k in ("label", "task", "train_indices_sha256", "test_indices_sha256",
+                                                 "n_train", "n_test", "seed", "sample")})
     return Tensors(
         torch.as_tensor(ds.x_train, dtype=dtype, device=device),
         torch.as_tensor(ds.y_train, dtype=torch.long, device=device),
         torch.as_tensor(ds.x_test, dtype=dtype, device=device),
         torch.as_tensor(ds.y_test, dtype=torch.long, device=device),
         out_dim,
+        key,
     )
 
 
 @dataclass
 class Trained:
-    """A trained network, its state at initialisation, and its training record."""
+    """A trained network, its state at initialisation, its training record and the adequacy gate's
+    decision on it (`empirics.protocols.adequacy`)."""
 
     model: TwoLayerNet
     init_W: torch.Tensor
     record: TrainRecord
+    gate: dict[str, Any]
+
+    def training_summary(self) -> dict[str, Any]:
+        """What every result records next to a network's numbers: accuracies, loss, plateau, gate."""
+        r = self.record
+        return {"train_acc": r.final_train_acc, "test_acc": r.final_test_acc, "train_loss": r.final_train_loss,
+                "epochs_run": r.epochs_run, "plateau_reached": r.plateau_reached, "lr": r.lr,
+                "protocol": r.protocol, "rel_weight_change": r.rel_weight_change, "train_wall_s": r.wall_s,
+                "curve": {"epochs": r.epochs, "train_loss": r.train_loss, "train_acc": r.train_acc,
+                          "test_acc": r.test_acc},
+                "gate": self.gate}
+
+
+#: Networks trained in this process, keyed by (spec, training config, data subset): the claims' units
+#: that train the same network on the same data (malleability, eps sweep, landscape) train it once.
+_TRAINED: OrderedDict[str, Trained] = OrderedDict()
+_TRAINED_MAX = 256
 
 
 def train_network(spec: ModelSpec, t: Tensors, cfg: TrainConfig, device: str = "cpu", label: str = "") -> Trained:
+    """Build and train a network (or reuse the one this process already trained identically).
+
+    The returned model must not be modified in place by the caller (copy it first): it may be shared.
+    """
+    key = stable_hash({"spec": spec.to_dict(), "train": asdict(cfg), "data": t.key, "device": device}) if t.key else ""
+    if key and key in _TRAINED:
+        _TRAINED.move_to_end(key)
+        return _TRAINED[key]
     model = build_model(spec, t.x_train, device=device)
     init_W = model.W.detach().clone()
     rec = train(model, t.x_train, t.y_train, cfg, t.x_test, t.y_test, label=label or f"{spec.kind} m={spec.width}")
-    return Trained(model, init_W, rec)
+    out = Trained(model, init_W, rec, adequacy(rec, t.chance))
+    if key:
+        _TRAINED[key] = out
+        while len(_TRAINED) > _TRAINED_MAX:
+            _TRAINED.popitem(last=False)
+    return out
 
 
 def as_float64(model: TwoLayerNet) -> TwoLayerNet:
@@ -70,16 +115,28 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def experiment_data(cfg: Any, dataset: Any | None = None) -> tuple[Any, Tensors, str]:
+def experiment_data(cfg: Any, dataset: Any | None = None, seed: int = 0) -> tuple[Any, Tensors, str]:
     """The data set an experiment config names (or the one given), its tensors, and the device.
 
-    `cfg` needs the fields dataset, task, n_train, n_test, sample, data_seed, data_dir, data_source, device.
+    `cfg` needs the fields dataset, task, n_train, n_test, sample, data_seed, data_dir, data_source, device,
+    and optionally `per_seed_data`: when true, seed `seed` draws its own subset (data seed
+    `data_seed + seed`), so a spread over seeds is also a spread over data subsets.
     """
     from empirics.datasets import load_dataset
     from empirics.records import pick_device
 
     device = pick_device(cfg.device)
+    data_seed = cfg.data_seed + (seed if getattr(cfg, "per_seed_data", False) else 0)
     ds = dataset or load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task,
-                                 sample=cfg.sample, seed=cfg.data_seed, data_dir=cfg.data_dir,
+                                 sample=cfg.sample, seed=data_seed, data_dir=cfg.data_dir,
                                  source=cfg.data_source)
     return ds, dataset_tensors(ds, device), device
+
+
+def subset_provenance(per_seed: dict[int, Any]) -> dict[str, Any]:
+    """One provenance record for an experiment whose seeds drew their own subsets: the first seed's
+    record plus the index digest of every seed's subset."""
+    first = next(iter(per_seed.values())).provenance
+    return {**first, "per_seed_subsets": {str(s): {"seed": ds.provenance.get("seed"),
+                                                   "train_indices_sha256": ds.provenance.get("train_indices_sha256")}
+                                          for s, ds in per_seed.items()}}

@@ -17,6 +17,10 @@ The paper does not define its distance. We measure four, each on the same runs:
 - `kernel_distance`: Fort et al. (2020), `1 - <Theta_0, Theta_T>_F / (||Theta_0||_F ||Theta_T||_F)`.
 - `init_vs_analytic`: `||Theta_0 - Theta_inf||_F / ||Theta_inf||_F` (the empirical kernel at
   initialisation against the analytic kernel; about `m^-1/2` by Thm 4.2).
+- `kernel_drift_centred`, `init_vs_analytic_centred`: the same two on doubly centred kernels `H K H`
+  (`H = I - 11^T/n`). The Frobenius norm of MLP-Attn's kernel is dominated by its near-constant mode
+  (attention features are almost collinear on raw pixels), which hides what happens in the directions
+  that separate the classes; centring removes that mode.
 
 Kernels are the per-output ("mean") empirical NTK, computed in float64 with the closed form.
 """
@@ -24,21 +28,22 @@ Kernels are the per-output ("mean") empirical NTK, computed in float64 with the 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 from scipy import stats
 
-from empirics.common import Tensors, as_float64, experiment_data, spread, train_network
+from empirics.common import Tensors, as_float64, experiment_data, spread, subset_provenance, train_network
 from empirics.models import ModelSpec
 from empirics.ntk import ntk_two_layer
 from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig, targets
 from theory import gram, kernels, krr
 
-METRICS = ("function_abs", "function_rel", "function_lin", "kernel_drift", "kernel_distance", "init_vs_analytic")
+METRICS = ("function_abs", "function_rel", "function_lin", "kernel_drift", "kernel_distance", "init_vs_analytic",
+           "kernel_drift_centred", "init_vs_analytic_centred")
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class DistanceConfig:
     n_test: int = 200
     sample: str = "balanced"
     data_seed: int = 0
+    per_seed_data: bool = True
     train: TrainConfig = field(default_factory=TrainConfig)
     parameterization: str = "ntk"
     attn_layers: int = 1
@@ -63,6 +69,16 @@ class DistanceConfig:
 
 def _frob(a: torch.Tensor) -> float:
     return float(torch.linalg.norm(a))
+
+
+def _safe_ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("nan")
+
+
+def double_centre(k: torch.Tensor) -> torch.Tensor:
+    """`H K H` with `H = I - 11^T/n`: the kernel without its constant mode (rows and columns sum to 0)."""
+    k = k - k.mean(dim=0, keepdim=True)
+    return k - k.mean(dim=1, keepdim=True)
 
 
 @torch.no_grad()
@@ -87,20 +103,22 @@ def one_run(spec: ModelSpec, t: Tensors, cfg: TrainConfig, k_inf_tt: np.ndarray,
     w0 = tr.init_W.double()
     f0_train, f0_test = _outputs(m64, x, w0), _outputs(m64, t.x_test.double(), w0)
     f_lin = f0_test + krr.krr_predict(k_inf_st, krr.krr_fit(k_inf_tt, y_train - f0_train, ridge))
-    cos = float((theta_0 * theta_t).sum()) / (_frob(theta_0) * _frob(theta_t))
+    norms = _frob(theta_0) * _frob(theta_t)
+    cos = float((theta_0 * theta_t).sum()) / norms if norms > 0 else float("nan")
+    c_0, c_t, c_inf = double_centre(theta_0), double_centre(theta_t), double_centre(k_inf)
     return {
         "width": spec.width,
         "seed": spec.seed,
         "function_abs": diff,
         "function_rel": diff / max(float(np.linalg.norm(f_ntk)), 1e-300),
         "function_lin": float(np.linalg.norm(f_m - f_lin)) / max(float(np.linalg.norm(f_lin)), 1e-300),
-        "kernel_drift": _frob(theta_t - theta_0) / _frob(theta_0),
+        "kernel_drift": _safe_ratio(_frob(theta_t - theta_0), _frob(theta_0)),
         "kernel_distance": 1.0 - cos,
         "init_vs_analytic": _frob(theta_0 - k_inf) / _frob(k_inf),
-        "train_acc": tr.record.final_train_acc,
-        "test_acc": tr.record.final_test_acc,
-        "train_loss": tr.record.final_train_loss,
-        "train_wall_s": tr.record.wall_s,
+        "kernel_drift_centred": _safe_ratio(_frob(c_t - c_0), _frob(c_0)),
+        "init_vs_analytic_centred": _safe_ratio(_frob(c_0 - c_inf), _frob(c_inf)),
+        "model": spec.kind,
+        **{k: v for k, v in tr.training_summary().items() if k != "curve"},
     }
 
 
@@ -129,54 +147,124 @@ def trend(widths: list[int], values: list[float]) -> dict[str, Any]:
     return {"verdict": verdict, "spearman": rho, "loglog_slope": slope}
 
 
+def _seed_table(widths: list[int], runs: list[dict[str, Any]], metric: str, seeds: list[int]) -> np.ndarray:
+    return np.array([[next((r[metric] for r in runs if r["seed"] == s and r["width"] == wd), np.nan)
+                      for wd in widths] for s in seeds], float)
+
+
+def _loglog_slope(widths: list[int], rows: np.ndarray) -> float:
+    w = np.log(np.asarray(widths, float))
+    v = rows.mean(axis=0)
+    ok = np.isfinite(v) & (v > 0)
+    return float(np.polyfit(w[ok], np.log(v[ok]), 1)[0]) if ok.sum() >= 2 else float("nan")
+
+
+def slope_interval(widths: list[int], runs: list[dict[str, Any]], metric: str, n_boot: int = 2000,
+                   level: float = 0.95, seed: int = 0, minus: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Log-log slope of `metric` against width with a percentile bootstrap interval over seeds.
+
+    Each seed is one cluster (its own data subset and initialisations at every width); a resample
+    draws seeds with replacement, averages `metric` per width over the drawn seeds and fits the slope.
+    With `minus` (another model's runs on the same seeds) the statistic is the difference of the two
+    slopes, resampled paired by seed. With s seeds there are at most C(2s-1, s) distinct resamples, so
+    with 3 seeds the interval is close to the range of the per-seed slopes: coarse, and reported with
+    the number of seeds.
+    """
+    seeds = sorted({r["seed"] for r in runs})
+    a = _seed_table(widths, runs, metric, seeds)
+    b = _seed_table(widths, minus, metric, seeds) if minus is not None else None
+
+    def stat(idx: np.ndarray) -> float:
+        return _loglog_slope(widths, a[idx]) - (_loglog_slope(widths, b[idx]) if b is not None else 0.0)
+
+    rng = np.random.default_rng(seed)
+    boots = np.array([stat(rng.integers(0, len(seeds), len(seeds))) for _ in range(n_boot)])
+    boots = boots[np.isfinite(boots)]
+    lo, hi = (np.quantile(boots, [(1 - level) / 2, (1 + level) / 2]) if boots.size else (np.nan, np.nan))
+    return {"slope": stat(np.arange(len(seeds))), "ci": [float(lo), float(hi)], "level": level,
+            "seeds": len(seeds), "per_seed": [stat(np.array([i])) for i in range(len(seeds))],
+            "method": f"percentile bootstrap over seeds ({n_boot} resamples), slope of log mean vs log width"
+                      + (", difference of two models paired by seed" if b is not None else "")}
+
+
+def predictor_ridge(k_tt: np.ndarray, n: int, weight_decay: float) -> float:
+    """Ridge of the NTK predictor: `n * weight_decay` (what L2 decay on the mean loss corresponds to in the
+    linearised model) or, without decay, `1e-3 * trace(K)/n` (a small relative ridge, as for influence)."""
+    return n * weight_decay if weight_decay > 0 else 1e-3 * float(np.trace(k_tt)) / n
+
+
 def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None) -> dict[str, Any]:
-    """The width sweep. Returns a JSON-ready record with per-run values, spreads and trends."""
+    """The width sweep. Returns a JSON-ready record with per-run values, spreads, trends and slope intervals.
+
+    With `per_seed_data` every seed draws its own data subset; the analytic-NTK predictor is fitted on
+    that seed's subset.
+    """
     t0 = time.perf_counter()
-    ds, t, device = experiment_data(cfg, dataset)
-    y_t = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
-    ridge = cfg.n_train * cfg.train.weight_decay
-    results: dict[str, Any] = {"models": {}}
-    for kind in cfg.models:
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in cfg.models}
+    norms: dict[str, list[float]] = {kind: [] for kind in cfg.models}
+    ridges: list[float] = []
+    per_seed_ds: dict[int, Any] = {}
+    device = "cpu"
+    for seed in cfg.seeds:
+        ds, t, device = experiment_data(cfg, dataset, seed)
+        per_seed_ds[seed] = ds
+        y_t = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
         x_tr = ds.x_train.astype(np.float64)
         x_te = ds.x_test.astype(np.float64)
-        if kind == "attn":
-            f_tr = gram.attention_features(x_tr, x_tr, k=cfg.attn_layers, rank=cfg.attn_rank)
-            f_te = gram.attention_features(x_tr, x_te, k=cfg.attn_layers, rank=cfg.attn_rank)
-        else:
-            f_tr, f_te = x_tr, x_te
-        k_tt = kernels.ntk_two_layer(f_tr, f_tr)
-        k_st = kernels.ntk_two_layer(f_te, f_tr)
-        f_ntk = krr.krr_predict(k_st, krr.krr_fit(k_tt, y_t, ridge))
-        runs = []
-        for width in cfg.widths:
-            for seed in cfg.seeds:
+        for kind in cfg.models:
+            if kind == "attn":
+                f_tr = gram.attention_features(x_tr, x_tr, k=cfg.attn_layers, rank=cfg.attn_rank)
+                f_te = gram.attention_features(x_tr, x_te, k=cfg.attn_layers, rank=cfg.attn_rank)
+            else:
+                f_tr, f_te = x_tr, x_te
+            k_tt = kernels.ntk_two_layer(f_tr, f_tr)
+            k_st = kernels.ntk_two_layer(f_te, f_tr)
+            ridge = predictor_ridge(k_tt, ds.x_train.shape[0], cfg.train.weight_decay)
+            ridges.append(ridge)
+            f_ntk = krr.krr_predict(k_st, krr.krr_fit(k_tt, y_t, ridge))
+            norms[kind].append(float(np.linalg.norm(f_ntk)))
+            for width in cfg.widths:
                 spec = ModelSpec(kind, ds.d, width, t.out_dim, cfg.parameterization, cfg.attn_layers,
                                  cfg.attn_rank, seed)
-                tcfg = TrainConfig(**{**asdict(cfg.train), "seed": seed})
-                runs.append(one_run(spec, t, tcfg, k_tt, f_ntk, device, k_st, y_t, ridge))
+                tcfg = replace(cfg.train, seed=seed)
+                runs[kind].append({**one_run(spec, t, tcfg, k_tt, f_ntk, device, k_st, y_t, ridge),
+                                   "ntk_predictor_test_acc": _acc(f_ntk, ds.y_test)})
+    results: dict[str, Any] = {"models": {}}
+    for kind in cfg.models:
+        rk = runs[kind]
         per_width: dict[str, Any] = {}
         for width in cfg.widths:
-            rs = [r for r in runs if r["width"] == width]
-            per_width[str(width)] = {k: spread([r[k] for r in rs]) for k in METRICS + ("train_acc", "test_acc")}
+            rs = [r for r in rk if r["width"] == width]
+            per_width[str(width)] = {k: spread([r[k] for r in rs])
+                                     for k in METRICS + ("train_acc", "test_acc", "epochs_run", "rel_weight_change")}
         trends = {}
         for metric in METRICS:
             means = [per_width[str(w)][metric]["mean"] for w in cfg.widths]
             tr = trend(list(cfg.widths), means)
-            seed_verdicts = [trend(list(cfg.widths), [r[metric] for r in runs if r["seed"] == s])["verdict"]
+            seed_verdicts = [trend(list(cfg.widths), [r[metric] for r in rk if r["seed"] == s])["verdict"]
                              for s in cfg.seeds]
             tr["seeds_agreeing"] = sum(v == tr["verdict"] for v in seed_verdicts)
             tr["seeds"] = len(cfg.seeds)
+            tr["slope_interval"] = slope_interval(list(cfg.widths), rk, metric)
             trends[metric] = tr
-        results["models"][kind] = {"runs": runs, "per_width": per_width, "trends": trends,
-                                   "ntk_predictor_norm": float(np.linalg.norm(f_ntk))}
+        results["models"][kind] = {"runs": rk, "per_width": per_width, "trends": trends,
+                                   "ntk_predictor_norm": float(np.mean(norms[kind])),
+                                   "ntk_predictor_test_acc": spread([r["ntk_predictor_test_acc"] for r in rk])}
     results.update({
         "experiment": "ntk-distance",
         "config": asdict(cfg),
-        "ridge": ridge,
+        "ridge": float(np.mean(ridges)),
+        "ridge_rule": "n * weight_decay" if cfg.train.weight_decay > 0 else "1e-3 * trace(K_inf) / n",
         "parameterization": cfg.parameterization,
-        "data": ds.provenance,
+        "data": subset_provenance(per_seed_ds),
         "versions": library_versions(),
         "device": {**device_info(), "used": device},
         "wall_s": time.perf_counter() - t0,
     })
     return results
+
+
+def _acc(f: np.ndarray, y: np.ndarray) -> float:
+    """Accuracy of a predictor's outputs (one-hot argmax, or the sign of one output)."""
+    pred = (f[:, 0] > 0).astype(int) if f.shape[1] == 1 else f.argmax(axis=1)
+    return float(np.mean(pred == np.asarray(y)))

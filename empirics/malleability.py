@@ -38,7 +38,7 @@ Per-example records (index, old influence, new influence, flipped) are kept for 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -46,27 +46,15 @@ import torch
 from scipy import stats
 
 from empirics.attacks import CONTEXT_MODES, AttackConfig, attack
-from empirics.common import Tensors, experiment_data, spread, train_network
+from empirics.common import Tensors, experiment_data, subset_provenance, train_network
 from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_scores
+from empirics.mall_stats import BASELINE, INTERVENTIONS, MALL_ATTACKS, paper_ratio_range, summarise
 from empirics.models import MODEL_KINDS, ModelSpec, TwoLayerNet
 from empirics.progress import log
 from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig
 from theory.errors import UserInputError
-from theory.paper import PAPER_ADV, PAPER_FLIP
-
-MALL_ATTACKS = ("fgsm", "pgd", "mim")
-INTERVENTIONS = ("transformed", "curated", "adversarial")
-BASELINE = "random"
-
-#: Flip rates (%) the paper reports at eps = 0.3: (dataset, task) -> model -> attack.
-def paper_ratio_range(dataset: str, task: str) -> tuple[float, float] | None:
-    """Smallest and largest Attn/ReLU flip-rate ratio over the paper's three attacks."""
-    p = PAPER_FLIP.get((dataset, task))
-    if p is None:
-        return None
-    r = [p["attn"][a] / p["relu"][a] for a in MALL_ATTACKS]
-    return min(r), max(r)
+from theory.paper import PAPER_FLIP
 
 
 @dataclass(frozen=True)
@@ -91,8 +79,11 @@ class MalleabilityConfig:
     n_test: int = 200
     sample: str = "balanced"
     data_seed: int = 0
+    per_seed_data: bool = True
     train: TrainConfig = field(default_factory=TrainConfig)
+    seed_baseline: bool = False
     adv_train: bool = False
+    adv_max_epochs: int | None = None
     adv_steps: int = 7
     attack_steps: int = 10
     attack_context: str = "fixed"
@@ -242,173 +233,65 @@ def measure_model(model: TwoLayerNet, t: Tensors, cfg: MalleabilityConfig, seed:
     return res
 
 
-def _seed_values(runs: list[dict[str, Any]], training: str, model: str, intervention: str, attack_name: str,
-                 eps: float | None, key: str) -> list[float]:
-    out = []
-    for r in runs:
-        if r["training"] != training or r["model"] != model:
-            continue
-        for m in r["measurements"]:
-            if m["intervention"] == intervention and m["attack"] == attack_name and m["eps"] == eps:
-                out.append(m[key])
-    return out
+def seed_baseline(model: TwoLayerNet, other: TwoLayerNet, t: Tensors, cfg: MalleabilityConfig) -> dict[str, Any]:
+    """Influence signs that differ between two trainings that differ only in the initialisation seed.
 
-
-def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig) -> dict[str, Any]:
-    """Spreads over seeds, Attn/ReLU ratios and the verdict (see `verdict`)."""
-    trainings = ["standard"] + (["adversarial"] if cfg.adv_train else [])
-    rows, ratios, curated = [], [], []
-    for training in trainings:
-        for intervention in ("transformed", "adversarial"):
-            if intervention not in cfg.interventions:
-                continue
-            for eps in cfg.eps_values:
-                for model in cfg.models:
-                    base = {k: _seed_values(runs, training, model, intervention, BASELINE, eps, k)
-                            for k in ("flip_rate", "rho_all", "rho_top")}
-                    for a in cfg.attacks:
-                        vals = {k: _seed_values(runs, training, model, intervention, a, eps, k)
-                                for k in ("flip_rate", "rho_all", "rho_top", "pair_flip_rate")}
-                        rows.append({
-                            "training": training, "intervention": intervention, "eps": eps, "model": model,
-                            "attack": a, "per_seed_flip_rate": vals["flip_rate"],
-                            **{k: spread(v) for k, v in vals.items()},
-                            **{f"baseline_{k}": spread(v) for k, v in base.items()},
-                            "paper_flip_pct": PAPER_FLIP.get((cfg.dataset, cfg.task), {}).get(model, {}).get(a)
-                            if eps == 0.3 and intervention == "transformed" and training == "standard" else None,
-                        })
-                if "relu" in cfg.models and "attn" in cfg.models:
-                    for a in (*cfg.attacks, BASELINE):
-                        ratios.append({"training": training, "intervention": intervention, "eps": eps, "attack": a,
-                                       **ratio(_seed_values(runs, training, "attn", intervention, a, eps, "flip_rate"),
-                                               _seed_values(runs, training, "relu", intervention, a, eps,
-                                                            "flip_rate"))})
-        if "curated" in cfg.interventions:
-            for model in cfg.models:
-                for name in ("removal", BASELINE):
-                    curated.append({
-                        "training": training, "model": model, "removal": "top" if name == "removal" else "random",
-                        **{k: spread(_seed_values(runs, training, model, "curated", name, None, k))
-                           for k in ("test_loss_change", "test_acc_change", "rho_remaining",
-                                     "flip_rate_remaining")},
-                    })
-    summary = {"rows": rows, "ratios": ratios, "curated": curated}
-    summary["verdict"] = verdict(summary, cfg)
-    if cfg.adv_train:
-        summary["adv_train"] = adv_comparison(rows, cfg)
-    return summary
-
-
-def ratio(attn: list[float], relu: list[float]) -> dict[str, Any]:
-    """Attn/ReLU flip-rate ratio: of the seed means, and per seed (None where ReLU flipped nothing)."""
-    ma = float(np.mean(attn)) if attn else float("nan")
-    mr = float(np.mean(relu)) if relu else float("nan")
-    per_seed = [a / r if r > 0 else None for a, r in zip(attn, relu, strict=True)]
-    defined = [v for v in per_seed if v is not None]
-    return {
-        "ratio": ma / mr if mr > 0 else None,
-        "per_seed": per_seed,
-        "per_seed_min": min(defined) if defined else None,
-        "per_seed_max": max(defined) if defined else None,
-        "attn_mean": ma, "relu_mean": mr,
-        "note": "" if mr > 0 else "undefined: 2L-ReLU flipped no point (ratio of zero)",
-    }
-
-
-def verdict(summary: dict[str, Any], cfg: MalleabilityConfig) -> dict[str, Any]:
-    """Headline comparison on the transformed intervention at the headline eps, standard training.
-
-    Rule (fixed before any run): pool the flip rate over the attacks run. MLP-Attn is "more
-    malleable" when its pooled flip rate exceeds 2L-ReLU's in every seed; the ratio is the ratio of
-    pooled means. "beyond baseline" says whether each model's attack flip rate exceeds its random-noise
-    flip rate (pooled means), i.e. whether the attack rather than any perturbation does the flipping.
+    No perturbation at all: the fraction of `model`'s top-tau points (by |total influence|) whose
+    total-influence sign differs under `other`, with the same ridge rule. This is how unstable the
+    signs are anyway; a flip rate is only informative above it.
     """
-    label = {"mnist": "MNIST", "cifar10": "CIFAR-10"}.get(cfg.dataset, cfg.dataset)
-    paper = paper_ratio_range(cfg.dataset, cfg.task)
-    paper_txt = (f"paper: {paper[0]:.1f}-{paper[1]:.1f}x" if paper else "paper: no value")
-    rows = [r for r in summary["rows"] if r["training"] == "standard" and r["intervention"] == "transformed"
-            and r["eps"] == cfg.eps_values[0]]
-    if not ("relu" in cfg.models and "attn" in cfg.models) or not rows:
-        return {"status": "not measurable", "text": f"{label}: needs both models and the transformed intervention"}
-
-    def pooled(model: str) -> tuple[np.ndarray, float]:
-        per = np.array([r["per_seed_flip_rate"] for r in rows if r["model"] == model], float)  # attacks x seeds
-        base = np.mean([r["baseline_flip_rate"]["mean"] for r in rows if r["model"] == model])
-        return per.mean(axis=0), float(base)
-
-    attn, base_a = pooled("attn")
-    relu, base_r = pooled("relu")
-    every_seed = bool(np.all(attn > relu))
-    r = float(attn.mean() / relu.mean()) if relu.mean() > 0 else None
-    if r is None:
-        head = (f"MLP-Attn flips {100 * attn.mean():.1f}% of its top points and 2L-ReLU none (ratio undefined)"
-                if attn.mean() > 0 else "neither network flips any top point (ratio undefined)")
-    elif every_seed and r > 1:
-        head = f"MLP-Attn flips {r:.1f}x as often as 2L-ReLU ({100 * attn.mean():.1f}% vs {100 * relu.mean():.1f}%)"
-    else:
-        head = (f"attention is NOT more malleable at this scale (Attn/ReLU = {r:.2f}x, "
-                f"{100 * attn.mean():.1f}% vs {100 * relu.mean():.1f}%"
-                f"{'' if every_seed else '; not higher in every seed'})")
-    more = (r is None and attn.mean() > 0) or (r is not None and r > 1 and every_seed)
-    weak = [name for name, f, b in (("Attn", attn.mean(), base_a), ("ReLU", relu.mean(), base_r)) if f <= b]
-    text = (f"{label} ({cfg.task}, eps={cfg.eps_values[0]:g}): {head} ({paper_txt}); random noise of the same "
-            f"eps flips {100 * base_a:.1f}% (Attn) / {100 * base_r:.1f}% (ReLU)"
-            + (f" — the attack flips no more than random noise for {' and '.join(weak)}" if weak else ""))
-    return {
-        "status": "attention more malleable" if more else "attention not more malleable",
-        "more_malleable": more, "ratio": r, "every_seed": every_seed,
-        "attn_flip": float(attn.mean()), "relu_flip": float(relu.mean()),
-        "attn_baseline_flip": base_a, "relu_baseline_flip": base_r,
-        "attn_beyond_baseline": bool(attn.mean() > base_a), "relu_beyond_baseline": bool(relu.mean() > base_r),
-        "within_paper_range": bool(paper and r is not None and paper[0] <= r <= paper[1]),
-        "paper_range": paper, "text": text,
-    }
+    a = influence_scores(model, t.x_train, t.y_train, t.x_test, t.y_test, cfg.ridge, cfg.ridge_rel)
+    b = influence_scores(other, t.x_train, t.y_train, t.x_test, t.y_test, cfg.ridge, cfg.ridge_rel)
+    sel = top_by_abs(a.total, n_top(cfg.tau, t.x_train.shape[0]))
+    flipped = np.sign(a.total[sel]) != np.sign(b.total[sel])
+    return {"flip_rate": float(flipped.mean()), "flipped": flipped.tolist(), "rho_all": _spearman(a.total, b.total)}
 
 
-def adv_comparison(rows: list[dict[str, Any]], cfg: MalleabilityConfig) -> list[dict[str, Any]]:
-    """Flip rate before (standard) and after adversarial training, per model and attack (transformed)."""
-    out = []
-    eps = cfg.eps_values[0]
-    for model in cfg.models:
-        for a in cfg.attacks:
-            pick = {r["training"]: r for r in rows if r["intervention"] == "transformed" and r["eps"] == eps
-                    and r["model"] == model and r["attack"] == a}
-            if "standard" in pick and "adversarial" in pick:
-                paper = PAPER_ADV.get((cfg.dataset, model)) if a == "pgd" and cfg.task == "10class" else None
-                out.append({"model": model, "attack": a, "standard": pick["standard"]["flip_rate"],
-                            "adversarial": pick["adversarial"]["flip_rate"],
-                            "standard_rho_all": pick["standard"]["rho_all"],
-                            "adversarial_rho_all": pick["adversarial"]["rho_all"],
-                            "paper_pct": paper})
-    return out
+#: Offset of the initialisation seed of the second network in the seed-to-seed baseline.
+OTHER_INIT = 10_000
 
 
 def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None) -> dict[str, Any]:
-    """The whole experiment: returns a JSON-ready record (config, per-run measurements, summary)."""
+    """The whole experiment: returns a JSON-ready record (config, per-run measurements, summary).
+
+    With `per_seed_data` each seed draws its own training and test subset, so spreads and intervals
+    over seeds are over data subsets and initialisations together. Every run records its training
+    (accuracies, loss, plateau, curve) and the adequacy gate's decision.
+    """
     t0 = time.perf_counter()
-    ds, t, device = experiment_data(cfg, dataset)
     runs: list[dict[str, Any]] = []
     trainings = [("standard", False)] + ([("adversarial", True)] if cfg.adv_train else [])
+    per_seed_ds: dict[int, Any] = {}
+    device = "cpu"
     for seed in cfg.seeds:
+        ds, t, device = experiment_data(cfg, dataset, seed)
+        per_seed_ds[seed] = ds
         for training, adv in trainings:
             for kind in cfg.models:
                 spec = ModelSpec(kind, ds.d, cfg.width, t.out_dim, cfg.parameterization, cfg.attn_layers,
                                  cfg.attn_rank, seed)
-                tcfg = TrainConfig(**{**asdict(cfg.train), "seed": seed, "adv_train": adv,
-                                      "adv_eps": cfg.eps_values[0], "adv_steps": cfg.adv_steps})
+                epochs = cfg.train.epochs if not adv or cfg.adv_max_epochs is None else min(
+                    cfg.train.epochs, cfg.adv_max_epochs)
+                tcfg = replace(cfg.train, seed=seed, adv_train=adv, adv_eps=cfg.eps_values[0],
+                               adv_steps=cfg.adv_steps, epochs=epochs)
                 t1 = time.perf_counter()
                 tr = train_network(spec, t, tcfg, device, label=f"{kind} seed {seed} {training}")
                 t2 = time.perf_counter()
                 res = measure_model(tr.model, t, cfg, seed)
-                res.update({"training": training, "model": kind, "seed": seed,
-                            "train_acc": tr.record.final_train_acc, "test_acc": tr.record.final_test_acc,
-                            "train_loss": tr.record.final_train_loss, "train_wall_s": t2 - t1,
+                res.update({"training": training, "model": kind, "seed": seed, **tr.training_summary(),
                             "measure_wall_s": time.perf_counter() - t2})
+                if cfg.seed_baseline and not adv:
+                    o_seed = seed + OTHER_INIT
+                    other = train_network(replace(spec, seed=o_seed), t, replace(tcfg, seed=o_seed), device,
+                                          label=f"{kind} seed {seed} second init")
+                    res["seed_baseline"] = {**seed_baseline(tr.model, other.model, t, cfg),
+                                            "other_init_seed": seed + OTHER_INIT, "other_gate": other.gate}
                 runs.append(res)
                 flips = [m["flip_rate"] for m in res["measurements"]
                          if m["intervention"] == "transformed" and m["eps"] == cfg.eps_values[0]]
-                log(f"malleability {cfg.dataset} {kind} seed {seed} {training}: test acc "
-                    f"{tr.record.final_test_acc:.3f}, transformed flip rates "
+                log(f"malleability {cfg.dataset} {kind} seed {seed} {training}: train/test acc "
+                    f"{tr.record.final_train_acc:.3f}/{tr.record.final_test_acc:.3f} after {tr.record.epochs_run} "
+                    f"epochs (gate: {tr.gate['reason']}), transformed flip rates "
                     f"{', '.join(f'{100 * f:.0f}%' for f in flips)} "
                     f"(train {t2 - t1:.0f}s, measure {time.perf_counter() - t2:.0f}s)")
     return {
@@ -426,14 +309,15 @@ def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None) -> dic
             "flip_rate": "fraction of the selected points whose total-influence sign flips",
             "headline_rho": "rho_all: Spearman rho of old vs new total influence over all training points",
             "baseline": "random signs times eps on the same points",
+            "seed_baseline": "fraction of the top points whose influence sign differs between two networks "
+                             "trained identically except for the initialisation seed (no perturbation)",
         },
         "paper": {"flip_pct": PAPER_FLIP.get((cfg.dataset, cfg.task)),
                   "ratio_range": paper_ratio_range(cfg.dataset, cfg.task)},
         "runs": runs,
         "summary": summarise(runs, cfg),
-        "data": ds.provenance,
+        "data": subset_provenance(per_seed_ds),
         "versions": library_versions(),
         "device": {**device_info(), "used": device},
         "wall_s": time.perf_counter() - t0,
     }
-

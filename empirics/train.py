@@ -1,4 +1,11 @@
-"""Training the paper's networks: Adam (the reported defaults) or full-batch gradient descent.
+"""Training the paper's networks under a named protocol (`empirics.protocols`), recorded in every result.
+
+Optimisers: Adam with coupled L2 (`decay="coupled"`, torch's `weight_decay`: the paper's reported
+setup), AdamW (`decay="decoupled"`), or full-batch gradient descent. `lr_ref_width` scales the
+learning rate as `lr * sqrt(lr_ref_width / m)` (capped at `lr_max`), which keeps the function-space
+step of Adam the same at every width in NTK parameterisation. `plateau=True` trains until the training loss stops
+improving (see `plateau_reached`) or `epochs` (the maximum) is reached; every record says whether
+the plateau was reached, whatever the stopping rule.
 
 Losses (`loss="auto"`): cross-entropy for 10 classes; MSE against +-1 targets for binary tasks (one
 output), as PAPER.md's training summary reports. `loss="mse"` uses squared error against one-hot
@@ -9,9 +16,10 @@ batch is replaced by its PGD adversarial version before the step. Everything is 
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
@@ -21,6 +29,7 @@ from empirics.progress import Progress
 from theory.errors import UserInputError
 
 OPTIMIZERS = ("adam", "gd")
+DECAYS = ("coupled", "decoupled")
 
 
 @dataclass(frozen=True)
@@ -36,8 +45,23 @@ class TrainConfig:
     adv_steps: int = 7
     record_every: int = 0
     loss: str = "auto"
+    protocol: str = "custom"
+    decay: str = "coupled"
+    lr_ref_width: int | None = None
+    lr_max: float | None = None
+    plateau: bool = False
+    plateau_window: int = 50
+    plateau_tol: float = 0.02
+    check_every: int = 5
+    lr_from_ntk: bool = False
 
     def __post_init__(self) -> None:
+        if self.decay not in DECAYS:
+            raise UserInputError(f"unknown weight decay '{self.decay}'; choose one of {', '.join(DECAYS)}")
+        if not (self.lr > 0 and self.weight_decay >= 0 and self.plateau_tol > 0):
+            raise UserInputError("lr must be > 0, weight_decay >= 0 and plateau_tol > 0 (finite numbers)")
+        if self.plateau_window < 1 or self.check_every < 1:
+            raise UserInputError("plateau_window and check_every must be >= 1")
         if self.loss not in ("auto", "mse"):
             raise UserInputError(f"unknown loss '{self.loss}'; choose auto (CE / MSE for binary) or mse")
         if self.optimizer not in OPTIMIZERS:
@@ -58,6 +82,48 @@ class TrainRecord:
     final_test_acc: float = float("nan")
     final_train_loss: float = float("nan")
     wall_s: float = 0.0
+    protocol: str = "custom"
+    lr: float = float("nan")
+    epochs_run: int = 0
+    plateau_reached: bool = False
+    rel_weight_change: float = float("nan")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def effective_lr(cfg: TrainConfig, width: int) -> float:
+    """The learning rate used at `width`: `lr`, or `lr * sqrt(lr_ref_width / width)` capped at `lr_max`."""
+    lr = cfg.lr if cfg.lr_ref_width is None else cfg.lr * (cfg.lr_ref_width / width) ** 0.5
+    return min(lr, cfg.lr_max) if cfg.lr_max is not None else lr
+
+
+def gd_learning_rate(model: TwoLayerNet, x: torch.Tensor) -> float:
+    """`n / lambda_max(Theta_0)` (closed-form empirical NTK at the current weights, float64): with this step,
+    gradient descent on the mean squared loss moves the top kernel mode of the function by a step of 1 (stable
+    below 2) at every width, which makes the protocol width-consistent."""
+    from empirics.ntk import ntk_two_layer
+
+    m64 = copy.deepcopy(model).double()
+    theta = ntk_two_layer(m64, x.double())
+    top = float(torch.linalg.eigvalsh(theta)[-1])
+    return x.shape[0] / top if top > 0 else 1.0
+
+
+def plateau_reached(losses: list[float], epochs: list[int], window: int, tol: float) -> bool:
+    """True when training has stopped making progress: the best training loss of the last `window` epochs
+    improves on the best loss before them by less than `tol` relative to that loss, or by less than
+    `tol / 4` of the first recorded loss (cross-entropy on separable data keeps shrinking by a constant
+    factor forever, long after it has stopped mattering). Needs a full window of history."""
+    if not epochs or epochs[-1] - epochs[0] < window:
+        return False
+    cut = epochs[-1] - window
+    before = [v for e, v in zip(epochs, losses, strict=True) if e <= cut]
+    recent = [v for e, v in zip(epochs, losses, strict=True) if e > cut]
+    if not before or not recent:
+        return False
+    gain = min(before) - min(recent)
+    return gain < tol * min(before) or gain < tol / 4 * losses[0]
 
 
 def loss_fn(out_dim: int, loss: str = "auto") -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -113,15 +179,25 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
     per_ex = loss_fn(out_dim, cfg.loss)
     gen = torch.Generator().manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
+    w0 = [p.detach().clone() for p in params]
+    width = getattr(getattr(model, "spec", None), "width", None)
+    lr = effective_lr(cfg, width) if width else cfg.lr
+    if cfg.lr_from_ntk and isinstance(model, TwoLayerNet):
+        lr = cfg.lr * gd_learning_rate(model, x)
     if cfg.optimizer == "adam":
-        opt = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        opt_cls = torch.optim.AdamW if cfg.decay == "decoupled" else torch.optim.Adam
+        opt = opt_cls(params, lr=lr, weight_decay=cfg.weight_decay)
         batch = cfg.batch_size
     else:
-        opt = torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        opt = torch.optim.SGD(params, lr=lr, weight_decay=cfg.weight_decay)
         batch = x.shape[0]
-    rec = TrainRecord()
+    rec = TrainRecord(protocol=cfg.protocol, lr=lr)
     n = x.shape[0]
-    every = cfg.record_every or max(1, cfg.epochs // 10)  # 0: about ten points on the curves
+    every = cfg.record_every or max(cfg.check_every, cfg.epochs // 10)  # 0: about ten points on the curves
+    with torch.no_grad():
+        loss0 = float(per_ex(net(inputs), y).mean())
+    hist_e: list[int] = [0]
+    hist_l: list[float] = [loss0]
     with Progress(cfg.epochs, label) as bar:
         for epoch in range(1, cfg.epochs + 1):
             perm = torch.randperm(n, generator=gen).to(x.device)
@@ -138,15 +214,26 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
                 opt.zero_grad(set_to_none=True)
                 per_ex(net(xb), yb).mean().backward()
                 opt.step()
-            if epoch % every == 0 or epoch == cfg.epochs:
+            rec.epochs_run = epoch
+            last = epoch == cfg.epochs
+            if epoch % cfg.check_every == 0 or epoch % every == 0 or last:
                 with torch.no_grad():
                     out = net(inputs)
+                    loss = float(per_ex(out, y).mean())
+                hist_e.append(epoch)
+                hist_l.append(loss)
+                rec.plateau_reached = plateau_reached(hist_l, hist_e, cfg.plateau_window, cfg.plateau_tol)
+                stop = cfg.plateau and rec.plateau_reached
+                if epoch % every == 0 or last or stop:
                     rec.epochs.append(epoch)
-                    rec.train_loss.append(float(per_ex(out, y).mean()))
-                    rec.train_acc.append(float((predict_labels(out) == y).float().mean()))
-                    if test_inputs is not None and y_test is not None:
-                        rec.test_acc.append(float((predict_labels(net(test_inputs)) == y_test).float().mean()))
-                bar.update(1, f"loss={rec.train_loss[-1]:.4f}")
+                    rec.train_loss.append(loss)
+                    with torch.no_grad():
+                        rec.train_acc.append(float((predict_labels(out) == y).float().mean()))
+                        if test_inputs is not None and y_test is not None:
+                            rec.test_acc.append(float((predict_labels(net(test_inputs)) == y_test).float().mean()))
+                bar.update(1, f"loss={loss:.4f}")
+                if stop:
+                    break
             else:
                 bar.update(1)
     with torch.no_grad():
@@ -155,5 +242,8 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
         rec.final_train_acc = float((predict_labels(out) == y).float().mean())
         if x_test is not None and y_test is not None:
             rec.final_test_acc = accuracy(model, x_test, y_test)
+        num = sum(float(((p - q) ** 2).sum()) for p, q in zip(params, w0, strict=True))
+        den = sum(float((q**2).sum()) for q in w0)
+        rec.rel_weight_change = (num / den) ** 0.5 if den > 0 else float("nan")
     rec.wall_s = time.perf_counter() - t0
     return rec

@@ -15,7 +15,8 @@ from reports import figures
 from reports.render import PdfUnavailable, image_data_uri, render_html, write_html, write_pdf
 from reports.text import fmt, markdown_table
 
-VERDICT_CLASS = {"holds": "v-holds", "partly": "v-partly", "does not hold": "v-not", "not measurable here": "v-na"}
+VERDICT_CLASS = {"holds": "v-holds", "partly": "v-partly", "does not hold": "v-not", "underdetermined": "v-under",
+                 "not measurable here": "v-na"}
 GROUP_TITLES = {
     "theory": "Theorems (symbolic and randomized checks)",
     "numbers": "Condition numbers on real data",
@@ -80,24 +81,105 @@ def make_figures(record: dict[str, Any], folder: Path) -> list[dict[str, str]]:
     return out
 
 
+def _runs_of(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every trained-network record of a unit result (distance, malleability or landscape)."""
+    if "runs" in result:
+        return list(result["runs"])
+    return [r for m in result.get("models", {}).values() for r in m.get("runs", [])]
+
+
+def _span(vals: list[float], digits: int = 2) -> str:
+    vals = [v for v in vals if isinstance(v, (int, float))]
+    if not vals:
+        return "-"
+    mean = sum(vals) / len(vals)
+    return f"{mean:.{digits}f}" + (f" [{min(vals):.{digits}f}–{max(vals):.{digits}f}]" if len(vals) > 1 else "")
+
+
+def training_table(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (unit, protocol, model, training): accuracies, loss, epochs, plateau and gate counts."""
+    out = []
+    for name, res in record.get("results", {}).items():
+        if "@" not in name or "unavailable" in res:
+            continue
+        unit, protocol = name.split("@", 1)
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in _runs_of(res):
+            if "gate" in r:
+                groups.setdefault((r.get("model", "?"), r.get("training", "standard")), []).append(r)
+        for (model, training), rs in groups.items():
+            out.append({"unit": unit, "protocol": protocol, "model": model + ("" if training == "standard" else
+                                                                              f" ({training})"),
+                        "n": len(rs), "train_acc": _span([r.get("train_acc") for r in rs]),
+                        "test_acc": _span([r.get("test_acc") for r in rs]),
+                        "loss": _span([r.get("train_loss") for r in rs], 3),
+                        "epochs": _span([r.get("epochs_run") for r in rs], 0),
+                        "plateau": f"{sum(bool(r.get('plateau_reached')) for r in rs)}/{len(rs)}",
+                        "passed": sum(bool(r["gate"].get("passed")) for r in rs)})
+    return out
+
+
+def theory_summary(record: dict[str, Any]) -> dict[str, int]:
+    """Verdict counts of the claims that train nothing."""
+    rows = [c for c in record["claims"] if not c.get("empirical")]
+    out: dict[str, int] = {}
+    for c in rows:
+        out[c["verdict"]] = out.get(c["verdict"], 0) + 1
+    return out
+
+
+def _counts(s: dict[str, int]) -> str:
+    return ", ".join(f"{n} {v}" for v, n in s.items() if n) or "none"
+
+
 def to_markdown(record: dict[str, Any]) -> str:
-    s = record["summary"]
     lines = [f"# {record['title']}", "",
              f"Preset `{record['preset']}`, generated {record['generated']}, code version "
              f"`{record['code_version']}`, {fmt(record['wall_s'])} s.", "",
-             f"**{len(record['claims'])} claims: {s['holds']} hold, {s['partly']} partly, "
-             f"{s['does not hold']} do not hold, {s['not measurable here']} not measurable here.**", ""]
+             f"**{len(record['claims'])} claims.** Theory and data: {_counts(theory_summary(record))}. Empirical, "
+             + "; ".join(f"{p} protocol: {_counts(s)}" for p, s in record.get("summary_by_protocol", {}).items())
+             + ".", ""]
+    for name, p in record.get("protocols", {}).items():
+        lines.append(f"- protocol **{name}**: {p['description']} ({p['train']['epochs']} epochs"
+                     f"{' at most' if p['train'].get('plateau') else ''})")
+    lines += [f"- {record.get('gate', '')}", "", "## Verdict matrix", ""]
+    matrix = [[c["id"], c["by_protocol"]["paper"]["verdict"], c["by_protocol"]["proper"]["verdict"],
+               "yes" if c["robust"] else "no"] if c.get("empirical") else [c["id"], c["verdict"], "(no training)", "-"]
+              for c in record["claims"]]
+    lines += [markdown_table(["claim", "paper protocol", "proper training", "robust"], matrix), ""]
+    training = training_table(record)
+    if training:
+        lines += ["## Training behind the empirical numbers", "",
+                  markdown_table(["unit", "protocol", "model", "networks", "train acc", "test acc", "final loss",
+                                  "epochs", "plateau", "gate passed"],
+                                 [[t["unit"], t["protocol"], t["model"], t["n"], t["train_acc"], t["test_acc"],
+                                   t["loss"], t["epochs"], t["plateau"], f"{t['passed']}/{t['n']}"] for t in training]),
+                  ""]
     for group, title in GROUP_TITLES.items():
         rows = [c for c in record["claims"] if c["group"] == group]
         if not rows:
             continue
-        table = [[c["id"], c["source"], c["statement"], c["paper"] + (f" (v2: {c['v2']})" if c["v2"] else ""),
-                  c["ours"], "-" if c["seeds"] is None else c["seeds"], f"**{c['verdict']}**"] for c in rows]
-        lines += [f"## {title}", "",
-                  markdown_table(["id", "source", "claim", "paper", "ours", "seeds", "verdict"], table), ""]
+        table = []
+        for c in rows:
+            paper = c["paper"] + (f" (v2: {c['v2']})" if c["v2"] else "")
+            if c.get("empirical"):
+                for pname, o in c["by_protocol"].items():
+                    table.append([c["id"], c["statement"], paper, f"{pname}: {o['ours']}",
+                                  "-" if o["seeds"] is None else o["seeds"], f"**{o['verdict']}** ({pname})"])
+            else:
+                table.append([c["id"], c["statement"], paper, c["ours"], "-" if c["seeds"] is None else c["seeds"],
+                              f"**{c['verdict']}**"])
+        lines += [f"## {title}", "", markdown_table(["id", "claim", "paper", "ours", "seeds", "verdict"], table), ""]
     lines += ["## Protocols and verdict rules", ""]
     for c in record["claims"]:
-        lines += [f"- **{c['id']}** — protocol: {c['protocol']}. Rule (fixed before the run): {c['rule']}."]
+        if c.get("empirical"):
+            proto = " / ".join(f"{p}: {o['protocol']}" for p, o in c["by_protocol"].items())
+            cond = " / ".join(f"{p}: {o['condition']}" for p, o in c["by_protocol"].items() if o.get("condition"))
+        else:
+            proto, cond = c["protocol"], c.get("condition", "")
+        lines += [f"- **{c['id']}** — protocol: {proto}. Rule (fixed before the run): {c['rule']}."
+                  + (f" Gate: {c['gate']}." if c.get("gate") else "")
+                  + (f" Deciding condition: {cond}." if cond else "")]
     lines += ["", "## Provenance", "", provenance_markdown(record), ""]
     return "\n".join(lines)
 
@@ -138,7 +220,8 @@ def render_all(record: dict[str, Any], out: Path, pdf: bool = True) -> Written:
         f["uri"] = image_data_uri(f["path"])
     html = render_html("claims.html", {
         "r": record, "groups": GROUP_TITLES, "figs": figs, "vclass": VERDICT_CLASS,
-        "provenance": data_provenance(record),
+        "provenance": data_provenance(record), "training": training_table(record),
+        "theory_summary": theory_summary(record),
     })
     written.paths.append(write_html(out / "claims.html", html))
     if pdf:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from verify.presets import preset
+from verify.presets import n_train_for, preset
 from verify.runner import Unit
 
 DATASETS = ("mnist", "cifar10")
@@ -38,14 +38,10 @@ def kappa_unit(dataset: str, ns: list[int], sample: str, preprocessing: str, eps
             "missing": missing}
 
 
-def distance_unit(dataset: str, widths: list[int], seeds: list[int], n_train: int, n_test: int,
-                  epochs: int, data_dir: str | None) -> dict[str, Any]:
+def distance_unit(**kwargs: Any) -> dict[str, Any]:
     from empirics.distance import DistanceConfig, run_ntk_distance
-    from empirics.train import TrainConfig
 
-    cfg = DistanceConfig(dataset=dataset, widths=tuple(widths), seeds=tuple(seeds), n_train=n_train,
-                         n_test=n_test, train=TrainConfig(epochs=epochs), data_dir=data_dir)
-    return run_ntk_distance(cfg)
+    return run_ntk_distance(DistanceConfig(**_typed(kwargs)))
 
 
 def _typed(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -70,8 +66,32 @@ def landscape_unit(**kwargs: Any) -> dict[str, Any]:
     return run_landscape(LandscapeConfig(**_typed(kwargs)))
 
 
+def protocol_train(p: dict[str, Any], protocol: str) -> dict[str, Any]:
+    """The training config (as a dict) of claims protocol `protocol` ("paper" or "proper") at preset `p`:
+    the paper's setup for `paper_epochs`, or the width-consistent protocol up to `epochs`."""
+    from empirics.protocols import PAPER, PROPER, protocol_config
+
+    if protocol == "paper":
+        return asdict(protocol_config(PAPER, p["paper_epochs"]))
+    return asdict(protocol_config(PROPER, p["epochs"]))
+
+
+def retrain_unit(train: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """The leave-one-out retraining check under the unit's protocol (`empirics.influence`)."""
+    from empirics.influence import ProtocolRetrainConfig, protocol_retrain_study
+
+    return protocol_retrain_study(ProtocolRetrainConfig(protocol=train["protocol"], epochs=train["epochs"], **kwargs))
+
+
 def units_for(preset_name: str, data_dir: str | None = None) -> dict[str, Unit]:
-    """Every unit the claims registry may need, keyed by unit name."""
+    """Every unit the claims registry may need, keyed by unit name. Units that train networks exist once
+    per claims protocol, named `base@protocol` (see `verify.claims.base.PROTOCOLS`)."""
+    from verify.claims.base import PROTOCOLS
+    from verify.claims.influence import retrain_unit_configs
+    from verify.claims.kappa import kappa_extra_units
+    from verify.claims.landscape import landscape_unit_configs
+    from verify.claims.malleability import malleability_unit_configs
+
     p = preset(preset_name)
     seeds = list(p["seeds"])
     units: dict[str, Unit] = {"theory": Unit("theory", {"seed": 0}, theory_unit)}
@@ -79,22 +99,18 @@ def units_for(preset_name: str, data_dir: str | None = None) -> dict[str, Unit]:
         units[f"kappa:{ds}"] = Unit(f"kappa:{ds}", {
             "dataset": ds, "ns": list(p["kappa_ns"]), "sample": "first", "preprocessing": "raw", "eps": 0.1,
             "data_dir": data_dir}, kappa_unit)
-        units[f"ntk-distance:{ds}"] = Unit(f"ntk-distance:{ds}", {
-            "dataset": ds, "widths": list(p["widths"]), "seeds": seeds, "n_train": p["n_train"],
-            "n_test": p["n_test"], "epochs": p["epochs"], "data_dir": data_dir}, distance_unit)
-    units.update(malleability_units(p, data_dir))
-    units.update(landscape_units(p, data_dir))
+    units.update(kappa_extra_units(p, data_dir))
+    empirical: dict[str, tuple[dict[str, Any], Any]] = {}
+    for ds in DATASETS:
+        empirical[f"ntk-distance:{ds}"] = ({
+            "dataset": ds, "widths": list(p["widths"]), "seeds": seeds, "n_train": n_train_for(p, ds),
+            "n_test": p["n_test"], "data_dir": data_dir}, distance_unit)
+    empirical.update({k: (v, malleability_unit) for k, v in malleability_unit_configs(p, data_dir).items()})
+    empirical.update({k: (v, landscape_unit) for k, v in landscape_unit_configs(p, data_dir).items()})
+    empirical.update({k: (v, retrain_unit) for k, v in retrain_unit_configs(p, data_dir).items()})
+    for protocol in PROTOCOLS:
+        train = protocol_train(p, protocol)
+        for base, (cfg, fn) in empirical.items():
+            name = f"{base}@{protocol}"
+            units[name] = Unit(name, {**cfg, "train": train}, fn)
     return units
-
-
-def malleability_units(p: dict[str, Any], data_dir: str | None) -> dict[str, Unit]:
-    """Filled in by the malleability claims (see verify/claims.py)."""
-    from verify.claims_mall import malleability_unit_configs
-
-    return {name: Unit(name, cfg, malleability_unit) for name, cfg in malleability_unit_configs(p, data_dir).items()}
-
-
-def landscape_units(p: dict[str, Any], data_dir: str | None) -> dict[str, Unit]:
-    from verify.claims_landscape import landscape_unit_configs
-
-    return {name: Unit(name, cfg, landscape_unit) for name, cfg in landscape_unit_configs(p, data_dir).items()}

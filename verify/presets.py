@@ -18,24 +18,40 @@ PRESET_NAMES = ("smoke", "quick", "paper")
 
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
-        "n_train": 100, "n_test": 40, "widths": (16, 64, 256), "seeds": (0, 1), "epochs": 3,
-        "mall_width": 128, "mall_n_train": 100, "mall_n_test": 40, "attack_steps": 3,
+        "n_train": 100, "n_test": 40, "widths": (16, 64, 256), "seeds": (0, 1), "epochs": 60, "paper_epochs": 60,
+        "mall_width": 128, "mall_n_train": 100, "mall_n_test": 40, "attack_steps": 3, "adv_max_epochs": 5,
         "landscape_points": 5, "landscape_grid": 5, "hessian_iters": 5, "hutchinson_samples": 3,
-        "kappa_ns": (50, 100, 200),
+        "kappa_ns": (50, 100, 200), "n_train_by_dataset": {}, "premise_ns": (16, 32), "premise_widths": (256,),
+        "binary_kappa_ns": (32, 64),
     },
     "quick": {
-        "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 1024, 4096), "seeds": (0, 1, 2), "epochs": 20,
-        "mall_width": 1024, "mall_n_train": 500, "mall_n_test": 200, "attack_steps": 10,
-        "landscape_points": 21, "landscape_grid": 11, "hessian_iters": 20, "hutchinson_samples": 10,
-        "kappa_ns": (32, 50, 64, 100, 128, 200, 500, 1000, 2000),
+        "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 1024), "seeds": (0, 1, 2), "epochs": 600,
+        "paper_epochs": 500, "mall_width": 512, "mall_n_train": 500, "mall_n_test": 200, "attack_steps": 10,
+        "adv_max_epochs": 40, "landscape_points": 21, "landscape_grid": 11, "hessian_iters": 20,
+        "hutchinson_samples": 10, "kappa_ns": (32, 50, 64, 100, 128, 200, 500, 1000, 2000),
+        "n_train_by_dataset": {"cifar10": 250},
     },
     "paper": {
-        "n_train": 5000, "n_test": 1000, "widths": (16, 64, 256, 1024, 4096), "seeds": (0, 1, 2), "epochs": 500,
-        "mall_width": 4096, "mall_n_train": 5000, "mall_n_test": 1000, "attack_steps": 40,
-        "landscape_points": 41, "landscape_grid": 21, "hessian_iters": 50, "hutchinson_samples": 30,
-        "kappa_ns": (50, 100, 200, 500, 1000, 2000, 5000, 10000),
+        "n_train": 5000, "n_test": 1000, "widths": (16, 64, 256, 1024, 4096), "seeds": (0, 1, 2), "epochs": 1000,
+        "paper_epochs": 500, "mall_width": 4096, "mall_n_train": 5000, "mall_n_test": 1000, "attack_steps": 40,
+        "adv_max_epochs": 100, "landscape_points": 41, "landscape_grid": 21, "hessian_iters": 50,
+        "hutchinson_samples": 30, "kappa_ns": (50, 100, 200, 500, 1000, 2000, 5000, 10000), "n_train_by_dataset": {},
     },
 }
+#: What each preset key means (printed in the README's preset table).
+PRESET_KEYS = {
+    "epochs": "maximum epochs of the plateau-trained (width-consistent) protocol; fixed epochs in single commands "
+              "with --protocol paper",
+    "paper_epochs": "epochs of the paper's protocol (the paper reports 500)",
+    "n_train_by_dataset": "training points per data set where it differs from n_train / mall_n_train (CIFAR-10 "
+                          "inputs are 4x wider than MNIST's, so training costs 4x per point)",
+    "adv_max_epochs": "epochs of PGD adversarial training (each epoch costs about attack-steps + 1 normal epochs)",
+}
+
+
+def n_train_for(p: dict[str, Any], dataset: str, key: str = "n_train") -> int:
+    """Training-set size of `dataset` at preset `p` (`key` is n_train or mall_n_train)."""
+    return int(p.get("n_train_by_dataset", {}).get(dataset, p[key]))
 
 
 def preset(name: str) -> dict[str, Any]:

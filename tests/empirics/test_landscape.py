@@ -100,33 +100,46 @@ def test_filter_normalized_rows_and_slices():
     assert grid[0][2] == pytest.approx(float(loss(w + 0.5 * d - 1.0 * d2)), rel=1e-12)
 
 
-def _run(seed: int, eig: float, flat: float, acc: float = 0.9) -> dict:
-    return {"seed": seed, "top_eigenvalue": eig, "filter_increase": flat, "trace": eig, "sharpness_w2": eig,
-            "sharpness_per_loss": eig, "sharpness_per_input": eig, "filter_increase_rel": flat,
-            "slice_increase": flat, "train_acc": acc, "interp_argmin_alpha": 1.0, "feature_norm2": 1.0}
+def _run(seed: int, eig: float, flat: float, acc: float = 0.9, model: str = "relu", passed: bool = True,
+         past_minimum: bool = False) -> dict:
+    """A synthetic landscape run: `eig` is used for every sharpness number, `flat` for the flatness ones."""
+    return {"seed": seed, "model": model, "top_eigenvalue": eig, "filter_increase": flat, "trace": eig,
+            "sharpness_w2": eig, "sharpness_per_loss": eig, "sharpness_per_input": eig, "filter_increase_rel": flat,
+            "slice_increase": flat, "train_acc": acc, "interp_argmin_alpha": 1.5 if past_minimum else 1.0,
+            "feature_norm2": 1.0, "train_loss": 0.1,
+            "interpolation": {"alpha": [0.0, 1.0, 1.5], "train": [2.0, 0.1, 0.05 if past_minimum else 0.2]},
+            "gate": {"passed": passed, "reason": "passed" if passed else "train acc 0.10 < 0.55"}}
+
+
+def _result(relu: list, attn: list, **attn_kw) -> dict:
+    return {"models": {"relu": {"runs": [_run(s, *v) for s, v in enumerate(relu)]},
+                       "attn": {"runs": [_run(s, *v, model="attn", **attn_kw) for s, v in enumerate(attn)]}}}
 
 
 @pytest.mark.parametrize(("relu", "attn", "expected"), [
-    ([(2.0, 2.0), (3.0, 3.0)], [(1.0, 1.0), (1.0, 1.0)], "holds"),
-    ([(2.0, 0.5), (3.0, 0.5)], [(1.0, 1.0), (1.0, 1.0)], "partly"),
-    ([(2.0, 2.0), (0.5, 2.0)], [(1.0, 1.0), (1.0, 1.0)], "partly"),
-    ([(2.0, 0.5), (0.5, 2.0)], [(1.0, 1.0), (1.0, 1.0)], "does not hold"),
-    ([(float("nan"), 2.0), (3.0, 3.0)], [(1.0, 1.0), (1.0, 1.0)], "not measurable"),
+    ([(2.0, 2.0), (3.0, 3.0), (2.5, 2.5)], [(1.0, 1.0)] * 3, "holds"),
+    ([(2.0, 0.5), (3.0, 0.5), (2.5, 0.4)], [(1.0, 1.0)] * 3, "partly"),
+    ([(0.5, 2.0), (0.4, 3.0), (0.5, 2.5)], [(1.0, 1.0)] * 3, "partly"),
+    ([(2.0, 0.5), (0.5, 2.0), (1.0, 1.0)], [(1.0, 1.0)] * 3, "does not hold"),
+    ([(0.5, 0.5), (0.4, 0.4), (0.6, 0.6)], [(1.0, 1.0)] * 3, "does not hold"),
+    ([(float("nan"), 2.0), (3.0, 3.0), (3.0, 3.0)], [(1.0, 1.0)] * 3, "not measurable"),
 ])
-def test_verdict_rule(relu, attn, expected):
-    result = {"models": {"relu": {"runs": [_run(s, *v) for s, v in enumerate(relu)]},
-                         "attn": {"runs": [_run(s, *v) for s, v in enumerate(attn)]}}}
-    assert landscape_verdict(result)["verdict"] == expected
+def test_verdict_rule_decides_on_seed_intervals(relu, attn, expected):
+    assert landscape_verdict(_result(relu, attn))["verdict"] == expected
 
 
-def test_verdict_needs_both_models_and_flags_undertraining():
+def test_verdict_acts_on_its_caveats():
+    """Sharper in every seed, yet no verdict when a network did not learn or a point is not a minimum."""
+    sharp = [(2.0, 2.0), (3.0, 3.0), (2.5, 2.5)]
+    flat = [(1.0, 1.0)] * 3
+    assert landscape_verdict(_result(sharp, flat))["verdict"] == "holds"
+    untrained = landscape_verdict(_result(sharp, flat, acc=0.1, passed=False))
+    assert untrained["verdict"] == "not measurable" and "adequacy gate" in untrained["reason"]
+    assert any(c.startswith("attn: training accuracy") for c in untrained["caveats"])
+    moving = landscape_verdict(_result(sharp, flat, past_minimum=True))
+    assert moving["verdict"] == "not measurable" and "not a minimum" in moving["reason"]
     only_relu = {"models": {"relu": {"runs": [_run(0, 1.0, 1.0)]}}}
     assert landscape_verdict(only_relu)["verdict"] == "not measurable"
-    result = {"models": {"relu": {"runs": [_run(0, 2.0, 2.0)]},
-                         "attn": {"runs": [_run(0, 1.0, 1.0, acc=0.1)]}}}
-    v = landscape_verdict(result)
-    assert v["verdict"] == "holds"
-    assert any(c.startswith("attn: training accuracy") for c in v["caveats"])
 
 
 def test_smoke_on_real_mnist(mnist_small, tmp_path):
@@ -148,7 +161,9 @@ def test_smoke_on_real_mnist(mnist_small, tmp_path):
             assert run["slice_1d"]["train"][run["slice_1d"]["t"].index(0.0)] == run["train_loss"]
             assert run["train_loss"] == pytest.approx(run["final_train_loss_float32"], rel=1e-4)
         assert res["summary"]["top_eigenvalue"]["n"] == 2
-    assert result["verdict"]["verdict"] in ("holds", "partly", "does not hold")
+    assert result["verdict"]["verdict"] in ("holds", "partly", "does not hold", "not measurable")
+    for res in result["models"].values():
+        assert all("gate" in r and "train_acc" in r for r in res["runs"])
     json.dumps(to_jsonable(result))
     for fn, name in ((landscape_lines, "lines.png"), (landscape_contours, "contours.png")):
         path = fn(result, tmp_path / name)

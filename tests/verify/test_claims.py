@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from verify.claims import HOLDS, NOT, PARTLY, VERDICTS, _ntk_claim, all_claims
+from verify.claims import VERDICTS, all_claims, claim_row
+from verify.claims.base import HOLDS, NA, NOT, PARTLY
+from verify.claims.ntk import _contrast_claim, _ntk_claim
 from verify.cli import main
 
 
@@ -69,33 +71,87 @@ def test_bad_input_one_line(argv, needle, capsys, tmp_path):
     assert not (tmp_path / "o" / "claims.json").exists()
 
 
-def _fake_distance(values_by_seed: dict[int, list[float]], drift: list[float]) -> dict:
-    widths = [16, 256, 4096]
-    runs = [{"seed": s, "width": w, "function_abs": v, "kernel_drift": d}
-            for s, vals in values_by_seed.items() for w, v, d in zip(widths, vals, drift, strict=True)]
-    import numpy as np
-
-    from empirics.distance import trend
-
-    means = [float(np.mean([values_by_seed[s][i] for s in values_by_seed])) for i in range(3)]
-    per_width = {str(w): {"function_abs": {"mean": m, "std": 0.0}} for w, m in zip(widths, means, strict=True)}
-    trends = {"function_abs": {**trend(widths, means), "seeds_agreeing": 0, "seeds": len(values_by_seed)},
-              "kernel_drift": trend(widths, drift)}
-    block = {"runs": runs, "per_width": per_width, "trends": trends}
-    cfg = {"n_train": 10, "n_test": 5, "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 1e-3, "epochs": 1}}
-    return {"ntk-distance:mnist": {"models": {"relu": block}, "config": cfg, "data": {"label": "x"}, "ridge": 0.01}}
+WIDTHS = [16, 64, 256, 1024]
 
 
-def test_ntk_rule_verdicts():
-    evaluate = _ntk_claim("mnist", "relu", "decreasing")
-    down = _fake_distance({0: [3, 2, 1], 1: [3, 2.5, 1], 2: [4, 2, 1]}, [0.5, 0.1, 0.01])
-    assert evaluate(down).verdict == HOLDS
-    up_but_drift_down = _fake_distance({0: [1, 2, 3], 1: [1, 2, 3], 2: [1, 2, 3]}, [0.5, 0.1, 0.01])
-    assert evaluate(up_but_drift_down).verdict == PARTLY
-    up = _fake_distance({0: [1, 2, 3], 1: [1, 2, 3], 2: [1, 2, 3]}, [0.01, 0.1, 0.5])
-    assert evaluate(up).verdict == NOT
-    rises = _ntk_claim("mnist", "relu", "rises")
-    assert rises(up).verdict == HOLDS
+def _block(kind: str, per_seed: dict[int, list[float]], secondary: list[float] | None = None,
+           passed: bool = True) -> dict:
+    """A synthetic ntk-distance block with real slope intervals computed from the runs."""
+    from empirics.distance import METRICS, slope_interval
+
+    sec = secondary or [1.0] * len(WIDTHS)
+    runs = []
+    for s, vals in per_seed.items():
+        for w, v, d in zip(WIDTHS, vals, sec, strict=True):
+            runs.append({"seed": s, "width": w, "model": kind, "function_abs": v, "function_lin": d * (1 + 0.01 * s),
+                         "kernel_drift_centred": d * (1 + 0.02 * s), "train_acc": 0.9, "test_acc": 0.8,
+                         "gate": {"passed": passed, "reason": "passed" if passed else "train acc 0.10 < 0.55"}})
+    per_width = {str(w): {m: {"mean": 1.0, "std": 0.0} for m in ("function_abs", "train_acc", "test_acc")}
+                 for w in WIDTHS}
+    trends = {m: {"slope_interval": slope_interval(WIDTHS, runs, m)}
+              for m in METRICS if m in ("function_abs", "function_lin", "kernel_drift_centred")}
+    return {"runs": runs, "per_width": per_width, "trends": trends}
+
+
+def _distance(relu: dict, attn: dict) -> dict:
+    cfg = {"n_train": 10, "n_test": 5, "widths": WIDTHS,
+           "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "epochs": 1, "protocol": "x"}}
+    return {"ntk-distance:mnist": {"models": {"relu": relu, "attn": attn}, "config": cfg, "data": {"label": "x"},
+                                   "ridge": 0.01, "ridge_rule": "r"}}
+
+
+DOWN = {0: [4, 3, 2, 1], 1: [4.2, 3.1, 2.2, 1.1], 2: [3.9, 2.8, 1.9, 0.9]}
+UP = {s: list(reversed(v)) for s, v in DOWN.items()}
+FLAT = {0: [2, 3, 2, 3], 1: [3, 2, 3, 2], 2: [2.5, 2.5, 2.4, 2.6]}
+
+
+def test_ntk_rule_decides_on_the_slope_interval():
+    falls = _ntk_claim("mnist", "relu", "decreasing")
+    rises = _ntk_claim("mnist", "attn", "rises")
+    assert falls(_distance(_block("relu", DOWN), _block("attn", UP))).verdict == HOLDS
+    assert rises(_distance(_block("relu", DOWN), _block("attn", UP))).verdict == HOLDS
+    assert falls(_distance(_block("relu", UP), _block("attn", UP))).verdict == NOT
+    # a flat, noisy distance: the interval straddles 0, so no direction is shown
+    out = falls(_distance(_block("relu", FLAT), _block("attn", UP)))
+    assert out.verdict == NOT and "slope CI < 0" in out.condition
+
+
+def test_ntk_rule_gives_no_credit_from_a_metric_that_falls_for_both():
+    falls_sec = [4.0, 2.0, 1.0, 0.5]
+    rises_sec = list(reversed(falls_sec))
+    relu_ok = _block("relu", FLAT, secondary=falls_sec)
+    falls = _ntk_claim("mnist", "relu", "decreasing")
+    assert falls(_distance(relu_ok, _block("attn", UP, secondary=rises_sec))).verdict == PARTLY
+    assert falls(_distance(relu_ok, _block("attn", UP, secondary=falls_sec))).verdict == NOT
+
+
+def test_gate_turns_a_verdict_into_not_measurable():
+    falls = _ntk_claim("mnist", "relu", "decreasing")
+    out = falls(_distance(_block("relu", DOWN, passed=False), _block("attn", UP)))
+    assert out.verdict == NA and "adequacy gate" in out.ours and out.gate
+    assert _contrast_claim("mnist")(_distance(_block("relu", DOWN), _block("attn", UP, passed=False))).verdict == NA
+
+
+def test_contrast_rule_outcomes():
+    contrast = _contrast_claim("mnist")
+    assert contrast(_distance(_block("relu", DOWN), _block("attn", UP))).verdict == HOLDS
+    assert contrast(_distance(_block("relu", FLAT), _block("attn", UP))).verdict == PARTLY
+    assert contrast(_distance(_block("relu", UP), _block("attn", DOWN))).verdict == NOT
+
+
+def test_claim_row_marks_robust_only_when_both_protocols_agree():
+    from verify.claims.ntk import NTK_CLAIMS
+
+    claim = NTK_CLAIMS[0]
+    both = {f"{k}@{p}": v for p in ("paper", "proper") for k, v in _distance(_block("relu", DOWN),
+                                                                              _block("attn", UP)).items()}
+    row = claim_row(claim, both)
+    assert row["by_protocol"]["paper"]["verdict"] == row["by_protocol"]["proper"]["verdict"] == "holds"
+    assert row["robust"] and row["verdict"] == "holds"
+    mixed = dict(both)
+    mixed["ntk-distance:mnist@paper"] = _distance(_block("relu", UP), _block("attn", UP))["ntk-distance:mnist"]
+    row = claim_row(claim, mixed)
+    assert row["by_protocol"]["paper"]["verdict"] == "does not hold" and not row["robust"]
 
 
 def test_no_paper_value_in_ours_column(smoke_run):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.text import mean_pm
-from verify.claims import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results
+from reports.text import fmt, mean_pm
+from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results
+from verify.presets import n_train_for
 
 LANDSCAPE_DATASETS = ("mnist", "cifar10")
 VERDICT_MAP = {"holds": HOLDS, "partly": PARTLY, "does not hold": NOT, "not measurable": NA}
@@ -14,17 +15,20 @@ VERDICT_MAP = {"holds": HOLDS, "partly": PARTLY, "does not hold": NOT, "not meas
 def landscape_unit_configs(p: dict[str, Any], data_dir: str | None) -> dict[str, dict[str, Any]]:
     """Keyword arguments of `LandscapeConfig` for each data set, sized by the preset."""
     return {f"landscape:{ds}": {
-        "dataset": ds, "seeds": list(p["seeds"]), "width": p.get("landscape_width", p["mall_width"]),
-        "n_train": p["n_train"], "n_test": p["n_test"], "train": {"epochs": p["epochs"]},
+        "dataset": ds, "seeds": list(p["seeds"]), "width": p["mall_width"],
+        "n_train": n_train_for(p, ds, "mall_n_train"), "n_test": p["mall_n_test"],
         "points": p["landscape_points"], "grid": p["landscape_grid"], "hessian_iters": p["hessian_iters"],
         "hutchinson_samples": p["hutchinson_samples"], "data_dir": data_dir,
     } for ds in LANDSCAPE_DATASETS}
 
 
-LANDSCAPE_RULE = ("paired by seed: (A) 2L-ReLU's top Hessian eigenvalue (Lanczos on Hessian-vector products) exceeds "
-                  "MLP-Attn's in every seed; (B) its filter-normalised loss increase at a relative step of 0.5 "
-                  "(Li et al. 2018) exceeds MLP-Attn's in every seed. holds if A and B, partly if one, does not "
-                  "hold if neither; caveats (undertrained, not at a minimum, collinear features) are listed")
+LANDSCAPE_RULE = ("not measurable if a network fails the adequacy gate or a trained point is not a minimum along "
+                  "the init-to-trained line (loss 1 % lower beyond it); otherwise, paired by seed, (B) the "
+                  "filter-normalised loss increase at a relative step of 0.5 (Li et al. 2018) and (A') the top Hessian "
+                  "eigenvalue divided by the mean input norm ||x~||^2, each judged on the 95 % bootstrap interval of "
+                  "log(ReLU / Attn) over seeds: holds if both intervals lie above 0, partly if one does, does not hold "
+                  "if neither. Raw Hessian numbers (which scale with ||x~||^2: ~100x larger for raw pixels than for "
+                  "unit attention features) are reported, not judged")
 
 
 def _landscape_claim(ds: str) -> Any:
@@ -32,20 +36,32 @@ def _landscape_claim(ds: str) -> Any:
         res = results[f"landscape:{ds}"]
         v = res["verdict"]
         relu, attn = res["models"]["relu"]["summary"], res["models"]["attn"]["summary"]
-        ours = (f"top eigenvalue ReLU {mean_pm(relu['top_eigenvalue'])} vs Attn {mean_pm(attn['top_eigenvalue'])}; "
-                f"filter-normalised increase ReLU {mean_pm(relu['filter_increase'])} vs Attn "
-                f"{mean_pm(attn['filter_increase'])}; trace ReLU {mean_pm(relu['trace'])} vs Attn "
-                f"{mean_pm(attn['trace'])}; train acc ReLU {mean_pm(relu['train_acc'])}, Attn "
-                f"{mean_pm(attn['train_acc'])}")
+        cfg = res["config"]
+        tcfg = cfg["train"]
+        protocol = (f"{res['data'].get('label', ds)}, n_train={cfg['n_train']}, width {cfg['width']}, protocol "
+                    f"{tcfg.get('protocol', 'custom')} ({tcfg['optimizer']}, {'up to ' if tcfg.get('plateau') else ''}"
+                    f"{tcfg['epochs']} epochs); Hessian of the training loss w.r.t. W ({cfg['hessian_iters']} Lanczos "
+                    f"steps, {cfg['hutchinson_samples']} Hutchinson probes)")
+        train = (f"train acc ReLU {mean_pm(relu['train_acc'])}, Attn {mean_pm(attn['train_acc'])}; test acc ReLU "
+                 f"{mean_pm(relu['test_acc'])}, Attn {mean_pm(attn['test_acc'])}")
+        if v["verdict"] == "not measurable":
+            return Outcome(f"not measurable: {v.get('reason', '')}; {train}", NA, protocol,
+                           {"reason": v.get("reason")}, v.get("seeds"), gate=v.get("gate", ""))
+        iv = v["intervals"]
+
+        def ratio(m: str) -> str:
+            return (f"log(ReLU/Attn) {fmt(iv[m]['mean'])} [{fmt(iv[m]['ci'][0])}, {fmt(iv[m]['ci'][1])}]")
+
+        ours = (f"filter-normalised increase ReLU {mean_pm(relu['filter_increase'])} vs Attn "
+                f"{mean_pm(attn['filter_increase'])}, {ratio('filter_increase')}; top eigenvalue per input scale "
+                f"{ratio('sharpness_per_input')}; raw top eigenvalue ReLU {mean_pm(relu['top_eigenvalue'])} vs Attn "
+                f"{mean_pm(attn['top_eigenvalue'])} (not judged); {train}")
         caveats = v.get("caveats") or []
         if caveats:
             ours += ". Caveats: " + "; ".join(caveats)
-        cfg = res["config"]
-        protocol = (f"{res['data'].get('label', ds)}, n_train={cfg['n_train']}, width {cfg['width']}, "
-                    f"{cfg['train']['optimizer']} {cfg['train']['epochs']} epochs; Hessian of the training loss "
-                    f"w.r.t. W ({cfg['hessian_iters']} Lanczos steps, {cfg['hutchinson_samples']} Hutchinson probes)")
         return Outcome(ours, VERDICT_MAP.get(v["verdict"], NA), protocol,
-                       {"relu_sharper_seeds": v.get("relu_sharper_seeds")}, v.get("seeds"))
+                       {"intervals": iv, "criteria_above": v.get("criteria_above")}, v.get("seeds"),
+                       gate=v.get("gate", ""), condition="CI of log(ReLU/Attn) > 0 for (B) and (A')")
 
     return evaluate
 
@@ -54,6 +70,6 @@ LANDSCAPE_CLAIMS = [
     Claim(f"landscape-{ds}", "Sec. 5 (loss landscape)",
           f"{'MNIST' if ds == 'mnist' else 'CIFAR-10'}: 2L-ReLU sits in a sharp, narrow minimum; MLP-Attn in a "
           "broad, flat basin", paper="sharp (ReLU) vs flat (Attn); qualitative", rule=LANDSCAPE_RULE,
-          units=(f"landscape:{ds}",), evaluate=_landscape_claim(ds), group="landscape")
+          units=(f"landscape:{ds}",), evaluate=_landscape_claim(ds), group="landscape", empirical=True)
     for ds in LANDSCAPE_DATASETS
 ]

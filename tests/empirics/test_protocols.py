@@ -1,0 +1,151 @@
+"""Training protocols do what they say; the adequacy gate rejects networks that did not learn; the
+influence of the claims' own setting is checked against real leave-one-out retraining, for both networks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from empirics.common import dataset_tensors, train_network
+from empirics.models import ModelSpec
+from empirics.protocols import GATE_TEXT, PROTOCOL_NAMES, adequacy, chance_accuracy, protocol_config
+from empirics.train import TrainRecord, effective_lr, plateau_reached
+from theory.errors import UserInputError
+from verify.claims.base import NA, gated
+
+
+def test_width_consistent_protocol_keeps_relative_weight_change_shrinking(mnist_small):
+    """Above the cap, lr ~ m^-1/2 keeps Adam's function-space step fixed, so ||W_T - W_0|| / ||W_0|| falls
+    roughly like m^-1/2; at the paper's fixed lr it does not fall that way."""
+    t = dataset_tensors(mnist_small)
+    widths = (256, 1024, 4096)
+    change = {}
+    for name in ("width-consistent", "paper"):
+        cfg = protocol_config(name, 30, plateau=False)
+        change[name] = [train_network(ModelSpec("relu", t.x_train.shape[1], m, t.out_dim), t, cfg)
+                        .record.rel_weight_change for m in widths]
+    proper = change["width-consistent"]
+    assert proper[0] > proper[1] > proper[2]
+    slope = np.polyfit(np.log(widths), np.log(proper), 1)[0]
+    assert -0.75 < slope < -0.3, slope
+    assert effective_lr(protocol_config("width-consistent", 1), 4096) == pytest.approx(
+        effective_lr(protocol_config("width-consistent", 1), 1024) / 2)
+    assert effective_lr(protocol_config("width-consistent", 1), 16) == protocol_config("width-consistent", 1).lr_max
+    assert effective_lr(protocol_config("paper", 1), 16) == effective_lr(protocol_config("paper", 1), 4096) == 1e-3
+
+
+def test_paper_protocol_decay_is_coupled_and_decoupled_differs(mnist_small):
+    """torch Adam's weight_decay is added to the gradient (coupled); AdamW decays the weights directly."""
+    t = dataset_tensors(mnist_small)
+    spec = ModelSpec("attn", t.x_train.shape[1], 64, t.out_dim)
+    norms = {}
+    for name in ("paper", "decoupled"):
+        cfg = protocol_config(name, 20, plateau=False, weight_decay=0.5, lr=0.05)
+        norms[name] = float(train_network(spec, t, cfg).model.W.detach().norm())
+    init = float(train_network(spec, t, protocol_config("paper", 0)).model.W.detach().norm())
+    # coupled decay with Adam: the decay term dominates the normalised step and shrinks W fast
+    assert norms["paper"] < 0.9 * init
+    assert norms["decoupled"] != pytest.approx(norms["paper"], rel=1e-3)
+
+
+def test_gd_protocol_takes_its_step_from_the_ntk(mnist_small):
+    from empirics.models import build_model
+    from empirics.ntk import ntk_two_layer
+    from empirics.train import gd_learning_rate
+
+    t = dataset_tensors(mnist_small)
+    model = build_model(ModelSpec("relu", t.x_train.shape[1], 128, t.out_dim), t.x_train)
+    k = ntk_two_layer(model.double(), t.x_train.double()).numpy()
+    expected = t.x_train.shape[0] / np.linalg.eigvalsh(k)[-1]
+    assert gd_learning_rate(model, t.x_train) == pytest.approx(expected, rel=1e-10)
+    rec = train_network(ModelSpec("relu", t.x_train.shape[1], 128, t.out_dim), t,
+                        protocol_config("gd-mse", 200)).record
+    assert rec.lr == pytest.approx(expected, rel=1e-4)
+    assert rec.train_loss[-1] < rec.train_loss[0]
+
+
+def test_plateau_rule_on_curves():
+    epochs = list(range(0, 201, 5))
+    falling = [2.0 * 0.97**e for e in epochs]  # 3 % per epoch: still learning
+    flat = [1.0 + 0.5 * np.exp(-e / 10) for e in epochs]  # converged after ~60 epochs
+    assert not plateau_reached(falling, epochs, 50, 0.02)
+    assert plateau_reached(flat, epochs, 50, 0.02)
+    assert not plateau_reached(flat[:5], epochs[:5], 50, 0.02)  # not a full window yet
+    tiny = [2.3] + [1e-3 * 0.9**e for e in epochs[1:]]  # CE on separable data: relative falls, absolute nothing
+    assert plateau_reached(tiny, epochs, 50, 0.02)
+
+
+def test_plateau_stop_ends_training_early(mnist_small):
+    t = dataset_tensors(mnist_small)
+    rec = train_network(ModelSpec("relu", t.x_train.shape[1], 256, t.out_dim), t,
+                        protocol_config("width-consistent", 2000)).record
+    assert rec.plateau_reached and rec.epochs_run < 2000
+    assert rec.epochs[-1] == rec.epochs_run
+
+
+def test_gate_thresholds_and_reasons():
+    def rec(tr: float, te: float, plateau: bool) -> TrainRecord:
+        return TrainRecord(final_train_acc=tr, final_test_acc=te, plateau_reached=plateau, epochs_run=10)
+
+    chance = chance_accuracy(10, 10)
+    assert adequacy(rec(0.9, 0.5, True), chance)["passed"]
+    assert "train acc" in adequacy(rec(0.3, 0.5, True), chance)["reason"]
+    assert "test acc" in adequacy(rec(0.9, 0.12, True), chance)["reason"]
+    assert "no plateau" in adequacy(rec(0.9, 0.5, False), chance)["reason"]
+    assert not adequacy(rec(0.7, 0.7, True), chance_accuracy(1, 2))["passed"]  # binary: 0.75 needed
+    assert "chance" in GATE_TEXT
+
+
+def test_untrained_network_fails_the_gate_and_the_rule_says_not_measurable(mnist_small):
+    t = dataset_tensors(mnist_small)
+    tr = train_network(ModelSpec("relu", t.x_train.shape[1], 32, t.out_dim), t, protocol_config("paper", 0))
+    assert not tr.gate["passed"] and "no plateau" in tr.gate["reason"]
+    out = gated([{"model": "relu", "seed": 0, **tr.training_summary()}], GATE_TEXT, "protocol")
+    assert out is not None and out.verdict == NA and "below the adequacy gate" in out.ours
+
+
+def test_protocol_names_and_bad_input():
+    for name in PROTOCOL_NAMES:
+        assert protocol_config(name, 3).protocol == name
+    with pytest.raises(UserInputError):
+        protocol_config("sgd-magic", 3)
+    with pytest.raises(UserInputError):
+        protocol_config("paper", 3, lr=float("nan"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["relu", "attn"])
+def test_retraining_study_under_the_claims_protocol(model):
+    """Both networks are really retrained without each removed point; the correlations come from those
+    retrainings, with bootstrap intervals that contain the point estimate."""
+    from scipy import stats
+
+    from empirics.influence import ProtocolRetrainConfig, protocol_retrain_study
+
+    r = protocol_retrain_study(ProtocolRetrainConfig(model=model, n_train=40, n_test=30, width=128, epochs=80,
+                                                     n_remove=8))
+    pred = np.array([p["predicted"] for p in r["points"]])
+    act = np.array([p["actual"] for p in r["points"]])
+    assert len(pred) == 8 and np.all(act != 0)
+    assert r["spearman"]["value"] == pytest.approx(stats.spearmanr(pred, act).statistic)
+    assert r["pearson"]["value"] == pytest.approx(stats.pearsonr(pred, act).statistic)
+    for key in ("pearson", "spearman"):
+        lo, hi = r[key]["ci"]
+        assert -1 <= lo <= r[key]["value"] <= hi <= 1
+    assert "gate" in r["training"]
+
+
+def test_retraining_without_training_changes_nothing_for_relu():
+    """Control: with 0 epochs the network is its initialisation whatever the data, so removing a point
+    changes nothing for 2L-ReLU (its features do not depend on the training set); for MLP-Attn the
+    point leaves the attention context, so the function changes."""
+    from empirics.influence import ProtocolRetrainConfig, protocol_retrain_study
+
+    torch.manual_seed(0)
+    relu = protocol_retrain_study(ProtocolRetrainConfig(model="relu", n_train=30, n_test=20, width=64, epochs=0,
+                                                        n_remove=4))
+    attn = protocol_retrain_study(ProtocolRetrainConfig(model="attn", n_train=30, n_test=20, width=64, epochs=0,
+                                                        n_remove=4))
+    assert all(p["actual"] == 0 for p in relu["points"])
+    assert any(p["actual"] != 0 for p in attn["points"])

@@ -1,0 +1,112 @@
+"""What every claim module shares: the `Verdict` enum, `Claim` and `Outcome`, the two training
+protocols every empirical claim is judged under, and the adequacy gate as the rules read it.
+
+A claim's rule lives in exactly one function of one module of this package, and `verify claims` and
+the single-experiment commands call that same function. Claim ids are written out literally in each
+module, so one search for an id finds its rule, its check and its test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+Results = dict[str, dict[str, Any]]
+
+
+class Verdict(str, Enum):
+    """The verdicts a rule may give. `UNDERDETERMINED`: the measurement agrees or disagrees with the
+    paper depending on a choice the paper leaves free (e.g. the n at which kappa is taken)."""
+
+    HOLDS = "holds"
+    PARTLY = "partly"
+    NOT = "does not hold"
+    UNDERDETERMINED = "underdetermined"
+    NA = "not measurable here"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+VERDICTS = tuple(v.value for v in Verdict)
+
+#: The two training protocols of every empirical claim: the paper's reported setup, and one that trains
+#: both networks properly (see `empirics.protocols`). Unit names carry the protocol as `name@protocol`.
+PROTOCOLS = ("paper", "proper")
+
+
+@dataclass
+class Outcome:
+    """What we measured for one claim (under one protocol) and the verdict its rule gives.
+
+    `gate` is the adequacy condition the rule applied (empty for claims that train nothing);
+    `condition` the interval condition that decided the verdict.
+    """
+
+    ours: str
+    verdict: Verdict
+    protocol: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+    seeds: int | None = None
+    gate: str = ""
+    condition: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the paper. `empirical` claims are evaluated once per protocol (see `PROTOCOLS`),
+    with `units` resolved to that protocol's units."""
+
+    id: str
+    source: str
+    statement: str
+    paper: str
+    rule: str
+    units: tuple[str, ...]
+    evaluate: Callable[[Results], Outcome]
+    v2: str | None = None
+    group: str = "theory"
+    empirical: bool = False
+
+
+def unavailable(results: Results, units: Iterable[str]) -> str | None:
+    """The reason a needed unit has no result (data missing, unit failed), or None."""
+    for u in units:
+        r = results.get(u)
+        if r is None:
+            return f"unit {u} was not run"
+        if "unavailable" in r:
+            return f"{u}: {r['unavailable']}"
+    return None
+
+
+def gate_failures(runs: Iterable[dict[str, Any]]) -> list[str]:
+    """Descriptions of the trained networks in `runs` that failed the adequacy gate.
+
+    Each run carries `gate` = {"passed": bool, "reason": str} (`empirics.protocols.adequacy`), and
+    `model`, `seed` and (where it varies) `width`. A run without a gate record counts as failed: a
+    verdict is never issued on a network whose training was not checked.
+    """
+    out = []
+    for r in runs:
+        g = r.get("gate")
+        if g is None or not g.get("passed"):
+            where = f"{r.get('model', '?')} seed {r.get('seed', '?')}" + (f" m={r['width']}" if "width" in r else "")
+            out.append(f"{where}: {g['reason'] if g else 'no training record'}")
+    return out
+
+
+def gated(runs: Iterable[dict[str, Any]], gate_text: str, protocol: str) -> Outcome | None:
+    """`Outcome(NA)` naming the networks below the gate, or None when every network passed."""
+    failed = gate_failures(runs)
+    if not failed:
+        return None
+    shown = "; ".join(failed[:4]) + (f"; and {len(failed) - 4} more" if len(failed) > 4 else "")
+    return Outcome(f"not measurable: {len(failed)} network(s) below the adequacy gate ({shown})", Verdict.NA,
+                   protocol, {"gate_failures": failed}, gate=gate_text)
+
+
+HOLDS, PARTLY, NOT, UNDERDETERMINED, NA = (Verdict.HOLDS, Verdict.PARTLY, Verdict.NOT, Verdict.UNDERDETERMINED,
+                                           Verdict.NA)
