@@ -130,8 +130,9 @@ def env(tmp_path_factory) -> dict:
     (d / "idx" / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03garbage")
     (d / "idx" / "train-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x01")
     (d / "truncated.npz").write_bytes((d / "train.npz").read_bytes()[:300])
-    (d / "imgs" / "train" / "cat").mkdir(parents=True)
-    (d / "imgs" / "train" / "cat" / "a.png").write_bytes(b"\x89PNG not really")
+    for split in ("train", "test"):
+        (d / "imgs" / split / "cat").mkdir(parents=True)
+        (d / "imgs" / split / "cat" / "a.png").write_bytes(b"\x89PNG not really")
     out = d / "first" / "audit.pdf"
     out.parent.mkdir()
     code = main(["audit", "--model", str(d / "cnn.ts"), "--train", str(d / "train.npz"), "--test",
