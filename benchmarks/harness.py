@@ -83,6 +83,14 @@ def time_call(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, max_tota
     return Timing(times, note)
 
 
+def time_result(fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup: int = 1, max_total_s: float = 20.0,
+                **kwargs: Any) -> tuple[Timing, Any]:
+    """`time_call` of `fn(*args, **kwargs)`, also returning the last call's result."""
+    out: list[Any] = []
+    t = time_call(lambda: out.append(fn(*args, **kwargs)), repeats=repeats, warmup=warmup, max_total_s=max_total_s)
+    return t, out[-1]
+
+
 @dataclass
 class Check:
     """An agreement or validity check computed in the same run.

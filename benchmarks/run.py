@@ -4,7 +4,10 @@
     python -m benchmarks --quick               # tiny sizes, seconds (what the harness test uses)
     python -m benchmarks --json out.json --markdown benchmarks/RESULTS.md
     python -m benchmarks --with-quick          # also time `verify claims --preset quick` (~30 min)
-    python -m benchmarks --only ntk,scaling    # sections: ntk influence attacks scaling peers presets audit
+    python -m benchmarks --only ntk,scaling    # sections: ntk influence attacks scaling peers precision stages
+                                               #           presets audit
+    python -m benchmarks --compare OLD.json    # then list rows slower / less accurate than OLD beyond their spread
+    python -m benchmarks --compare OLD.json --against NEW.json   # compare two records, run nothing
 
 Exit status 0 when every agreement check passed, 1 when any failed (the row says FAILED).
 See benchmarks/README.md for what each row means.
@@ -35,7 +38,7 @@ from benchmarks.harness import (
     speedup,
 )
 
-SECTIONS = ("ntk", "influence", "attacks", "scaling", "peers", "presets", "audit")
+SECTIONS = ("ntk", "influence", "attacks", "scaling", "peers", "precision", "stages", "presets", "audit")
 DEFAULT_JSON = ROOT / "runs" / "benchmarks.json"
 
 
@@ -74,7 +77,9 @@ def _configs(quick: bool, cap_s: float) -> dict[str, Any]:
     from benchmarks.bench_attacks import AttackBenchConfig
     from benchmarks.bench_influence import InfluenceConfig
     from benchmarks.bench_ntk import NtkConfig
-    from benchmarks.bench_peers import PeersConfig
+    from benchmarks.bench_peers import IFCase, PeersConfig
+    from benchmarks.bench_precision import PrecisionConfig
+    from benchmarks.bench_stages import StagesConfig
 
     if quick:
         return {
@@ -83,11 +88,17 @@ def _configs(quick: bool, cap_s: float) -> dict[str, Any]:
             "influence": InfluenceConfig(ns=(20, 40), n_test=10, m=64, cap_s=min(cap_s, 5.0), repeats=2),
             "attacks": AttackBenchConfig(n_train=40, n_test=10, width=64, steps=2, epochs=1, repeats=2,
                                          max_total_s=5.0),
-            "peers": PeersConfig(ntk_ns=(32, 16), ntk_m=64, if_n=20, if_n_test=3, if_m=32, if_max_iter=30, atk_n=32,
-                                 atk_m=64, repeats=2, max_total_s=5.0),
+            "peers": PeersConfig(nt_sizes=((32, 64),), nt_grid=(16, 64), if_m=32, if_epochs=1,
+                                 if_cases=(IFCase("if20", 20, 3, cg_iters=(10, 30), cg_plain_iters=(30,), lissa=True,
+                                                  arnoldi_iters=(30,)),),
+                                 if_arnoldi_k=5, if_lissa_depth=60, atk_n=32, atk_m=64, cnn_n=40, cnn_n_test=8,
+                                 cnn_epochs=1, cnn_batch=20, repeats=2, max_total_s=5.0),
+            "precision": PrecisionConfig(cases=((32, 64, "relu"), (32, 64, "attn")), train_epochs=1, repeats=2),
+            "stages": StagesConfig(presets=("smoke",), repeats=2, max_total_s=5.0),
         }
     return {"ntk": NtkConfig(cap_s=cap_s), "influence": InfluenceConfig(cap_s=cap_s),
-            "attacks": AttackBenchConfig(), "peers": PeersConfig()}
+            "attacks": AttackBenchConfig(), "peers": PeersConfig(), "precision": PrecisionConfig(),
+            "stages": StagesConfig()}
 
 
 LOAD_BY_SECTION: dict[str, list[float] | None] = {}
@@ -150,13 +161,15 @@ def headline(data: dict[str, Any], cfgs: dict[str, Any]) -> list[str]:
         if "flip_eval_s" in atk:
             out.append(f"One flip-rate evaluation at the quick preset: {fmt_time(atk['flip_eval_s'])} "
                        f"(measure_model with its random baseline: {fmt_time(atk['measure_model_s'])})")
-    peers = data.get("peers", {}).get("peers")
-    if peers:
-        for key, label in (("neural_tangents", "neural-tangents"), ("dattri", "dattri CG"),
-                           ("torchattacks", "torchattacks PGD")):
-            r = data["peers"]["rows"].get(key)
-            if r:
-                out.append(f"{label}: {r}")
+    for line in data.get("peers", {}).get("rows", []):
+        out.append(line)
+    prec = data.get("precision")
+    if prec:
+        worst = max(prec.items(), key=lambda kv: kv[1]["float32_err"])
+        out.append(f"float32 closed-form NTK: largest error {worst[1]['float32_err']:.2g} at {worst[0]} "
+                   f"({worst[1]['mask_flips']} flipped ReLU mask entries); float64 costs "
+                   f"{min(v['t64_s'] / v['t32_s'] for v in prec.values()):.1f}-"
+                   f"{max(v['t64_s'] / v['t32_s'] for v in prec.values()):.1f}x the float32 time")
     for k in ("presets_smoke", "presets_quick", "audit"):
         if k in data:
             out.append(data[k])
@@ -179,7 +192,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="run NTK cases in this process (faster start; memory estimated from tensor sizes)")
     p.add_argument("--peers-python", default=None, help="interpreter of the peers venv (default: .venv-peers)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    p.add_argument("--compare", default=None, metavar="OLD.json",
+                   help="after the run, list rows slower or less accurate than in OLD.json beyond their spread")
+    p.add_argument("--against", default=None, metavar="NEW.json",
+                   help="with --compare: compare OLD.json with this record instead of running")
     a = p.parse_args(argv)
+    if a.against and not a.compare:
+        p.error("--against needs --compare OLD.json")
+    if a.compare and a.against:
+        from benchmarks.compare import compare_files
+
+        text, code = compare_files(a.compare, a.against)
+        print(text)
+        return code
 
     import torch
 
@@ -200,9 +225,17 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     data: dict[str, Any] = {}
     ntk_cfg, inf_cfg = cfgs["ntk"], cfgs["influence"]
-    n_pool = max(max(ntk_cfg.ns), max(inf_cfg.ns), max(cfgs["peers"].ntk_ns), cfgs["peers"].atk_n,
-                 cfgs["peers"].if_n + cfgs["peers"].if_n_test)
-    x, y, source = load_inputs(n_pool, inf_cfg.n_test)
+    n_pool = max(max(ntk_cfg.ns), max(inf_cfg.ns), cfgs["peers"].n_pool,
+                 max(c[0] for c in cfgs["precision"].cases))
+    if "stages" in wanted:
+        from verify.presets import preset
+
+        n_pool = max([n_pool] + [preset(s)["mall_n_train"] for s in cfgs["stages"].presets]
+                     + [preset(s)["n_train"] for s in cfgs["stages"].presets])
+        n_test_pool = max([inf_cfg.n_test] + [preset(s)["mall_n_test"] for s in cfgs["stages"].presets])
+    else:
+        n_test_pool = inf_cfg.n_test
+    x, y, source = load_inputs(n_pool, n_test_pool)
     env["inputs"] = source
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         inputs = Path(tmp) / "inputs.npz"
@@ -244,6 +277,28 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks.bench_peers import SECTION as PSEC
 
             rows += _guard(PSEC, lambda: _peers(cfgs["peers"], a.peers_python, x, y, threads, data))
+        if "precision" in wanted:
+            from benchmarks.bench_precision import SECTION as PRSEC
+            from benchmarks.bench_precision import bench_precision
+
+            _log("section 7: precision of the fast paths")
+
+            def run_prec() -> list[Row]:
+                r, data["precision"] = bench_precision(cfgs["precision"], x[:n_pool], y[:n_pool], _log)
+                return r
+
+            rows += _guard(PRSEC, run_prec)
+        if "stages" in wanted:
+            from benchmarks.bench_stages import SECTION as SSEC
+            from benchmarks.bench_stages import bench_stages
+
+            _log("section 8: per-stage times at the presets")
+
+            def run_stages() -> list[Row]:
+                r, data["stages"] = bench_stages(cfgs["stages"], x, y, _log)
+                return r
+
+            rows += _guard(SSEC, run_stages)
     from benchmarks.bench_presets import SECTION as RSEC
 
     if "presets" in wanted:
@@ -255,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t_start
     heads = headline(data, cfgs)
     md = render_markdown(rows, env, heads, wall)
+    if "stages" in data:
+        from benchmarks.bench_stages import share_table
+
+        md += ("\n### 8b. Share of each stage in one unit of work (from the rows above)\n\n"
+               + share_table(data["stages"]) + "\n")
     print(md)
     status = exit_status(rows)
     command = " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])])
@@ -275,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
                                       f"every row).\n\n{md}\n")
         _log(f"wrote {a.markdown}")
     _log(f"benchmarks finished in {fmt_time(wall)}; exit status {status}")
+    if a.compare:
+        from benchmarks.compare import compare_records, load_record
+
+        text, code = compare_records(load_record(a.compare), record, a.compare, a.json or "this run")
+        print("\n" + text)
+        status = status or code
     return status
 
 
@@ -320,17 +386,9 @@ def _peers(cfg: Any, python: str | None, x: np.ndarray, y: np.ndarray, threads: 
     _log("section 5: peers")
     cfg.python = python
     rows, d = bench_peers(cfg, x, y, threads, _log)
-    labels = {"neural-tangents": "neural_tangents", "dattri": "dattri", "torchattacks": "torchattacks"}
-    d["rows"] = {}
-    for r in rows:
-        key = next(v for k, v in labels.items() if r.bench.startswith(k))
-        if key in d["rows"] and r.final_status != "measured":
-            continue
-        if r.final_status == "measured":
-            d["rows"][key] = (f"{fmt_time(r.data['peer_s'])} vs the suite's {fmt_time(r.data['suite_s'])} "
-                              f"({r.ratio}; {r.case}; {'; '.join(c.render() for c in r.checks if c.gated)})")
-        else:
-            d["rows"][key] = r.final_status
+    d["rows"] = [f"{r.bench} ({r.case}): {fmt_time(r.data['peer_s'])} vs the suite's {fmt_time(r.data['suite_s'])} "
+                 f"({r.ratio}; {'; '.join(c.render() for c in r.checks if c.gated)})"
+                 for r in rows if r.final_status == "measured" and "peer_s" in r.data]
     data["peers"] = d
     return rows
 
