@@ -39,16 +39,10 @@ class Written:
 
 
 def make_figures(record: dict[str, Any], folder: Path) -> list[dict[str, str]]:
-    """PNG figures for the report: (title, path, caption)."""
+    """PNG figures for the report: (title, path, caption); the empirical ones once per training protocol."""
     res = record.get("results", {})
     out: list[dict[str, str]] = []
-    for ds in ("mnist", "cifar10"):
-        r = res.get(f"ntk-distance:{ds}")
-        if r and "models" in r:
-            p = figures.distance_vs_width(r, folder / f"ntk_distance_{ds}.png")
-            out.append({"title": f"NTK distance vs width — {r['data'].get('label', ds)}", "path": str(p),
-                        "caption": "mean ± std over seeds; left: ||f_m - f_NTK|| on test points (unnormalised); "
-                                   "middle: kernel drift ||Θ_T−Θ_0||/||Θ_0||; right: Θ_0 vs analytic NTK."})
+    protocols = list(record.get("protocols", {})) or [""]
     kap = {ds: res[f"kappa:{ds}"] for ds in ("mnist", "cifar10") if res.get(f"kappa:{ds}", {}).get("rows")}
     if kap:
         from theory.paper import PAPER_KAPPA
@@ -57,27 +51,36 @@ def make_figures(record: dict[str, Any], folder: Path) -> list[dict[str, str]]:
         out.append({"title": "Condition number of G against n", "path": str(p),
                     "caption": "kappa(G) is infinite once n exceeds the rank (n > d, or always-zero pixels); "
                                "kappa_d uses the rank-min(n, d) truncation. Dotted: the paper's values."})
-    mall = {k: res[k] for k in ("malleability:mnist:10class", "malleability:cifar10:10class",
-                                "malleability:mnist:binary", "malleability:cifar10:binary")
-            if res.get(k, {}).get("summary")}
-    if mall:
-        p = figures.flip_rate_bars(mall, folder / "flip_rates.png")
-        out.append({"title": "Influence flip rates (transformed intervention)", "path": str(p),
-                    "caption": "fraction of the top-tau training points whose NTK-LOO influence changes sign when "
-                               "they are replaced by their adversarial versions; hatched: random sign noise of "
-                               "the same eps (the baseline); mean ± std over seeds."})
-    for ds in ("mnist", "cifar10"):
-        r = res.get(f"landscape:{ds}")
-        if r and "models" in r:
-            label = r["data"].get("label", ds)
-            p = figures.landscape_lines(r, folder / f"landscape_lines_{ds}.png")
-            out.append({"title": f"Loss landscape, 1-D — {label}", "path": str(p),
-                        "caption": "left: loss from initialisation (alpha 0) to the trained weights (alpha 1); "
-                                   "right: slice along a filter-normalised random direction; mean over seeds."})
-            p = figures.landscape_contours(r, folder / f"landscape_contours_{ds}.png")
-            out.append({"title": f"Loss landscape, 2-D — {label}", "path": str(p),
-                        "caption": "training loss on a plane of two filter-normalised directions through the "
-                                   "trained weights (first seed)."})
+    for proto in protocols:
+        at = f"@{proto}" if proto else ""
+        tag = f" — {proto} protocol" if proto else ""
+        for ds in ("mnist", "cifar10"):
+            r = res.get(f"ntk-distance:{ds}{at}")
+            if r and "models" in r:
+                p = figures.distance_vs_width(r, folder / f"ntk_distance_{ds}_{proto}.png")
+                out.append({"title": f"NTK distance vs width — {r['data'].get('label', ds)}{tag}", "path": str(p),
+                            "caption": "mean ± std over seeds (each seed its own data subset); legend: log-log slope "
+                                       "with its 95 % bootstrap interval over seeds. Left: ||f_m - f_NTK|| on test "
+                                       "points (unnormalised); middle: centred kernel drift; right: centred Θ_0 vs "
+                                       "analytic NTK."})
+        mall = {k: res[k + at] for k in ("malleability:mnist:10class", "malleability:cifar10:10class",
+                                         "malleability:mnist:binary", "malleability:cifar10:binary")
+                if res.get(k + at, {}).get("summary")}
+        if mall:
+            p = figures.flip_rate_bars(mall, folder / f"flip_rates_{proto}.png")
+            out.append({"title": f"Influence flip rates (transformed intervention){tag}", "path": str(p),
+                        "caption": "fraction of the top-tau training points whose NTK-LOO influence changes sign when "
+                                   "they are replaced by their adversarial versions; hatched: random sign noise of "
+                                   "the same eps (the baseline); error bars: 95 % bootstrap intervals over seeds and "
+                                   "points."})
+        for ds in ("mnist", "cifar10"):
+            r = res.get(f"landscape:{ds}{at}")
+            if r and "models" in r:
+                label = r["data"].get("label", ds)
+                p = figures.landscape_lines(r, folder / f"landscape_lines_{ds}_{proto}.png")
+                out.append({"title": f"Loss landscape, 1-D — {label}{tag}", "path": str(p),
+                            "caption": "left: loss from initialisation (alpha 0) to the trained weights (alpha 1); "
+                                       "right: slice along a filter-normalised random direction; mean over seeds."})
     return out
 
 
@@ -135,7 +138,9 @@ def _counts(s: dict[str, int]) -> str:
 def to_markdown(record: dict[str, Any]) -> str:
     lines = [f"# {record['title']}", "",
              f"Preset `{record['preset']}`, generated {record['generated']}, code version "
-             f"`{record['code_version']}`, {fmt(record['wall_s'])} s.", "",
+             f"`{record['code_version']}` (git {record.get('git', {}).get('commit') or 'unknown'}"
+             f"{', uncommitted changes' if record.get('git', {}).get('dirty') else ''}), {fmt(record['wall_s'])} s.",
+             "",
              f"**{len(record['claims'])} claims.** Theory and data: {_counts(theory_summary(record))}. Empirical, "
              + "; ".join(f"{p} protocol: {_counts(s)}" for p, s in record.get("summary_by_protocol", {}).items())
              + ".", ""]

@@ -26,17 +26,23 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 150) -> Path:
 
 
 def distance_vs_width(result: dict[str, Any], path: str | Path,
-                      metrics: tuple[str, ...] = ("function_abs", "kernel_drift", "init_vs_analytic")) -> Path:
-    """One panel per metric: mean ± std over seeds against width (log axes)."""
+                      metrics: tuple[str, ...] = ("function_abs", "kernel_drift_centred",
+                                                  "init_vs_analytic_centred")) -> Path:
+    """One panel per metric: mean ± std over seeds against width (log axes); the legend gives each model's
+    log-log slope with its 95 % bootstrap interval over seeds where the record has one."""
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
     data = result.get("config", {}).get("dataset", "")
     for ax, metric in zip(axes[0], metrics, strict=True):
         for kind, res in result["models"].items():
             ws = sorted(int(w) for w in res["per_width"])
+            if metric not in res["per_width"][str(ws[0])]:
+                continue
             mean = [res["per_width"][str(w)][metric]["mean"] for w in ws]
             std = [res["per_width"][str(w)][metric]["std"] for w in ws]
-            ax.errorbar(ws, mean, yerr=std, marker="o", capsize=3, label=MODEL_LABELS.get(kind, kind),
-                        color=MODEL_COLORS.get(kind))
+            si = res.get("trends", {}).get(metric, {}).get("slope_interval")
+            label = MODEL_LABELS.get(kind, kind) + (
+                f" (slope {si['slope']:.2f} [{si['ci'][0]:.2f}, {si['ci'][1]:.2f}])" if si else "")
+            ax.errorbar(ws, mean, yerr=std, marker="o", capsize=3, label=label, color=MODEL_COLORS.get(kind))
         ax.set_xscale("log", base=2)
         if metric != "function_abs":
             ax.set_yscale("log")
@@ -160,8 +166,8 @@ def landscape_contours(result: dict[str, Any], path: str | Path) -> Path:
 
 
 def flip_rate_bars(results: dict[str, dict[str, Any]], path: str | Path) -> Path:
-    """Flip rate per attack for each model (mean ± std over seeds), with the random-noise baseline as a
-    hatched bar; one panel per malleability result (e.g. MNIST and CIFAR-10, 10 classes)."""
+    """Flip rate per attack for each model with its 95 % bootstrap interval (over seeds and points), with the
+    random-noise baseline as a hatched bar; one panel per malleability result (e.g. MNIST and CIFAR-10)."""
     import numpy as np
 
     names = list(results)
@@ -178,10 +184,16 @@ def flip_rate_bars(results: dict[str, dict[str, Any]], path: str | Path) -> Path
             if not mine:
                 continue
             any_row = next(iter(mine.values()))
-            base = any_row["baseline_flip_rate"]
-            means = [100 * mine[a]["flip_rate"]["mean"] for a in attacks] + [100 * base["mean"]]
-            stds = [100 * mine[a]["flip_rate"]["std"] for a in attacks] + [100 * base["std"]]
-            bars = ax.bar(x + (k - 0.5) * 0.38, means, 0.38, yerr=stds, capsize=3, color=MODEL_COLORS[kind],
+            cis = [mine[a].get("flip_ci") for a in attacks] + [any_row.get("baseline_ci")]
+            if all(cis):
+                means = [100 * float(c["value"]) for c in cis]
+                err = np.array([[100 * (float(c["value"]) - float(c["lo"])) for c in cis],
+                                [100 * (float(c["hi"]) - float(c["value"])) for c in cis]])
+            else:  # records without intervals: mean +- std over seeds
+                base = any_row["baseline_flip_rate"]
+                means = [100 * mine[a]["flip_rate"]["mean"] for a in attacks] + [100 * base["mean"]]
+                err = np.array([100 * mine[a]["flip_rate"]["std"] for a in attacks] + [100 * base["std"]])
+            bars = ax.bar(x + (k - 0.5) * 0.38, means, 0.38, yerr=err, capsize=3, color=MODEL_COLORS[kind],
                           label=MODEL_LABELS[kind], alpha=0.85)
             bars[-1].set_hatch("//")
             bars[-1].set_alpha(0.45)

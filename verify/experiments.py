@@ -34,6 +34,8 @@ def kappa_unit(dataset: str, ns: list[int], sample: str, preprocessing: str, eps
                                data_dir=data_dir)
         except UserInputError as exc:
             missing.append({"n": n, "reason": str(exc)})
+            if not rows and n == ns[-1]:
+                raise  # no size could be loaded at all: a data problem, not a result (never cached)
     return {"dataset": dataset, "sample": sample, "preprocessing": preprocessing, "rows": rows,
             "missing": missing}
 

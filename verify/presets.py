@@ -18,7 +18,7 @@ PRESET_NAMES = ("smoke", "quick", "paper")
 
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
-        "n_train": 100, "n_test": 40, "widths": (16, 64, 256), "seeds": (0, 1), "epochs": 60, "paper_epochs": 60,
+        "n_train": 100, "n_test": 40, "widths": (16, 64, 256), "seeds": (0, 1), "epochs": 20, "paper_epochs": 20,
         "mall_width": 128, "mall_n_train": 100, "mall_n_test": 40, "attack_steps": 3, "adv_max_epochs": 5,
         "landscape_points": 5, "landscape_grid": 5, "hessian_iters": 5, "hutchinson_samples": 3,
         "kappa_ns": (50, 100, 200), "n_train_by_dataset": {}, "premise_ns": (16, 32), "premise_widths": (256,),
@@ -88,3 +88,34 @@ def parse_choices(text: str, what: str, allowed: tuple[str, ...]) -> tuple[str, 
     if not vals or bad:
         raise UserInputError(f"unknown {what} '{','.join(bad) or text}'; choose from {', '.join(allowed)}")
     return vals
+
+
+def add_protocol_args(p: Any, what: str = "training") -> None:
+    """`--protocol` and the overrides on top of it, for every command that trains networks."""
+    from empirics.protocols import PROPER, PROTOCOL_NAMES
+
+    p.add_argument("--protocol", default=PROPER,
+                   help=f"{what} protocol: {', '.join(PROTOCOL_NAMES)} (default: %(default)s; 'paper' is the paper's "
+                        "reported Adam with coupled L2 1e-3; see README, 'Training protocols')")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs (fixed for 'paper', the maximum for the plateau-trained protocols; default: the "
+                        "preset's)")
+    p.add_argument("--lr", type=float, default=None, help="override the protocol's learning rate")
+    p.add_argument("--optimizer", default=None, help="override the protocol's optimizer: adam or gd (full batch)")
+    p.add_argument("--loss", default=None, help="override the loss: auto (cross-entropy; MSE for binary) or mse")
+
+
+def train_config_from_args(args: Any, pre: dict[str, Any]) -> Any:
+    """The `TrainConfig` that `--protocol`, `--epochs`, `--lr`, `--optimizer` and `--loss` describe."""
+    import math
+
+    from empirics.protocols import PAPER, protocol_config
+
+    if args.epochs is not None and args.epochs < 0:
+        raise UserInputError(f"--epochs must be >= 0, got {args.epochs}")
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        raise UserInputError(f"--lr must be a finite number > 0, got {args.lr}")
+    epochs = args.epochs if args.epochs is not None else pre["paper_epochs" if args.protocol == PAPER else "epochs"]
+    overrides = {k: v for k, v in (("lr", args.lr), ("optimizer", args.optimizer), ("loss", args.loss))
+                 if v is not None}
+    return protocol_config(args.protocol, epochs, **overrides)

@@ -17,6 +17,7 @@ from empirics.mall_stats import METHOD, POOLED, SEED_METHOD, find, paper_ratio_r
 from empirics.protocols import GATE_TEXT
 from theory.paper import PAPER_ADV, PAPER_FLIP, PAPER_RATIO_V1, PAPER_RATIO_V2
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results, Verdict, gated
+from verify.presets import n_train_for
 
 ATTACKS = ("fgsm", "pgd", "mim")
 LABEL = {"mnist": "MNIST", "cifar10": "CIFAR-10"}
@@ -29,12 +30,13 @@ CI_NOTE = f"95 % intervals: {METHOD}; per-network scalars: {SEED_METHOD}"
 def malleability_unit_configs(p: dict[str, Any], data_dir: str | None) -> dict[str, dict[str, Any]]:
     """Keyword arguments of `MalleabilityConfig` for every malleability unit, sized by the preset
     (the training config is added per protocol by `verify.experiments`)."""
-    base = {"width": p["mall_width"], "n_train": p["mall_n_train"], "n_test": p["mall_n_test"],
+    base = {"width": p["mall_width"], "n_test": p["mall_n_test"],
             "seeds": list(p["seeds"]), "attack_steps": p["attack_steps"], "eps": 0.3, "tau": 0.1,
             "data_dir": data_dir}
     adv_epochs = p.get("adv_max_epochs", 100)
     out: dict[str, dict[str, Any]] = {}
     for ds in ("mnist", "cifar10"):
+        base["n_train"] = n_train_for(p, ds, "mall_n_train")
         out[f"malleability:{ds}:10class"] = {**base, "dataset": ds, "task": "10class", "attacks": list(ATTACKS),
                                              "interventions": ["transformed", "curated", "adversarial"],
                                              "seed_baseline": True}
@@ -43,7 +45,8 @@ def malleability_unit_configs(p: dict[str, Any], data_dir: str | None) -> dict[s
         out[f"malleability-adv:{ds}"] = {**base, "dataset": ds, "task": "10class", "attacks": ["pgd"],
                                          "interventions": ["transformed"], "adv_train": True,
                                          "adv_max_epochs": adv_epochs}
-    out["malleability-eps:mnist"] = {**base, "dataset": "mnist", "task": "10class", "attacks": ["pgd"],
+    out["malleability-eps:mnist"] = {**base, "n_train": n_train_for(p, "mnist", "mall_n_train"),
+                                     "dataset": "mnist", "task": "10class", "attacks": ["pgd"],
                                      "interventions": ["transformed"], "eps_sweep": [0.1, 0.2, 0.3, 0.5]}
     return out
 

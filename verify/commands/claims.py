@@ -10,7 +10,7 @@ from typing import Any
 
 from empirics.progress import log
 from empirics.protocols import DESCRIPTIONS, GATE_TEXT
-from empirics.records import device_info, library_versions, write_json
+from empirics.records import device_info, git_state, library_versions, write_json
 from theory.errors import UserInputError
 from verify.claims import PROTOCOLS, VERDICTS, all_claims, claim_row, protocol_units
 from verify.experiments import units_for
@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         "preset_sizes": preset(args.preset),
         "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "code_version": cache.version,
+        "git": git_state(),
         "versions": library_versions(),
         "device": device_info(),
         "wall_s": time.perf_counter() - t0,
@@ -85,10 +86,13 @@ def run(args: argparse.Namespace) -> int:
         "units": unit_meta,
         "results": {k: slim(v) for k, v in results.items()},
     }
-    write_json(out / "claims.json", record)
     from reports.claims_report import render_all
+    from verify.outputs import output_set
 
-    written = render_all(record, out, pdf=not args.no_pdf)
+    with output_set(out, ("claims.json", "claims.md", "claims.html", "claims.pdf", "figures")) as staged:
+        write_json(staged.path("claims.json"), record)
+        written = render_all(record, staged.dir, pdf=not args.no_pdf)
+    written.paths = [staged.final(p) for p in written.paths]
     print(f"{len(rows)} claims (headline: theory as checked, empirical rows under proper training): "
           f"{summary_line(record['summary'])} ({record['wall_s']:.0f} s, preset {args.preset})")
     print(f"  {'paper protocol':<20} {'proper training':<20} claim")

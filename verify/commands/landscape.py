@@ -7,11 +7,10 @@ import sys
 
 from empirics.landscape import LandscapeConfig, run_landscape
 from empirics.models import MODEL_KINDS
-from empirics.train import TrainConfig
 from reports.text import mean_pm, text_table
 from theory.errors import UserInputError
 from verify.commands._common import add_data_args, add_run_args, check_data_args, emit_json
-from verify.presets import parse_choices, preset
+from verify.presets import add_protocol_args, parse_choices, preset, train_config_from_args
 
 NAME = "landscape"
 HELP = "loss landscape, Hessian sharpness and flatness of 2L-ReLU vs MLP-Attn"
@@ -26,14 +25,12 @@ ORDER = 50
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_args(p)
     add_run_args(p)
+    add_protocol_args(p)
     p.add_argument("--model", default="relu,attn", help="comma-separated: relu, attn")
     p.add_argument("--width", type=int, default=None,
                    help="hidden width m (default: the preset's mall_width)")
     p.add_argument("--n-train", type=int, default=None, help="training points (default: the preset's)")
     p.add_argument("--n-test", type=int, default=None, help="test points (default: the preset's)")
-    p.add_argument("--epochs", type=int, default=None, help="training epochs (default: the preset's)")
-    p.add_argument("--optimizer", default="adam", help="adam (paper's default) or gd (full batch)")
-    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--parameterization", default="ntk", help="ntk (paper) or standard")
     p.add_argument("--attn-layers", type=int, default=1, help="stacked linearized attention layers k")
     p.add_argument("--attn-rank", type=int, default=None, help="keep the top-r singular directions in C")
@@ -56,13 +53,12 @@ def config_from_args(args: argparse.Namespace) -> LandscapeConfig:
     return LandscapeConfig(
         dataset=args.dataset, task=args.task,
         models=parse_choices(args.model, "model", MODEL_KINDS),
-        width=args.width if args.width is not None else pre.get("landscape_width", pre["mall_width"]),
+        width=args.width if args.width is not None else pre["mall_width"],
         seeds=tuple(range(seeds)),
         n_train=args.n_train if args.n_train is not None else pre["n_train"],
         n_test=args.n_test if args.n_test is not None else pre["n_test"],
         sample=args.sample,
-        train=TrainConfig(epochs=args.epochs if args.epochs is not None else pre["epochs"],
-                          optimizer=args.optimizer, lr=args.lr),
+        train=train_config_from_args(args, pre),
         parameterization=args.parameterization, attn_layers=args.attn_layers, attn_rank=args.attn_rank,
         points=pre["landscape_points"], grid=pre["landscape_grid"], hessian_iters=pre["hessian_iters"],
         hutchinson_samples=pre["hutchinson_samples"], flat_step=args.flat_step,
@@ -90,6 +86,10 @@ def verdict_text(v: dict) -> str:
         counts = v.get("relu_sharper_seeds", {})
         lines.append("  relu sharper than attn (seeds of " + str(v["seeds"]) + "): "
                      + ", ".join(f"{k} {n}" for k, n in counts.items()))
+    for m, iv in v.get("intervals", {}).items():
+        lines.append(f"  log(relu/attn) {m}: {iv['mean']:.3g} [{iv['ci'][0]:.3g}, {iv['ci'][1]:.3g}]"
+                     + (" (judged)" if m in v.get("criteria_above", ()) or m in ("filter_increase",
+                                                                                "sharpness_per_input") else ""))
     if "reason" in v:
         lines.append(f"  {v['reason']}")
     lines += [f"  caveat: {c}" for c in v.get("caveats", [])]
@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout if args.json != "-" else sys.stderr
     prov = result["data"]
     print(f"Loss landscape — {prov.get('label', cfg.dataset)}, task {cfg.task}, width {cfg.width}, "
-          f"n_train={cfg.n_train}, seeds={len(cfg.seeds)}, {cfg.train.optimizer} {cfg.train.epochs} epochs, "
+          f"n_train={cfg.n_train}, seeds={len(cfg.seeds)}, protocol {cfg.train.protocol} ({cfg.train.optimizer}, "
+          f"{'up to ' if cfg.train.plateau else ''}{cfg.train.epochs} epochs), "
           f"{cfg.parameterization} parameterisation; Hessian of the mean training loss w.r.t. W "
           f"(Lanczos {cfg.hessian_iters}, Hutchinson {cfg.hutchinson_samples})", file=out)
     print(summary_table(result), file=out)

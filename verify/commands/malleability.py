@@ -17,13 +17,12 @@ from empirics.influence import RIDGE_REL_DEFAULT
 from empirics.mall_stats import POOLED
 from empirics.malleability import INTERVENTIONS, MALL_ATTACKS, MalleabilityConfig, run_malleability
 from empirics.models import MODEL_KINDS
-from empirics.train import TrainConfig
 from reports.text import mean_pm, text_table
 from theory.errors import UserInputError
 from verify.claims.base import Outcome
 from verify.claims.malleability import ci_txt, experiment_outcomes, pct_txt, rho_txt, x_txt
 from verify.commands._common import add_data_args, add_run_args, check_data_args, emit_json
-from verify.presets import parse_choices, parse_float_list, preset
+from verify.presets import add_protocol_args, parse_choices, parse_float_list, preset, train_config_from_args
 
 NAME = "malleability"
 HELP = "influence flip rate under adversarial perturbation (2L-ReLU vs MLP-Attn)"
@@ -33,6 +32,7 @@ ORDER = 40
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_args(p)
     add_run_args(p)
+    add_protocol_args(p)
     p.add_argument("--model", default="relu,attn", help="comma-separated: relu, attn")
     p.add_argument("--attack", default="fgsm,pgd,mim", help="comma-separated: fgsm, pgd, mim "
                    "(random noise of the same eps always runs as the baseline)")
@@ -50,7 +50,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=None, help="hidden width m (default: the preset's)")
     p.add_argument("--n-train", type=int, default=None, help="training points (default: the preset's)")
     p.add_argument("--n-test", type=int, default=None, help="test points (default: the preset's)")
-    p.add_argument("--epochs", type=int, default=None, help="Adam epochs (default: the preset's)")
     p.add_argument("--ridge", type=float, default=None, help="absolute KRR ridge (default: relative, below)")
     p.add_argument("--ridge-rel", type=float, default=RIDGE_REL_DEFAULT,
                    help="ridge = RIDGE_REL * trace(K_m) / n when --ridge is not given (default: %(default)s)")
@@ -86,7 +85,7 @@ def config_from_args(args: argparse.Namespace) -> MalleabilityConfig:
         n_train=args.n_train if args.n_train is not None else pre["mall_n_train"],
         n_test=args.n_test if args.n_test is not None else pre["mall_n_test"],
         sample=args.sample,
-        train=TrainConfig(epochs=args.epochs if args.epochs is not None else pre["epochs"]),
+        train=train_config_from_args(args, pre),
         adv_train=args.adv_train, adv_steps=args.adv_steps,
         attack_steps=args.attack_steps if args.attack_steps is not None else pre["attack_steps"],
         attack_context=args.attack_context, ridge=args.ridge, ridge_rel=args.ridge_rel,
@@ -212,7 +211,9 @@ def run(args: argparse.Namespace) -> int:
     prov = result["data"]
     ridge = f"ridge {cfg.ridge:g}" if cfg.ridge is not None else f"ridge {cfg.ridge_rel:g} x trace(K)/n"
     print(f"Influence malleability — {prov.get('label', cfg.dataset)}, task {cfg.task}, n_train={cfg.n_train}, "
-          f"n_test={cfg.n_test}, width {cfg.width}, seeds={len(cfg.seeds)}, Adam {cfg.train.epochs} epochs; "
+          f"n_test={cfg.n_test}, width {cfg.width}, seeds={len(cfg.seeds)}, protocol {cfg.train.protocol} "
+          f"({cfg.train.epochs} epochs"
+          f"{' at most' if cfg.train.plateau else ''}); "
           f"top tau={cfg.tau:g} by |influence| ({result['n_selected']} points), attack steps {cfg.attack_steps}, "
           f"attn attack context {cfg.attack_context}, {ridge}; preset {args.preset}", file=stream)
     print(summary_table(result), file=stream)

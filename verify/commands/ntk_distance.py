@@ -7,10 +7,9 @@ import sys
 
 from empirics.distance import METRICS, DistanceConfig, run_ntk_distance
 from empirics.models import MODEL_KINDS
-from empirics.train import TrainConfig
 from reports.text import mean_pm, text_table
 from verify.commands._common import add_data_args, add_run_args, check_data_args, emit_json
-from verify.presets import parse_choices, parse_int_list, preset
+from verify.presets import add_protocol_args, parse_choices, parse_int_list, preset, train_config_from_args
 
 NAME = "ntk-distance"
 HELP = "NTK distance vs width for 2L-ReLU and MLP-Attn on real data"
@@ -20,14 +19,11 @@ ORDER = 30
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_args(p)
     add_run_args(p)
+    add_protocol_args(p)
     p.add_argument("--model", default="relu,attn", help="comma-separated: relu, attn")
     p.add_argument("--widths", default=None, help="comma-separated widths (default: the preset's)")
     p.add_argument("--n-train", type=int, default=None, help="training points (default: the preset's)")
     p.add_argument("--n-test", type=int, default=None, help="test points (default: the preset's)")
-    p.add_argument("--epochs", type=int, default=None, help="training epochs (default: the preset's)")
-    p.add_argument("--optimizer", default="adam", help="adam (paper's default) or gd (full batch)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--loss", default="auto", help="auto (cross-entropy; MSE for binary) or mse (one-hot MSE)")
     p.add_argument("--parameterization", default="ntk", help="ntk (paper) or standard")
     p.add_argument("--attn-layers", type=int, default=1, help="stacked linearized attention layers k")
     p.add_argument("--attn-rank", type=int, default=None, help="keep the top-r singular directions in C")
@@ -50,8 +46,7 @@ def config_from_args(args: argparse.Namespace) -> DistanceConfig:
         n_train=args.n_train if args.n_train is not None else pre["n_train"],
         n_test=args.n_test if args.n_test is not None else pre["n_test"],
         sample=args.sample,
-        train=TrainConfig(epochs=args.epochs if args.epochs is not None else pre["epochs"],
-                          optimizer=args.optimizer, lr=args.lr, loss=args.loss),
+        train=train_config_from_args(args, pre),
         parameterization=args.parameterization, attn_layers=args.attn_layers, attn_rank=args.attn_rank,
         data_dir=args.data_dir, device=args.device,
     )
@@ -85,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     prov = result["data"]
     print(f"NTK distance vs width — {prov.get('label', cfg.dataset)}, task {cfg.task}, "
           f"n_train={cfg.n_train}, n_test={cfg.n_test}, seeds={len(cfg.seeds)}, "
-          f"{cfg.train.optimizer} {cfg.train.epochs} epochs, loss {cfg.train.loss}, {cfg.parameterization} "
+          f"protocol {cfg.train.protocol} ({cfg.train.optimizer}, {cfg.train.epochs} epochs), loss {cfg.train.loss}, "
+          f"{cfg.parameterization} "
           "parameterisation",
           file=sys.stdout if args.json != "-" else sys.stderr)
     print(summary_table(result), file=sys.stdout if args.json != "-" else sys.stderr)
