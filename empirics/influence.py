@@ -49,6 +49,7 @@ from empirics.train import predict_labels, targets
 from theory.errors import UserInputError
 
 RIDGE_REL_DEFAULT = 1e-3
+RIDGE_FLOOR = 1e-12
 
 
 @dataclass
@@ -80,7 +81,8 @@ def resolve_ridge(K: np.ndarray, ridge: float | None = None, ridge_rel: float = 
         return float(ridge)
     if not np.isfinite(ridge_rel) or ridge_rel <= 0:
         raise UserInputError(f"relative ridge must be a finite number > 0, got {ridge_rel}")
-    return float(ridge_rel * np.trace(K) / K.shape[0])
+    # floor: a network whose ReLUs all died has K = 0; its influences are then all 0 (no sign to flip)
+    return max(float(ridge_rel * np.trace(K) / K.shape[0]), RIDGE_FLOOR)
 
 
 def _as_2d(Y: np.ndarray) -> np.ndarray:
