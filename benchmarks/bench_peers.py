@@ -41,6 +41,11 @@ class IFCase:
     lissa: bool = False
     arnoldi_iters: tuple[int, ...] = ()
 
+    @property
+    def n_configs(self) -> int:
+        """How many dattri configurations run at this point (each in its own process)."""
+        return len(self.cg_iters) + len(self.cg_plain_iters) + (2 if self.lissa else 0) + len(self.arnoldi_iters)
+
 
 @dataclass
 class PeersConfig:
@@ -329,17 +334,25 @@ def bench_peers(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, threads: int, lo
         log("  peers: the suite's side")
         ours = prepare(cfg, x, y, inputs, threads, log)
         res: dict[str, Any] = {}
-        jobs = [(name, None) for name in cfg.only.split(",") if name != "dattri"]
+        jobs: list[tuple[str, str | None, int | None]] = [(name, None, None) for name in cfg.only.split(",")
+                                                          if name != "dattri"]
         if "dattri" in cfg.only.split(","):
-            jobs += [("dattri", c.key) for c in cfg.if_cases]
-        for name, case in jobs:
-            log(f"  peers: {name}{'' if case is None else ' ' + case} in {py}")
-            got = _run_peer(py, inputs, out, name, case, cfg)
+            jobs += [("dattri", c.key, i) for c in cfg.if_cases for i in range(c.n_configs)]
+        for name, case, idx in jobs:
+            log(f"  peers: {name}{'' if case is None else f' {case} configuration {idx}'} in {py}")
+            got = _run_peer(py, inputs, out, name, case, cfg, idx)
             for k, v in got.items():
-                if k == "dattri" and "dattri" in res and isinstance(v, dict) and "cases" in v:
-                    res["dattri"]["cases"].update(v["cases"])
-                else:
+                if k != "dattri" or not isinstance(v, dict) or "cases" not in v:
                     res.setdefault(k, v)
+                    continue
+                res.setdefault("dattri", {"status": "ok", "cases": {}, "process_end": []})
+                if v.get("process_end"):
+                    res["dattri"]["process_end"].append(f"{case} #{idx}: {v['process_end']}")
+                for key, c in v["cases"].items():
+                    have = res["dattri"]["cases"].setdefault(key, {**c, "configs": []})
+                    have["configs"] += c.get("configs", [])
+                    if not str(c.get("status", "")).startswith("skipped"):
+                        have.pop("status", None)
     rows: list[Row] = []
     ver = res.get("versions", {})
     if "neural_tangents" in res:
@@ -356,7 +369,8 @@ def bench_peers(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, threads: int, lo
     return rows, {"peers": res, "ours": public}
 
 
-def _run_peer(py: Path, inputs: Path, out: Path, name: str, case: str | None, cfg: PeersConfig) -> dict[str, Any]:
+def _run_peer(py: Path, inputs: Path, out: Path, name: str, case: str | None, cfg: PeersConfig,
+              idx: int | None = None) -> dict[str, Any]:
     """One peer (one dattri case) in its own process, under the memory cap when it runs torch only."""
     import resource
 
@@ -365,7 +379,8 @@ def _run_peer(py: Path, inputs: Path, out: Path, name: str, case: str | None, cf
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     cmd = [str(py), str(SCRIPT), "--inputs", str(inputs), "--out", str(out), "--repeats", str(cfg.repeats),
-           "--max-total-s", str(cfg.max_total_s), "--only", name] + ([] if case is None else ["--case", case])
+           "--max-total-s", str(cfg.max_total_s), "--only", name] + ([] if case is None else ["--case", case]) \
+        + ([] if idx is None else ["--config", str(idx)])
     out.unlink(missing_ok=True)
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=cfg.timeout_s,
@@ -440,10 +455,10 @@ def dattri_rows(res: dict[str, Any], ours: dict[str, Any], cfg: PeersConfig, ver
         if "configs" not in c:
             rows.append(Row(SECTION, LABELS["dattri"], base, status=str(c.get("status", "skipped: no result"))))
             continue
-        if str(c.get("status", "")).startswith("skipped"):
-            last = c["configs"][-1] if c["configs"] else {}
-            rows.append(Row(SECTION, LABELS["dattri"], base, status=f"{c['status']}: {res.get('process_end', '?')}",
-                            note=f"last configuration: {last.get('method', '-')} {_conf_text(last, short=True)}"))
+        if str(c.get("status", "")).startswith("skipped") or res.get("process_end"):
+            ends = res.get("process_end") or ["?"]
+            rows.append(Row(SECTION, LABELS["dattri"], base, status="info",
+                            value=f"{len(ends)} configuration process(es) ended early: " + "; ".join(ends)[:400]))
         families: dict[str, list[dict[str, Any]]] = {}
         for r in c["configs"]:
             families.setdefault(r["method"], []).append(r)
@@ -458,7 +473,8 @@ def dattri_rows(res: dict[str, Any], ours: dict[str, Any], cfg: PeersConfig, ver
                     f"Woodbury solve, {fmt_time(suite.median)} (median of {suite.repeats}); configurations: {listed}")
             if not ok:
                 best = min((r for r in confs if "max_rel_diff" in r), key=lambda r: r["max_rel_diff"], default=None)
-                why = f"best error {fmt_num(best['max_rel_diff'])} > {fmt_num(IF_TOL)}" if best else "every run failed"
+                why = (f"best error {fmt_num(best['max_rel_diff'])} > {fmt_num(IF_TOL)}" if best else
+                       "; ".join(sorted({_error_text(r.get("error", "?")) for r in confs})))
                 rows.append(Row(SECTION, f"dattri {method}", base,
                                 status=f"skipped: no configuration agreed ({why})", note=note))
                 continue
@@ -480,8 +496,15 @@ def _conf_text(r: dict[str, Any], short: bool = False) -> str:
     if short:
         return cfg
     if "times_s" not in r:
-        return f"{cfg}: error {r.get('error', '?')[:80]}"
+        return f"{cfg}: {_error_text(r.get('error', '?'))}"
     return f"{cfg}: {fmt_time(_med(r['times_s']))}, err {fmt_num(r['max_rel_diff'])}"
+
+
+def _error_text(err: str) -> str:
+    """An exception message, with allocation failures named as what they are."""
+    if "DefaultCPUAllocator" in err or "MemoryError" in err or "out of memory" in err.lower():
+        return "out of memory under the peers' address-space cap"
+    return f"error {err[:80]}"
 
 
 def torchattacks_row(r: dict[str, Any], ours: Timing, cfg: PeersConfig, ver: dict[str, str]) -> Row:

@@ -313,6 +313,8 @@ def environment() -> dict[str, Any]:
         "blas": next((ln.strip() for ln in torch.__config__.parallel_info().splitlines()
                       if "Math Kernel" in ln or "OpenBLAS" in ln), "see torch.__config__.show()"),
         "load_average_start": load_average(),
+        "blas_threads_env": {v: os.environ.get(v) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                                            "MKL_NUM_THREADS")},
         "versions": library_versions(),
         "device": device_info(),
         "cuda": torch.cuda.is_available(),

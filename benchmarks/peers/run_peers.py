@@ -234,9 +234,14 @@ def _dattri_case(z: Any, key: str, repeats: int, max_total_s: float, partial: di
 
     results: list[dict[str, Any]] = []
     partial["configs"] = results
+    only = int(z["if_config"]) if "if_config" in z.files else None
+    counter = [-1]
 
     def measure(name: str, make: Callable[[], Any], factor: float, reference: np.ndarray, gate: str,
                 warm: Callable[[], Any] | None = None, reps: int = repeats, **cfg: Any) -> None:
+        counter[0] += 1
+        if only is not None and counter[0] != only:
+            return
         out: dict[str, Any] = {}
 
         def run(make: Callable[[], Any] = make) -> None:
@@ -272,11 +277,12 @@ def _dattri_case(z: Any, key: str, repeats: int, max_total_s: float, partial: di
     if bool(z[f"{key}_lissa"]):
         depth = int(z["if_lissa_depth"])
         scaling = lam_max
-        measure("LiSSA (full-batch recursion)", lambda: IFAttributorLiSSA(
-                    task=plain, device="cpu", batch_size=n, num_repeat=1, recursion_depth=depth,
-                    damping=rho / scaling, scaling=scaling),
-                1.0, ref, "exact IF", warm=lambda: None, reps=1, recursion_depth=depth, batch_size=n,
-                scaling=scaling, damping=rho / scaling)
+        for bsz in (n, max(1, n // 5)):
+            measure("LiSSA", lambda bsz=bsz: IFAttributorLiSSA(
+                        task=task_for(n / bsz), device="cpu", batch_size=bsz, num_repeat=1, recursion_depth=depth,
+                        damping=rho / scaling, scaling=scaling),
+                    (bsz / n) ** 2, ref, "exact IF", warm=lambda: None, reps=1, recursion_depth=depth,
+                    batch_size=bsz, scaling=scaling, damping=rho / scaling)
     k = int(z["if_arnoldi_k"])
     for it in (int(v) for v in z[f"{key}_arnoldi_iters"]):
         measure("Arnoldi (top-k eigenspace of H)", lambda it=it: IFAttributorArnoldi(
@@ -443,11 +449,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-total-s", type=float, default=30.0)
     p.add_argument("--only", default=",".join(PEERS))
     p.add_argument("--case", default=None, help="dattri: only this benchmark point (a key of if_keys)")
+    p.add_argument("--config", type=int, default=None, help="dattri: only this configuration (its index)")
     a = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     z = dict(np.load(a.inputs))
     if a.case:
         z["if_only"] = np.array(a.case)
+    if a.config is not None:
+        z["if_config"] = np.array(a.config)
     z = _Arrays(z)
     if int(z["threads"]) == 1:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
