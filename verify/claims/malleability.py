@@ -573,7 +573,8 @@ MALLEABILITY_CLAIMS = [
     _adv_entry("adv-attn-cifar10", "cifar10", "attn"),
     Claim("eps-robustness", "Sec. 5 (robustness)", "The ranking Attn > ReLU holds for eps in {0.1, 0.2, 0.3, 0.5}",
           paper="rankings are said to hold for eps in {0.1, 0.2, 0.3, 0.5}", rule=EPS_RULE,
-          units=("malleability-eps:mnist",), evaluate=eps_outcome, group="malleability", empirical=True),
+          units=("malleability-eps:mnist",), evaluate=lambda results: eps_outcome(results["malleability-eps:mnist"]),
+          group="malleability", empirical=True),
     Claim("curated-removal", "Influence malleability (curated intervention)",
           "Removing the top-tau points by influence changes the kernel predictor's test loss more than removing "
           "as many random points", paper="curated intervention: remove the top points (no numbers given)",
