@@ -122,3 +122,11 @@ def test_influence_predicts_actual_retraining_of_a_wide_relu_net():
     assert r["pearson"] > 0.8
     assert r["spearman"] > 0.6
     assert r["sign_agreement"] >= 0.6
+
+
+def test_dead_network_kernel_gives_zero_influence_not_an_error():
+    """A network whose ReLUs all died has K = 0: the relative ridge would be 0, the floor keeps the solve
+    defined, and every influence is 0 (no sign that could flip)."""
+    K = np.zeros((5, 5))
+    res = influence_from_kernels(K, np.zeros((3, 5)), np.eye(5)[:, :2], np.eye(3)[:, :2])
+    assert res.ridge > 0 and np.all(res.total == 0)

@@ -160,3 +160,26 @@ def test_no_paper_value_in_ours_column(smoke_run):
     rec = json.loads(Path(out / "claims.json").read_text())
     for c in rec["claims"]:
         assert c["ours"] != c["paper"]
+
+
+def _retrain(lo: float, passed: bool = True) -> dict:
+    ci = {"value": lo + 0.1, "ci": [lo, min(1.0, lo + 0.3)]}
+    cfg = {"n_train": 10, "n_test": 5, "width": 8, "protocol": "x", "epochs": 1, "n_remove": 4, "ridge_rel": 1e-3}
+    return {"config": cfg, "data": {"label": "x"}, "spearman": ci, "pearson": ci, "sign_agreement": 0.5,
+            "training": {"train_acc": 0.9, "test_acc": 0.8,
+                         "gate": {"passed": passed, "reason": "passed" if passed else "no plateau after 1 epochs"}}}
+
+
+@pytest.mark.parametrize(("relu", "attn", "expected"), [
+    (_retrain(0.6), _retrain(0.7), HOLDS),
+    (_retrain(0.6), _retrain(0.1), PARTLY),
+    (_retrain(0.2), _retrain(0.1), PARTLY),
+    (_retrain(0.6), _retrain(-0.4), PARTLY),
+    (_retrain(-0.2), _retrain(-0.4), NOT),
+    (_retrain(0.6), _retrain(0.7, passed=False), NA),
+])
+def test_influence_retrain_rule_outcomes(relu, attn, expected):
+    from verify.claims.influence import INFLUENCE_CLAIMS
+
+    out = INFLUENCE_CLAIMS[0].evaluate({"influence-retrain:relu": relu, "influence-retrain:attn": attn})
+    assert out.verdict == expected
