@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         for f in cache.folder.glob("*.json"):
             f.unlink()
     t0 = time.perf_counter()
+    git = git_state()  # the code that runs is the code checked out now
     units = units_for(args.preset, args.data_dir)
     needed = sorted({u for c in claims for p in (PROTOCOLS if c.empirical else (None,)) for u in protocol_units(c, p)},
                     key=list(units).index)
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         "preset_sizes": preset(args.preset),
         "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "code_version": cache.version,
-        "git": git_state(),
+        "git": git,
         "versions": library_versions(),
         "device": device_info(),
         "wall_s": time.perf_counter() - t0,
