@@ -8,7 +8,8 @@ the slowest old repeat (the spreads do not overlap) and its median grew by more 
 margin (10 %); single-run rows (no spread) are given a spread of +-`margin`.
 A check is **less accurate** when it passed before and fails now, or, for an error check
 (`<=`), when its value grew more than `error_factor` times (and above 1e-12, where rounding lives),
-or, for a score check (`>=`) or an informational correlation, when it fell by more than `score_drop`.
+or, for a score check (`>=`) or an informational correlation, when it fell by more than `score_drop`
+(5 % of its value, at least 0.05). Informational checks named as a difference or error count as errors.
 The load averages of both runs are printed, because a busy machine slows everything.
 """
 
@@ -45,6 +46,14 @@ class Finding:
 
 def _key(row: dict[str, Any]) -> tuple[str, str]:
     return str(row.get("bench", "")), str(row.get("case", ""))
+
+
+def _is_error(check: dict[str, Any]) -> bool:
+    """Whether larger is worse: gated `<=` checks, and informational ones named as a difference or error."""
+    if check.get("threshold") is not None:
+        return check.get("op", "<=") == "<="
+    label = str(check.get("label", "")).lower()
+    return any(w in label for w in ("diff", "err", "excess", "differing"))
 
 
 def _interval(row: dict[str, Any], margin: float) -> tuple[float, float, float] | None:
@@ -88,10 +97,10 @@ def compare_rows(old: list[dict[str, Any]], new: list[dict[str, Any]], th: Thres
                 worse = "passed before, fails now"
             elif not (math.isfinite(v0) and math.isfinite(v1)):
                 worse = "" if math.isfinite(v0) == math.isfinite(v1) else "no longer finite"
-            elif c.get("op", "<=") == "<=" and c.get("threshold") is not None:
+            elif _is_error(c):
                 if v1 > max(v0 * th.error_factor, th.error_floor):
                     worse = f"error grew {v1 / v0:.3g}x" if v0 > 0 else "error grew from 0"
-            elif v0 - v1 > th.score_drop * max(abs(v0), 1e-12) and (c.get("op") == ">=" or c.get("threshold") is None):
+            elif v0 - v1 > max(th.score_drop * abs(v0), th.score_drop):
                 worse = "score fell"
             if worse:
                 out.append(Finding("less accurate", bench, case,
