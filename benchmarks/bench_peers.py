@@ -480,11 +480,11 @@ def dattri_rows(res: dict[str, Any], ours: dict[str, Any], cfg: PeersConfig, ver
                 continue
             b = min(ok, key=lambda r: _med(r["times_s"]))
             t = Timing(list(b["times_s"]), "none: eager torch, nothing to compile")
-            rows.append(Row(SECTION, f"dattri {method}", f"{base}; {_conf_text(b, short=True)}", t,
-                            ratio=_ratio(t.median, suite.median),
+            ratio = _ratio(t.median, suite.median) if same else "none: different estimand"
+            rows.append(Row(SECTION, f"dattri {method}", f"{base}; {_conf_text(b, short=True)}", t, ratio=ratio,
                             checks=[Check(f"max rel diff vs suite ({b['gate']})", float(b["max_rel_diff"]), IF_TOL),
                                     Check("Pearson vs exact IF", float(b["pearson_vs_full_if"]))],
-                            note=note, data={"peer_s": t.median, "suite_s": suite.median,
+                            note=note, data={"peer_s": t.median, "suite_s": suite.median, "same_estimand": same,
                                              "ratio": t.median / suite.median, "config": _conf_text(b, short=True)}))
     return rows
 
@@ -533,7 +533,7 @@ def kronfluence_row(r: dict[str, Any], ours: dict[str, Any], cfg: PeersConfig, v
     if r.get("status") != "ok":
         return Row(SECTION, label, case, status=str(r.get("status")), note=vtxt)
     t = Timing(list(r["times_s"]), "1 untimed fit + scores")
-    return Row(SECTION, label, case, t, ratio=_ratio(t.median, st.median),
+    return Row(SECTION, label, case, t, ratio=f"{_ratio(t.median, st.median)} (different estimands)",
                checks=[Check("scores finite, shape test x train", 0.0 if r["finite"]
                              and r["shape"] == [cfg.cnn_n_test, cfg.cnn_n] else 1.0, 0.0),
                        Check("Spearman of train totals vs audit NTK-LOO", float(r["spearman_vs_audit_loo"])),

@@ -388,7 +388,8 @@ def _peers(cfg: Any, python: str | None, x: np.ndarray, y: np.ndarray, threads: 
     rows, d = bench_peers(cfg, x, y, threads, _log)
     d["rows"] = [f"{r.bench} ({r.case}): {fmt_time(r.data['peer_s'])} vs the suite's {fmt_time(r.data['suite_s'])} "
                  f"({r.ratio}; {'; '.join(c.render() for c in r.checks if c.gated)})"
-                 for r in rows if r.final_status == "measured" and "peer_s" in r.data]
+                 for r in rows if r.final_status == "measured" and "peer_s" in r.data
+                 and (r.data.get("same_estimand", True) or r.bench.startswith("kronfluence"))]
     data["peers"] = d
     return rows
 
