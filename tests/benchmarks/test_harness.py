@@ -157,8 +157,25 @@ def test_dattri_rows_pick_fastest_agreeing_and_skip_disagreeing() -> None:
     by = {r.bench: r for r in rows}
     assert by["dattri CG"].timing.median == 1.0 and "max_iter=20" in by["dattri CG"].case
     assert by["dattri LiSSA"].status.startswith("skipped: no configuration agreed")
-    assert "different estimand" in by["dattri Arnoldi"].note
+    arnoldi = by["dattri Arnoldi"]
+    assert "different estimand" in arnoldi.note and arnoldi.ratio == "none: different estimand"
     assert "same estimand" in by["dattri CG"].note
+
+
+def test_kronfluence_row_is_labelled_a_different_estimand() -> None:
+    from benchmarks.bench_peers import PeersConfig, kronfluence_row
+    from benchmarks.harness import Timing
+
+    cfg = PeersConfig(cnn_n=4, cnn_n_test=2)
+    peer = {"status": "ok", "times_s": [1.0, 1.2], "fit_s": [0.8], "scores_s": [0.3], "finite": True, "shape": [2, 4],
+            "spearman_vs_audit_loo": 0.1, "spearman_vs_audit_gn": 0.4, "peak_rss_gib": 0.5}
+    ours = {"timing": Timing([2.0]), "n_params": 10, "method": "m", "kernel_s": 1.5, "influence_s": 0.5,
+            "rho_loo_gn": 0.3}
+    row = kronfluence_row(peer, ours, cfg, {"kronfluence": "1.0.1"})
+    assert row.final_status == "measured" and row.ratio.endswith("(different estimands)")
+    assert "DIFFERENT estimands" in row.note
+    peer["shape"] = [4, 2]
+    assert kronfluence_row(peer, ours, cfg, {}).final_status == "FAILED"
 
 
 def test_share_table_sums_a_unit() -> None:
