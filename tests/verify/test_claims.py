@@ -183,3 +183,18 @@ def test_influence_retrain_rule_outcomes(relu, attn, expected):
 
     out = INFLUENCE_CLAIMS[0].evaluate({"influence-retrain:relu": relu, "influence-retrain:attn": attn})
     assert out.verdict == expected
+
+
+def test_ntk_rule_drops_widths_below_the_gate_and_needs_three():
+    falls = _ntk_claim("mnist", "relu", "decreasing")
+    narrow_fails = _block("relu", DOWN)
+    for r in narrow_fails["runs"]:
+        if r["width"] == 16 and r["seed"] == 0:
+            r["gate"] = {"passed": False, "reason": "train acc 0.30 < 0.55"}
+    out = falls(_distance(narrow_fails, _block("attn", UP)))
+    assert out.verdict == HOLDS and out.numbers["widths_kept"] == [64, 256, 1024]
+    assert "16" in out.ours and "dropped" in out.ours
+    for r in narrow_fails["runs"]:
+        if r["width"] == 1024:
+            r["gate"] = {"passed": False, "reason": "no plateau after 1 epochs"}
+    assert falls(_distance(narrow_fails, _block("attn", UP))).verdict == NA

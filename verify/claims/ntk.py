@@ -7,17 +7,29 @@ from collections.abc import Callable
 from empirics.distance import slope_interval
 from empirics.protocols import GATE_TEXT
 from reports.text import fmt
-from verify.claims.base import HOLDS, NOT, PARTLY, Claim, Outcome, Results, gate_failures, gated
+from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results, gate_failures, gated
 
 METRIC = "function_abs"
 SECONDARY = ("function_lin", "kernel_drift_centred")
-NTK_RULE = ("log-log slope of the unnormalised function distance ||f_m - f_NTK|| (test outputs) against width, with a "
-            "95 % percentile bootstrap interval over seeds (each seed its own data subset and initialisations): "
-            "holds if the interval lies entirely on the claimed side of 0 (below 0 for 'decreases', above for "
-            "'rises'); partly if not, but a discriminating secondary metric (the init-matched distance "
-            "||f_m - f_lin|| or the doubly centred kernel drift) has its interval on the claimed side for this "
-            "network and not for the other one; does not hold otherwise. A metric that moves the claimed way for "
-            "both networks gives no credit")
+NTK_RULE = ("widths at which every seed's network passes the adequacy gate are kept (at least 3, including the "
+            "widest of the sweep, else not measurable); log-log slope of the unnormalised function distance "
+            "||f_m - f_NTK|| (test outputs) against width, with a 95 % percentile bootstrap interval over seeds "
+            "(each seed its own data subset and initialisations): holds if the interval lies entirely on the claimed "
+            "side of 0 (below 0 for 'decreases', above for 'rises'); partly if not, but a discriminating secondary "
+            "metric (the init-matched distance ||f_m - f_lin|| or the doubly centred kernel drift) has its interval "
+            "on the claimed side for this network and not for the other one (on the widths kept for both); does not "
+            "hold otherwise. A metric that moves the claimed way for both networks gives no credit")
+
+
+#: Widths needed for a slope (the widest among them).
+MIN_WIDTHS = 3
+
+
+def gated_widths(runs: list[dict]) -> tuple[list[int], dict[int, list[str]]]:
+    """Widths at which every seed's network passed the adequacy gate, and the reasons for the others."""
+    widths = sorted({int(r["width"]) for r in runs})
+    dropped = {w: gate_failures([r for r in runs if r["width"] == w]) for w in widths}
+    return [w for w in widths if not dropped[w]], {w: why for w, why in dropped.items() if why}
 
 
 def _side(ci: list[float], claimed: str) -> bool:
@@ -42,28 +54,32 @@ def _ntk_claim(ds: str, kind: str, claimed: str) -> Callable[[Results], Outcome]
                     f", wd {tcfg['weight_decay']} {tcfg.get('decay', 'coupled')}, "
                     f"{'up to ' if tcfg.get('plateau') else ''}{tcfg['epochs']} epochs), NTK parameterisation; "
                     f"f_NTK = KRR with the analytic NTK, ridge {res.get('ridge_rule', '')} = {fmt(res['ridge'])}")
-        na = gated(block["runs"], GATE_TEXT, protocol)
-        if na:
-            return na
-        widths = sorted(int(w) for w in block["per_width"])
+        widths, dropped = gated_widths(block["runs"])
+        if len(widths) < MIN_WIDTHS or widths[-1] != max(cfg["widths"]):
+            why = gated(block["runs"], GATE_TEXT, protocol)
+            return Outcome(f"not measurable: fewer than {MIN_WIDTHS} widths, or not the widest, have every network "
+                           f"above the adequacy gate (kept {widths or 'none'}). " + (why.ours if why else ""), NA,
+                           protocol, {"widths_kept": widths, "dropped": dropped}, gate=GATE_TEXT)
+        runs = [r for r in block["runs"] if r["width"] in widths]
         fa = [block["per_width"][str(w)][METRIC]["mean"] for w in widths]
-        si = block["trends"][METRIC]["slope_interval"]
+        si = slope_interval(widths, runs, METRIC)
         primary = _side(si["ci"], claimed)
-        other_ok = other is not None and not gate_failures(other["runs"])
+        o_widths = gated_widths(other["runs"])[0] if other is not None else []
+        shared = [w for w in widths if w in o_widths]
         credit = []
-        for metric in SECONDARY:
-            mine = block["trends"][metric]["slope_interval"]["ci"]
-            theirs = other["trends"][metric]["slope_interval"]["ci"] if other_ok else None
-            if _side(mine, claimed) and theirs is not None and not _side(theirs, claimed):
+        sec = {m: slope_interval(widths, runs, m) for m in SECONDARY}
+        for metric in SECONDARY if len(shared) >= MIN_WIDTHS else ():
+            mine = slope_interval(shared, [r for r in runs if r["width"] in shared], metric)["ci"]
+            theirs = slope_interval(shared, [r for r in other["runs"] if r["width"] in shared], metric)["ci"]
+            if _side(mine, claimed) and not _side(theirs, claimed):
                 credit.append(metric)
         verdict = HOLDS if primary else PARTLY if credit else NOT
         acc = block["per_width"][str(widths[-1])]
         ours = (", ".join(f"m={w}: {fmt(m)}" for w, m in zip(widths, fa, strict=True))
                 + f"; slope {fmt(si['slope'])} [{fmt(si['ci'][0])}, {fmt(si['ci'][1])}] ({si['seeds']} seeds)"
-                + "; " + "; ".join(
-                    f"{m} slope {fmt(block['trends'][m]['slope_interval']['slope'])} "
-                    f"[{fmt(block['trends'][m]['slope_interval']['ci'][0])}, "
-                    f"{fmt(block['trends'][m]['slope_interval']['ci'][1])}]" for m in SECONDARY)
+                + "; " + "; ".join(f"{m} slope {fmt(sec[m]['slope'])} [{fmt(sec[m]['ci'][0])}, {fmt(sec[m]['ci'][1])}]"
+                                   for m in SECONDARY)
+                + (f"; widths dropped (a network below the gate): {dropped}" if dropped else "")
                 + f"; train/test acc at m={widths[-1]}: {fmt(acc['train_acc']['mean'])}/{fmt(acc['test_acc']['mean'])}"
                 + (f"; credit from {', '.join(credit)}" if credit and not primary else ""))
         condition = (f"slope CI {'< 0' if claimed == 'decreasing' else '> 0'}"
@@ -71,13 +87,14 @@ def _ntk_claim(ds: str, kind: str, claimed: str) -> Callable[[Results], Outcome]
         return Outcome(ours, verdict, protocol,
                        {"widths": widths, "function_abs_mean": fa, "slope_interval": si,
                         "secondary_credit": credit,
-                        "secondary": {m: block["trends"][m]["slope_interval"] for m in SECONDARY}},
+                        "secondary": sec, "widths_kept": widths, "dropped": dropped},
                        si["seeds"], gate=GATE_TEXT, condition=condition)
 
     return evaluate
 
 
-CONTRAST_RULE = ("the paper's contrast: slope of log ||f_m - f_NTK|| against log width, MLP-Attn minus 2L-ReLU, "
+CONTRAST_RULE = ("on the widths at which both networks pass the gate in every seed (at least 3, including the widest): "
+                 "the paper's contrast: slope of log ||f_m - f_NTK|| against log width, MLP-Attn minus 2L-ReLU, "
                  "95 % bootstrap interval paired by seed: holds if the interval lies above 0 and 2L-ReLU's own slope "
                  "interval lies below 0 (ReLU converges, attention does not); partly if only the difference interval "
                  "lies above 0; does not hold otherwise")
@@ -88,12 +105,16 @@ def _contrast_claim(ds: str) -> Callable[[Results], Outcome]:
         res = results[f"ntk-distance:{ds}"]
         relu, attn = res["models"]["relu"], res["models"]["attn"]
         protocol = f"the two ntk-distance sweeps of {res['data'].get('label', ds)} (see the per-model rows)"
-        na = gated(relu["runs"] + attn["runs"], GATE_TEXT, protocol)
-        if na:
-            return na
-        widths = sorted(int(w) for w in relu["per_width"])
-        diff = slope_interval(widths, attn["runs"], METRIC, minus=relu["runs"])
-        relu_si = relu["trends"][METRIC]["slope_interval"]
+        attn_w = gated_widths(attn["runs"])[0]
+        widths = [w for w in gated_widths(relu["runs"])[0] if w in attn_w]
+        if len(widths) < MIN_WIDTHS or widths[-1] != max(res["config"]["widths"]):
+            why = gated(relu["runs"] + attn["runs"], GATE_TEXT, protocol)
+            return Outcome(f"not measurable: fewer than {MIN_WIDTHS} widths, or not the widest, have both networks "
+                           f"above the adequacy gate in every seed (kept {widths or 'none'}). "
+                           + (why.ours if why else ""), NA, protocol, {"widths_kept": widths}, gate=GATE_TEXT)
+        keep_r = [r for r in relu["runs"] if r["width"] in widths]
+        diff = slope_interval(widths, [r for r in attn["runs"] if r["width"] in widths], METRIC, minus=keep_r)
+        relu_si = slope_interval(widths, keep_r, METRIC)
         up, conv = diff["ci"][0] > 0, relu_si["ci"][1] < 0
         verdict = HOLDS if up and conv else PARTLY if up else NOT
         ours = (f"slope difference Attn - ReLU {fmt(diff['slope'])} [{fmt(diff['ci'][0])}, {fmt(diff['ci'][1])}]; "
