@@ -25,7 +25,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "binary_kappa_ns": (32, 64),
     },
     "quick": {
-        "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 512), "seeds": (0, 1, 2), "epochs": 600,
+        "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 512), "seeds": (0, 1, 2), "epochs": 1000,
         "paper_epochs": 500, "mall_width": 512, "mall_n_train": 500, "mall_n_test": 200, "attack_steps": 10,
         "adv_max_epochs": 40, "landscape_points": 21, "landscape_grid": 11, "hessian_iters": 20,
         "hutchinson_samples": 10, "kappa_ns": (32, 50, 64, 100, 128, 200, 500, 1000, 2000),
