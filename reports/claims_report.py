@@ -59,8 +59,11 @@ def make_figures(record: dict[str, Any], folder: Path) -> list[dict[str, str]]:
             if r and "models" in r:
                 p = figures.distance_vs_width(r, folder / f"ntk_distance_{ds}_{proto}.png")
                 out.append({"title": f"NTK distance vs width — {r['data'].get('label', ds)}{tag}", "path": str(p),
-                            "caption": "mean ± std over seeds (each seed its own data subset); legend: log-log slope "
-                                       "with its 95 % bootstrap interval over seeds. Left: ||f_m - f_NTK|| on test "
+                            "caption": "mean ± std over seeds (each seed its own data subset), at every width "
+                                       "including widths whose networks failed the adequacy gate; legend: log-log "
+                                       "slope over all widths with its 95 % bootstrap interval over seeds (the claim "
+                                       "rows use only the widths that pass the gate, so their slopes can differ). "
+                                       "Left: ||f_m - f_NTK|| on test "
                                        "points (unnormalised); middle: centred kernel drift; right: centred Θ_0 vs "
                                        "analytic NTK."})
         mall = {k: res[k + at] for k in ("malleability:mnist:10class", "malleability:cifar10:10class",
