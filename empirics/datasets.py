@@ -4,7 +4,9 @@
 labels, for the 10-class task or the paper's binary tasks (MNIST 3-vs-8, CIFAR-10
 airplane-vs-automobile), in a "first n" or a seeded class-balanced subset. Every dataset carries a
 provenance dict: which files (with sha256), which source kind, which subset (digest of indices),
-and, for the JPEG copy of CIFAR-10, a label saying the pixels are not the original ones.
+and, for the JPEG copy of CIFAR-10, a label saying the pixels are not the original ones. A data set
+given as a PATH instead of a name is read by `empirics.userdata` (the front-end the experiments and the
+audit share), which uses the subsets, digests and pixel scaling defined here.
 
 Where the data is looked for, in order (the first location holding a usable copy wins):
 
@@ -100,7 +102,7 @@ HOW_TO_GET = (
 
 @dataclass
 class Dataset:
-    """A train/test subset of MNIST or CIFAR-10: flattened float32 pixels in [0, 1], int64 labels."""
+    """A train/test subset of MNIST, CIFAR-10 or a user data set: flattened float32 pixels in [0, 1], int64 labels."""
 
     name: str
     task: str
@@ -219,7 +221,7 @@ def find_data(name: str, data_dir: str | Path | None = None) -> tuple[DataSource
 
     Only the presence and names of files are checked here; contents are checked when loaded.
     """
-    name = _check_choice("dataset", name, DATASETS)
+    name = check_choice("dataset", name, DATASETS)
     searched: list[str] = []
     for root, why in search_roots(data_dir):
         if not root.is_dir():
@@ -398,7 +400,8 @@ def _open(src: DataSource) -> _Opened:
 # --- subsets ----------------------------------------------------------------------------------------
 
 
-def _check_choice(what: str, value: str, valid: tuple[str, ...]) -> str:
+def check_choice(what: str, value: str, valid: tuple[str, ...]) -> str:
+    """`value` if it is one of `valid`, else a one-line error listing them."""
     if value not in valid:
         raise UserInputError(f"unknown {what} {value!r}; valid values: {', '.join(valid)}")
     return value
@@ -441,14 +444,32 @@ def _task_labels(name: str, task: str) -> tuple[tuple[int, ...], list[str]]:
     return keep, [names[c] for c in keep]
 
 
-def _relabel(y: np.ndarray, keep: tuple[int, ...]) -> np.ndarray:
-    lut = np.full(10, -1, dtype=np.int64)
+def relabel(y: np.ndarray, keep: tuple[int, ...]) -> np.ndarray:
+    """Labels `keep[j]` -> j (int64); every label in `y` must be one of `keep`."""
+    y = np.asarray(y, dtype=np.int64)
+    lut = np.full(max(max(keep), int(y.max(initial=0))) + 1, -1, dtype=np.int64)
     lut[list(keep)] = np.arange(len(keep))
     return lut[y]
 
 
-def _to_unit(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x, dtype=np.float32) / np.float32(255.0)
+def to_unit(x: np.ndarray, where: str = "the data") -> np.ndarray:
+    """Inputs as float32 in [0, 1]: uint8 pixels are divided by 255; other numbers must already lie in
+    [0, 1] (attacks use eps in pixel units and clip to [0, 1]). Anything else is a one-line error."""
+    if x.dtype == np.uint8:
+        return np.ascontiguousarray(x, dtype=np.float32) / np.float32(255.0)
+    if x.dtype.kind not in "fiu" or x.dtype == np.bool_:
+        raise UserInputError(f"{where}: inputs have dtype {x.dtype}; give floats in [0, 1] or uint8 pixels")
+    xf = x.astype(np.float32)
+    bad = ~np.isfinite(xf)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise UserInputError(f"{where}: inputs contain NaN or Inf (first in example {row}); clean the data")
+    lo, hi = float(xf.min()), float(xf.max())
+    if lo < -1e-6 or hi > 1 + 1e-6:
+        raise UserInputError(f"{where}: inputs range over [{lo:.3g}, {hi:.3g}] but must lie in [0, 1] (eps is in "
+                             "pixel units and attacks clip to [0, 1]); scale the data and move any normalisation "
+                             "into the model")
+    return np.clip(xf, 0.0, 1.0)
 
 
 # --- bundled sample -----------------------------------------------------------------------------------
@@ -491,10 +512,10 @@ def load_dataset(
     source: str = "auto",
 ) -> Dataset:
     """Load a train/test subset of MNIST or CIFAR-10 (see the module docstring for every choice)."""
-    name = _check_choice("dataset", name, DATASETS)
-    task = _check_choice("task", task, TASKS)
-    sample = _check_choice("sample", sample, SAMPLES)
-    source = _check_choice("source", source, SOURCES)
+    name = check_choice("dataset", name, DATASETS)
+    task = check_choice("task", task, TASKS)
+    sample = check_choice("sample", sample, SAMPLES)
+    source = check_choice("source", source, SOURCES)
     for what, n in (("n_train", n_train), ("n_test", n_test)):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
             raise UserInputError(f"{what} must be a positive integer (got {n!r})")
@@ -527,8 +548,8 @@ def _load_source(src: DataSource, task: str, sample: str, seed: int, n_train: in
         except UserInputError as exc:
             raise UserInputError(f"{exc} in {name} ({task}) at {src.path}") from None
         pixels, info = part.fetch(sel)
-        out[f"x_{split}"] = _to_unit(pixels)
-        out[f"y_{split}"] = _relabel(part.labels[sel], keep)
+        out[f"x_{split}"] = to_unit(pixels)
+        out[f"y_{split}"] = relabel(part.labels[sel], keep)
         out[f"{split}_indices_sha256"] = index_digest(sel)
         fetch_info.update({f"{split}_{k}": v for k, v in info.items()})
     formats = set(fetch_info.get("train_image_formats", [])) | set(fetch_info.get("test_image_formats", []))
@@ -585,8 +606,8 @@ def _load_bundled(
                 f"(n_{split}={n} asked); get the full data: {HOW_TO_GET.format(name=name)}"
             )
         sel = select_indices(labels, keep, n, sample, seed, split)
-        out[f"x_{split}"] = _to_unit(arrays[f"x_{split}"][sel])
-        out[f"y_{split}"] = _relabel(labels[sel], keep)
+        out[f"x_{split}"] = to_unit(arrays[f"x_{split}"][sel])
+        out[f"y_{split}"] = relabel(labels[sel], keep)
         out[f"{split}_indices_sha256"] = index_digest(arrays[f"{split}_source_index"][sel])
     provenance: dict[str, Any] = {
         "dataset": name,
@@ -627,7 +648,7 @@ def preprocess(x: np.ndarray, mode: str, reference: np.ndarray | None = None) ->
     """`raw` (as is), `center` (subtract the per-pixel mean) or `standardize` (also divide by the
     per-pixel std; constant pixels stay 0). Statistics come from `reference` (default: `x` itself),
     so test data can be transformed with training statistics. Returns float64."""
-    mode = _check_choice("preprocessing", mode, PREPROCESSING)
+    mode = check_choice("preprocessing", mode, PREPROCESSING)
     x = np.asarray(x, dtype=np.float64)
     if mode == "raw":
         return x

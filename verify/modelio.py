@@ -26,16 +26,16 @@ Weights (safetensors or a state dict) need an architecture spec: the JSON that
 `empirics.models.save_model` writes beside them (`PATH.json`, or `--spec FILE`); only the suite's
 own networks can be rebuilt from weights.
 
-Data (`--train`, `--test`): a `.npz` with arrays `x`, `y` (or `x_train`, `y_train`, `x_test`,
-`y_test`), an MNIST IDX folder, a CIFAR-10 python-batch folder, an image folder
-`ROOT/{train,test}/<class>/*.png|jpg`, or a built-in data set name (`mnist`, `cifar10`). Inputs must
-lie in [0, 1] (uint8 is divided by 255): attacks use eps in pixel units and clip to [0, 1], so
-normalisation belongs inside the model. Every problem is a one-line `UserInputError`.
+Data (`--train`, `--test`), read by `empirics.userdata` (the data front-end the experiments use too;
+`Split`, `load_split`, `check_labels` and `sniff_format` stay importable from here): a `.npz` with
+arrays `x`, `y` (or `x_train`, `y_train`, `x_test`, `y_test`), an MNIST IDX folder, a CIFAR-10
+python-batch folder, an image folder `ROOT/{train,test}/<class>/*.png|jpg`, or a built-in data set name
+(`mnist`, `cifar10`). Inputs must lie in [0, 1] (uint8 is divided by 255): attacks use eps in pixel
+units and clip to [0, 1], so normalisation belongs inside the model. Every problem is a one-line `UserInputError`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import math
@@ -54,53 +54,16 @@ import torch
 from torch import nn
 
 from empirics.records import sha256_file
+from empirics.userdata import Split, sniff_format
+from empirics.userdata import check_labels as check_labels
+from empirics.userdata import first_line as _first_line
+from empirics.userdata import load_split as load_split
 from theory.errors import UserInputError
 
 MODEL_FORMATS = ("torchscript", "export", "safetensors", "state-dict")
 SPEC_FORMAT = "ntk-malleability-suite/two-layer"
 SAVE_HINT = ("save a state_dict (with its --spec JSON), torch.jit.script(model).save(PATH) or "
              "torch.export.save(torch.export.export(model, (x,)), PATH) instead")
-
-
-def _first_line(exc: BaseException, limit: int = 160) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:limit]
-
-
-# --- format detection ----------------------------------------------------------------------------
-
-
-def sniff_format(path: str | Path) -> str:
-    """The kind of file from its bytes: torchscript, export, safetensors, torch-zip, pickle, npz,
-    json, zip or unknown."""
-    p = Path(path)
-    size = p.stat().st_size
-    with open(p, "rb") as f:
-        head = f.read(16)
-    if head[:4] == b"PK\x03\x04":
-        try:
-            with zipfile.ZipFile(p) as zf:
-                names = zf.namelist()
-        except zipfile.BadZipFile:
-            return "unknown"
-        if any(n.endswith("/archive_format") or n == "archive_format" for n in names):
-            return "export"
-        if any("/code/" in n or n.endswith("/constants.pkl") for n in names):
-            return "torchscript"
-        if any(n.endswith("data.pkl") for n in names):
-            return "torch-zip"
-        if names and all(n.endswith(".npy") for n in names):
-            return "npz"
-        return "zip"
-    if len(head) >= 9:
-        n = int.from_bytes(head[:8], "little")
-        if 2 <= n <= size - 8 and head[8:9] == b"{":
-            return "safetensors"
-    if head[:1] == b"\x80":
-        return "pickle"
-    if head.lstrip()[:1] == b"{":
-        return "json"
-    return "unknown"
 
 
 # --- reading pickles without unpickling them -----------------------------------------------------
@@ -771,233 +734,3 @@ def fx_graph_for(loaded: LoadedModel, model: FlatInput, x_sample: np.ndarray) ->
     loaded.notes.append("TorchScript converted to an FX graph (checked against the module's outputs) "
                         "for the factored kernel path")
     return gm
-
-
-# --- data ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Split:
-    """One data split as the audit uses it: float32 (n, d) in [0, 1], int64 labels, provenance."""
-
-    x: np.ndarray
-    y: np.ndarray
-    image_shape: tuple[int, ...] | None
-    classes: list[str] | None
-    provenance: dict[str, Any]
-
-
-def _digest(indices: np.ndarray) -> str:
-    return hashlib.sha256(np.asarray(indices, dtype="<i8").tobytes()).hexdigest()
-
-
-def _image_shape_of(x: np.ndarray) -> tuple[np.ndarray, tuple[int, ...] | None]:
-    """Flatten per-example arrays to C,H,W order; (n, H, W) is one channel, (n, H, W, C) is moved."""
-    if x.ndim == 2:
-        return x, None
-    if x.ndim == 3:
-        return x.reshape(len(x), -1), (1, x.shape[1], x.shape[2])
-    if x.ndim == 4:
-        if x.shape[1] in (1, 3, 4):
-            return x.reshape(len(x), -1), tuple(int(s) for s in x.shape[1:])
-        if x.shape[3] in (1, 3, 4):
-            return np.ascontiguousarray(x.transpose(0, 3, 1, 2)).reshape(len(x), -1), (x.shape[3], x.shape[1],
-                                                                                        x.shape[2])
-    raise UserInputError(f"inputs of shape {x.shape} are not understood; give (n, d), (n, H, W), (n, C, H, W) "
-                         "or (n, H, W, C)")
-
-
-def _to_unit(x: np.ndarray, where: str) -> np.ndarray:
-    if x.dtype == np.uint8:
-        return (x.astype(np.float32) / np.float32(255.0))
-    if x.dtype.kind not in "fiu" or x.dtype == np.bool_:
-        raise UserInputError(f"{where}: inputs have dtype {x.dtype}; give floats in [0, 1] or uint8 pixels")
-    xf = x.astype(np.float32)
-    bad = ~np.isfinite(xf)
-    if bad.any():
-        row = int(np.argwhere(bad)[0][0])
-        raise UserInputError(f"{where}: inputs contain NaN or Inf (first in example {row}); clean the data")
-    lo, hi = float(xf.min()), float(xf.max())
-    if lo < -1e-6 or hi > 1 + 1e-6:
-        raise UserInputError(f"{where}: inputs range over [{lo:.3g}, {hi:.3g}] but must lie in [0, 1] (eps is in "
-                             "pixel units and attacks clip to [0, 1]); scale the data and move any normalisation "
-                             "into the model")
-    return np.clip(xf, 0.0, 1.0)
-
-
-def _labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
-    y = np.asarray(y)
-    if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if y.ndim != 1 or len(y) != n:
-        raise UserInputError(f"{where}: labels have shape {y.shape} for {n} inputs; give one integer label per "
-                             "example")
-    if y.dtype.kind == "f":
-        if not np.isfinite(y).all() or not np.all(y == np.round(y)):
-            raise UserInputError(f"{where}: labels must be integers (class indices), found non-integer values")
-    elif y.dtype.kind not in "iub":
-        raise UserInputError(f"{where}: labels have dtype {y.dtype}; give integer class indices")
-    return y.astype(np.int64)
-
-
-def _split(x: np.ndarray, y: np.ndarray, where: str, prov: dict[str, Any],
-           image_shape: tuple[int, ...] | None = None, classes: list[str] | None = None) -> Split:
-    x = np.asarray(x)
-    if x.ndim < 2:
-        raise UserInputError(f"{where}: inputs have shape {x.shape}; give one row per example, (n, d) or "
-                             "(n, C, H, W), not a single vector or scalar")
-    if len(x) == 0:
-        raise UserInputError(f"{where}: the set is empty (inputs of shape {x.shape}); give at least one example")
-    flat, shape = _image_shape_of(x)
-    return Split(_to_unit(flat, where), _labels(y, len(x), where), image_shape or shape, classes, prov)
-
-
-def _file_prov(path: Path, kind: str) -> dict[str, Any]:
-    return {"source": kind, "path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
-
-
-def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except ValueError as exc:
-        raise UserInputError(f"{path}: cannot read the arrays ({_first_line(exc)}); object arrays are refused, "
-                             "save plain numeric arrays with np.savez") from None
-    except (OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise UserInputError(f"{path} is not a readable .npz file ({_first_line(exc)})") from None
-
-
-def _idx_dir(folder: Path) -> dict[str, Path] | None:
-    from empirics import idx
-
-    files = {role: idx.find_idx_file(folder, stem) for role, stem in idx.MNIST_FILES.items()}
-    if files["train_images"] is None and files["test_images"] is None:
-        return None
-    return {k: v for k, v in files.items() if v is not None}
-
-
-def _image_folder(root: Path) -> tuple[list[str], str] | None:
-    train = root / "train"
-    if not train.is_dir():
-        return None
-    classes = sorted(d.name for d in train.iterdir() if d.is_dir() and not d.name.startswith("."))
-    return (classes, "image-folder") if classes else None
-
-
-def _decode_images(blobs: list[tuple[str, bytes]]) -> tuple[np.ndarray, tuple[int, ...]]:
-    from PIL import Image, UnidentifiedImageError
-
-    arrays, shape, mode = [], None, None
-    for name, blob in blobs:
-        try:
-            with Image.open(io.BytesIO(blob)) as im:
-                mode = mode or ("L" if im.mode in ("L", "1", "I;16", "I") else "RGB")
-                arr = np.asarray(im.convert(mode), dtype=np.uint8)
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-            raise UserInputError(f"{name} is not a readable image ({_first_line(exc)})") from None
-        arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
-        if shape is None:
-            shape = arr.shape
-        elif arr.shape != shape:
-            raise UserInputError(f"{name} has shape {arr.shape} but earlier images have {shape}; resize all images "
-                                 "to one size")
-        arrays.append(arr.reshape(-1))
-    return np.stack(arrays), tuple(int(s) for s in shape)
-
-
-def _subset(n_avail: int, n: int | None, seed: int) -> np.ndarray:
-    if n is None or n >= n_avail:
-        return np.arange(n_avail)
-    rng = np.random.default_rng([seed, n_avail])
-    return np.sort(rng.choice(n_avail, size=n, replace=False))
-
-
-def load_split(source: str, split: str, n: int | None, seed: int = 0, data_dir: str | None = None) -> Split:
-    """One split ('train' or 'test') of `source`, subsampled to `n` examples (seeded, sorted)."""
-    from empirics.datasets import DATASETS, load_dataset
-
-    where = f"--{split} {source}"
-    if source in DATASETS:
-        kw = {"n_train": n or 1000, "n_test": 1} if split == "train" else {"n_train": 1, "n_test": n or 200}
-        ds = load_dataset(source, task="10class", sample="balanced", seed=seed, data_dir=data_dir, **kw)
-        x, y = (ds.x_train, ds.y_train) if split == "train" else (ds.x_test, ds.y_test)
-        prov = {"source": "built-in", "dataset": source, "split": split, **ds.provenance}
-        return _split(x, y, where, prov, tuple(ds.image_shape), list(ds.classes))
-    path = Path(source).expanduser().absolute()
-    if not path.exists():
-        raise UserInputError(f"{where}: no such file or folder, and not a built-in data set ({', '.join(DATASETS)})")
-    if path.is_file():
-        kind = sniff_format(path)
-        if kind not in ("npz", "zip"):
-            raise UserInputError(f"{where}: a data file must be a NumPy .npz with arrays x and y (this is {kind})")
-        arrays = _read_npz(path)
-        keys = (f"x_{split}", f"y_{split}") if f"x_{split}" in arrays else ("x", "y")
-        if keys[0] not in arrays or keys[1] not in arrays:
-            raise UserInputError(f"{where}: the .npz holds {sorted(arrays)}; it needs arrays 'x' and 'y' "
-                                 f"(or 'x_{split}' and 'y_{split}')")
-        x, y = arrays[keys[0]], arrays[keys[1]]
-        if x.ndim < 2:
-            raise UserInputError(f"{where}: '{keys[0]}' has shape {x.shape}; give one row per example, (n, d) or "
-                                 "(n, C, H, W)")
-        if np.asarray(y).ndim == 0:
-            raise UserInputError(f"{where}: '{keys[1]}' is a single value; give one integer label per example, "
-                                 f"shape ({len(x)},)")
-        if len(x) != len(y):
-            raise UserInputError(f"{where}: {len(x)} inputs but {len(y)} labels")
-        sel = _subset(len(x), n, seed)
-        prov = {**_file_prov(path, "npz"), "arrays": list(keys), "split": split, "n_available": int(len(x)),
-                "indices_sha256": _digest(sel)}
-        return _split(x[sel] if len(x) else x, np.asarray(y)[sel] if len(x) else y, where, prov)
-    return _load_folder(path, split, n, seed, where)
-
-
-def _load_folder(path: Path, split: str, n: int | None, seed: int, where: str) -> Split:
-    from empirics import cifar, idx
-
-    files = _idx_dir(path)
-    if files is not None:
-        img, lab = (("train_images", "train_labels") if split == "train" else ("test_images", "test_labels"))
-        if img not in files or lab not in files:
-            raise UserInputError(f"{where}: the IDX folder lacks the {split} files "
-                                 f"({idx.MNIST_FILES[img]}, {idx.MNIST_FILES[lab]})")
-        x = idx.read_idx_images(files[img])
-        y = idx.read_idx_labels(files[lab])
-        if len(x) != len(y):
-            raise UserInputError(f"{where}: {len(x)} images but {len(y)} labels in the IDX files")
-        sel = _subset(len(x), n, seed)
-        prov = {"source": "idx", "path": str(path), "split": split, "n_available": int(len(x)),
-                "files": [_file_prov(files[img], "idx"), _file_prov(files[lab], "idx")],
-                "indices_sha256": _digest(sel)}
-        return _split(x[sel], y[sel], where, prov, (1, int(x.shape[1]), int(x.shape[2])))
-    batches = path / "cifar-10-batches-py" if (path / "cifar-10-batches-py").is_dir() else path
-    if (batches / "data_batch_1").is_file():
-        arr = cifar.read_cifar_python_dir(batches)
-        x, y = (arr.x_train, arr.y_train) if split == "train" else (arr.x_test, arr.y_test)
-        sel = _subset(len(x), n, seed)
-        prov = {"source": "cifar-python", "path": str(batches), "split": split, "n_available": int(len(x)),
-                "files": [_file_prov(f, "cifar-python") for f in arr.files], "indices_sha256": _digest(sel)}
-        return _split(x[sel], y[sel], where, prov, (3, 32, 32), list(arr.classes))
-    folder = _image_folder(path)
-    if folder is not None:
-        classes = folder[0]
-        tree = cifar.read_image_tree(path, classes)
-        part = tree.train if split == "train" else tree.test
-        sel = _subset(len(part.labels), n, seed)
-        x, shape = _decode_images([(f"{path}/{part.names[int(i)]}", part.read(int(i))) for i in sel])
-        manifest = hashlib.sha256("".join(f"{part.names[int(i)]}\n" for i in sel).encode()).hexdigest()
-        prov = {"source": "image-folder", "path": str(path), "split": split, "classes": classes,
-                "n_available": int(len(part.labels)), "selected_names_sha256": manifest,
-                "indices_sha256": _digest(sel)}
-        return _split(x, part.labels[sel], where, prov, shape, classes)
-    raise UserInputError(f"{where}: the folder holds neither MNIST IDX files, CIFAR-10 batches nor an image folder "
-                         "train/<class>/*; give a .npz with arrays x and y")
-
-
-def check_labels(split: Split, out_dim: int, where: str) -> None:
-    """Labels must index the model's outputs (0..c-1; 0/1 for a one-output model)."""
-    hi = max(out_dim, 2) - 1
-    bad = (split.y < 0) | (split.y > hi)
-    if bad.any():
-        v = int(split.y[np.argmax(bad)])
-        raise UserInputError(f"{where}: label {v} is out of range for a model with {out_dim} output"
-                             f"{'s' if out_dim > 1 else ''} (labels must be 0..{hi})")
