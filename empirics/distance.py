@@ -62,6 +62,7 @@ class DistanceConfig:
     parameterization: str = "ntk"
     attn_layers: int = 1
     attn_rank: int | None = None
+    attn_centre: bool = False
     data_dir: str | None = None
     data_source: str = "auto"
     device: str = "auto"
@@ -213,8 +214,9 @@ def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None) -> dict[st
         x_te = ds.x_test.astype(np.float64)
         for kind in cfg.models:
             if kind == "attn":
-                f_tr = gram.attention_features(x_tr, x_tr, k=cfg.attn_layers, rank=cfg.attn_rank)
-                f_te = gram.attention_features(x_tr, x_te, k=cfg.attn_layers, rank=cfg.attn_rank)
+                opts = {"k": cfg.attn_layers, "rank": cfg.attn_rank, "centre": cfg.attn_centre}
+                f_tr = gram.attention_features(x_tr, x_tr, **opts)
+                f_te = gram.attention_features(x_tr, x_te, **opts)
             else:
                 f_tr, f_te = x_tr, x_te
             k_tt = kernels.ntk_two_layer(f_tr, f_tr)
@@ -225,7 +227,7 @@ def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None) -> dict[st
             norms[kind].append(float(np.linalg.norm(f_ntk)))
             for width in cfg.widths:
                 spec = ModelSpec(kind, ds.d, width, t.out_dim, cfg.parameterization, cfg.attn_layers,
-                                 cfg.attn_rank, seed)
+                                 cfg.attn_rank, seed, cfg.attn_centre)
                 tcfg = replace(cfg.train, seed=seed)
                 runs[kind].append({**one_run(spec, t, tcfg, k_tt, f_ntk, device, k_st, y_t, ridge),
                                    "ntk_predictor_test_acc": _acc(f_ntk, ds.y_test)})

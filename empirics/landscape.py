@@ -72,6 +72,7 @@ class LandscapeConfig:
     parameterization: str = "ntk"
     attn_layers: int = 1
     attn_rank: int | None = None
+    attn_centre: bool = False
     interp_range: tuple[float, float] = (-0.5, 1.5)
     slice_range: float = 1.0
     points: int = 21
@@ -410,7 +411,7 @@ def run_landscape(cfg: LandscapeConfig, dataset: Any | None = None) -> dict[str,
         per_seed_ds[seed] = ds
         for kind in cfg.models:
             spec = ModelSpec(kind, ds.d, cfg.width, t.out_dim, cfg.parameterization, cfg.attn_layers,
-                             cfg.attn_rank, seed)
+                             cfg.attn_rank, seed, cfg.attn_centre)
             tr = train_network(spec, t, replace(cfg.train, seed=seed), device)
             t2 = time.perf_counter()
             run = measure(tr.model, tr.init_W, t, cfg, seed)

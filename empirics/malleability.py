@@ -92,6 +92,7 @@ class MalleabilityConfig:
     parameterization: str = "ntk"
     attn_layers: int = 1
     attn_rank: int | None = None
+    attn_centre: bool = False
     data_dir: str | None = None
     data_source: str = "auto"
     device: str = "auto"
@@ -269,7 +270,7 @@ def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None) -> dic
         for training, adv in trainings:
             for kind in cfg.models:
                 spec = ModelSpec(kind, ds.d, cfg.width, t.out_dim, cfg.parameterization, cfg.attn_layers,
-                                 cfg.attn_rank, seed)
+                                 cfg.attn_rank, seed, cfg.attn_centre)
                 epochs = cfg.train.epochs if not adv or cfg.adv_max_epochs is None else min(
                     cfg.train.epochs, cfg.adv_max_epochs)
                 tcfg = replace(cfg.train, seed=seed, adv_train=adv, adv_eps=cfg.eps_values[0],

@@ -3,7 +3,8 @@
 Both compute `f(x) = m^-1/2 * A^T relu(W x~)` with `A` (m x c) fixed random signs and only `W`
 (m x d) trained. 2L-ReLU uses the raw input, `x~ = x`; MLP-Attn uses linearized attention over
 the whole training set, `x~ = normalise(C^k x)` with `C = X_train^T X_train` (optionally from the
-top-r SVD truncation of X_train). Because `C` depends on every training point, perturbing
+top-r SVD truncation of X_train; or, as the suite's named "centred" variant, from the mean-removed
+X_train with queries centred by the same mean). Because `C` depends on every training point, perturbing
 training data changes every feature: the mechanism behind the claimed malleability.
 """
 
@@ -30,6 +31,8 @@ class ModelSpec:
     m^-1/2); "standard" draws W ~ N(0, 1/d) with the same fixed output layer.
     attn_layers: k stacked linearized-attention layers with the training-set context (x -> C^k x).
     attn_rank: keep only the top-r singular directions of X_train in the context (truncation).
+    attn_centre: the centred variant (not the paper's model): `x~ = normalise(C_c^k (x - mu))` with `mu` the
+    training mean and `C_c` the context of the mean-removed training inputs.
     """
 
     kind: str
@@ -40,6 +43,7 @@ class ModelSpec:
     attn_layers: int = 1
     attn_rank: int | None = None
     seed: int = 0
+    attn_centre: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -59,8 +63,13 @@ class ModelSpec:
         return asdict(self)
 
 
-def attention_context(x_train: torch.Tensor, rank: int | None = None) -> torch.Tensor:
-    """`C = X^T X` (d x d), or its rank-r truncation `V_r S_r^2 V_r^T`. Differentiable in X."""
+def attention_context(x_train: torch.Tensor, rank: int | None = None, centre: bool = False) -> torch.Tensor:
+    """`C = X^T X` (d x d), or its rank-r truncation `V_r S_r^2 V_r^T`. Differentiable in X.
+
+    `centre`: the context of the mean-removed inputs, `(X - mu)^T (X - mu)`.
+    """
+    if centre:
+        x_train = x_train - x_train.mean(dim=0)
     if rank is None:
         return x_train.T @ x_train
     _, s, vh = torch.linalg.svd(x_train, full_matrices=False)
@@ -92,7 +101,9 @@ class TwoLayerNet(nn.Module):
         if spec.kind == "attn":
             if x_train is None:
                 raise UserInputError("MLP-Attn needs the training inputs to build its attention context")
-            self.register_buffer("context", attention_context(x_train.to(dtype), spec.attn_rank))
+            self.register_buffer("context", attention_context(x_train.to(dtype), spec.attn_rank, spec.attn_centre))
+            if spec.attn_centre:
+                self.register_buffer("context_mean", x_train.to(dtype).mean(dim=0))
         else:
             self.register_buffer("context", torch.zeros(0, dtype=dtype))
 
@@ -103,7 +114,10 @@ class TwoLayerNet(nn.Module):
     def set_context(self, x_train: torch.Tensor) -> None:
         """Rebuild `C` from (possibly perturbed) training inputs."""
         if self.spec.kind == "attn":
-            self.context = attention_context(x_train.to(self.context.dtype), self.spec.attn_rank)
+            x_train = x_train.to(self.context.dtype)
+            self.context = attention_context(x_train, self.spec.attn_rank, self.spec.attn_centre)
+            if self.spec.attn_centre:
+                self.context_mean = x_train.mean(dim=0)
 
     def features(self, x: torch.Tensor, context_inputs: torch.Tensor | None = None) -> torch.Tensor:
         """`x~`: raw input for 2L-ReLU; attention features for MLP-Attn.
@@ -113,8 +127,13 @@ class TwoLayerNet(nn.Module):
         """
         if self.spec.kind == "relu":
             return x
-        ctx = self.context if context_inputs is None else attention_context(context_inputs, self.spec.attn_rank)
-        return attention_features(x, ctx, self.spec.attn_layers)
+        if context_inputs is None:
+            ctx = self.context
+            mean = self.context_mean if self.spec.attn_centre else None
+        else:
+            ctx = attention_context(context_inputs, self.spec.attn_rank, self.spec.attn_centre)
+            mean = context_inputs.mean(dim=0) if self.spec.attn_centre else None
+        return attention_features(x if mean is None else x - mean, ctx, self.spec.attn_layers)
 
     def head(self, feats: torch.Tensor) -> torch.Tensor:
         """The trained part, `m^-1/2 A^T relu(W x~)`, on precomputed features `x~`."""

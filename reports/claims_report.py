@@ -23,6 +23,7 @@ GROUP_TITLES = {
     "ntk": "NTK distance against width",
     "malleability": "Influence malleability (flip rates)",
     "landscape": "Loss landscape",
+    "variants": "Beyond the paper: named variants of its model (never replacing it)",
 }
 
 

@@ -130,10 +130,14 @@ def attention_features(
     k: int = 1,
     normalize: bool = True,
     rank: int | None = None,
+    centre: bool = False,
 ) -> np.ndarray:
     """The paper's input map of MLP-Attn: each row `x` of `X` goes to `C^k x`, `C = X_train^T X_train`.
 
     `rank`: use the top-`rank` truncation of `X_train` (`C_r = V_r S_r^2 V_r^T`; the truncation remedy).
+    `centre`: the suite's centred variant (not the paper's model): subtract the training mean `mu` from
+    the context and from every query, `x -> C_c^k (x - mu)` with `C_c = (X_train - mu)^T (X_train - mu)`.
+    Without it, `C x` is dominated by the direction of the mean pixel image, so all features nearly align.
     `normalize`: l2-normalise each row, as the paper does before the MLP. Normalisation is scale-free,
     so `C` is then rescaled to unit norm first (no overflow for large k). A row whose output is at
     rounding level (`||C^k x|| <= max(n, d) * eps * ||C||^k ||x||`, e.g. `x` orthogonal to the span
@@ -146,6 +150,9 @@ def attention_features(
         raise UserInputError(f"X has {Q.shape[1]} features but X_train has {T.shape[1]}; pass matching widths")
     if rank is not None:
         rank = positive_int(rank, "rank", minimum=1)
+    if centre:
+        mu = T.mean(axis=0)
+        T, Q = T - mu, Q - mu
     if rank is None:
         C = T.T @ T
         scale = _largest_eigenvalue(C) if normalize else 1.0

@@ -76,14 +76,16 @@ def ntk_mlp_attn(
     X2: np.ndarray | None = None,
     k: int = 1,
     rank: int | None = None,
+    centre: bool = False,
 ) -> np.ndarray:
     """Infinite-width NTK of MLP-Attn (Thm 4.2): `ntk_two_layer` on `normalise(C^k x)`.
 
     `C = X_train^T X_train` (top-`rank` truncation if given); the same `C` serves training and
-    test points, so every kernel entry depends on the whole training set.
+    test points, so every kernel entry depends on the whole training set. `centre`: the centred
+    variant of `gram.attention_features`.
     """
-    F1 = attention_features(X_train, X1, k=k, normalize=True, rank=rank)
-    F2 = F1 if X2 is None else attention_features(X_train, X2, k=k, normalize=True, rank=rank)
+    F1 = attention_features(X_train, X1, k=k, normalize=True, rank=rank, centre=centre)
+    F2 = F1 if X2 is None else attention_features(X_train, X2, k=k, normalize=True, rank=rank, centre=centre)
     return ntk_two_layer(F1, F2)
 
 

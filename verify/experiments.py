@@ -93,6 +93,7 @@ def units_for(preset_name: str, data_dir: str | None = None) -> dict[str, Unit]:
     from verify.claims.kappa import kappa_extra_units
     from verify.claims.landscape import landscape_unit_configs
     from verify.claims.malleability import malleability_unit_configs
+    from verify.claims.variants import variant_unit_configs
 
     p = preset(preset_name)
     seeds = list(p["seeds"])
@@ -110,6 +111,8 @@ def units_for(preset_name: str, data_dir: str | None = None) -> dict[str, Unit]:
     empirical.update({k: (v, malleability_unit) for k, v in malleability_unit_configs(p, data_dir).items()})
     empirical.update({k: (v, landscape_unit) for k, v in landscape_unit_configs(p, data_dir).items()})
     empirical.update({k: (v, retrain_unit) for k, v in retrain_unit_configs(p, data_dir).items()})
+    kinds = {"distance": distance_unit, "malleability": malleability_unit}
+    empirical.update({k: (v, kinds[kind]) for k, (kind, v) in variant_unit_configs(p, data_dir).items()})
     for protocol in PROTOCOLS:
         train = protocol_train(p, protocol)
         for base, (cfg, fn) in empirical.items():

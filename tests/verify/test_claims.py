@@ -9,7 +9,7 @@ import pytest
 
 from verify.claims import VERDICTS, all_claims, claim_row
 from verify.claims.base import HOLDS, NA, NOT, PARTLY
-from verify.claims.ntk import _contrast_claim, _ntk_claim
+from verify.claims.ntk import _contrast_claim, ntk_claim
 from verify.cli import main
 
 
@@ -106,8 +106,8 @@ FLAT = {0: [2, 3, 2, 3], 1: [3, 2, 3, 2], 2: [2.5, 2.5, 2.4, 2.6]}
 
 
 def test_ntk_rule_decides_on_the_slope_interval():
-    falls = _ntk_claim("mnist", "relu", "decreasing")
-    rises = _ntk_claim("mnist", "attn", "rises")
+    falls = ntk_claim("mnist", "relu", "decreasing")
+    rises = ntk_claim("mnist", "attn", "rises")
     assert falls(_distance(_block("relu", DOWN), _block("attn", UP))).verdict == HOLDS
     assert rises(_distance(_block("relu", DOWN), _block("attn", UP))).verdict == HOLDS
     assert falls(_distance(_block("relu", UP), _block("attn", UP))).verdict == NOT
@@ -120,13 +120,13 @@ def test_ntk_rule_gives_no_credit_from_a_metric_that_falls_for_both():
     falls_sec = [4.0, 2.0, 1.0, 0.5]
     rises_sec = list(reversed(falls_sec))
     relu_ok = _block("relu", FLAT, secondary=falls_sec)
-    falls = _ntk_claim("mnist", "relu", "decreasing")
+    falls = ntk_claim("mnist", "relu", "decreasing")
     assert falls(_distance(relu_ok, _block("attn", UP, secondary=rises_sec))).verdict == PARTLY
     assert falls(_distance(relu_ok, _block("attn", UP, secondary=falls_sec))).verdict == NOT
 
 
 def test_gate_turns_a_verdict_into_not_measurable():
-    falls = _ntk_claim("mnist", "relu", "decreasing")
+    falls = ntk_claim("mnist", "relu", "decreasing")
     out = falls(_distance(_block("relu", DOWN, passed=False), _block("attn", UP)))
     assert out.verdict == NA and "adequacy gate" in out.ours and out.gate
     assert _contrast_claim("mnist")(_distance(_block("relu", DOWN), _block("attn", UP, passed=False))).verdict == NA
@@ -186,7 +186,7 @@ def test_influence_retrain_rule_outcomes(relu, attn, expected):
 
 
 def test_ntk_rule_drops_widths_below_the_gate_and_needs_three():
-    falls = _ntk_claim("mnist", "relu", "decreasing")
+    falls = ntk_claim("mnist", "relu", "decreasing")
     narrow_fails = _block("relu", DOWN)
     for r in narrow_fails["runs"]:
         if r["width"] == 16 and r["seed"] == 0:

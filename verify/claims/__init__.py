@@ -1,6 +1,6 @@
 """The claims registry: one entry per claim of the paper (PAPER.md), each with its verdict rule.
 
-One module per claim group (`theory`, `kappa`, `ntk`, `malleability`, `landscape`); shared types in
+One module per claim group (`theory`, `kappa`, `ntk`, `malleability`, `landscape`, `variants`); shared types in
 `base`. Every entry states the paper's value, the protocol we run and the rule that turns our
 measurement into a verdict, written before any run. Empirical claims are judged under both training
 protocols (`base.PROTOCOLS`) and the table shows both verdicts; nothing in the "ours" column is
@@ -23,8 +23,10 @@ def all_claims() -> list[Claim]:
     from verify.claims.malleability import MALLEABILITY_CLAIMS
     from verify.claims.ntk import NTK_CLAIMS
     from verify.claims.theory import THEORY_CLAIMS
+    from verify.claims.variants import VARIANT_CLAIMS
 
-    return THEORY_CLAIMS + KAPPA_CLAIMS + NTK_CLAIMS + MALLEABILITY_CLAIMS + INFLUENCE_CLAIMS + LANDSCAPE_CLAIMS
+    return (THEORY_CLAIMS + KAPPA_CLAIMS + NTK_CLAIMS + MALLEABILITY_CLAIMS + INFLUENCE_CLAIMS + LANDSCAPE_CLAIMS
+            + VARIANT_CLAIMS)
 
 
 def protocol_units(claim: Claim, protocol: str | None) -> tuple[str, ...]:

@@ -34,6 +34,18 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="write the result record as JSON ('-' = stdout)")
 
 
+def add_centre_arg(p: argparse.ArgumentParser) -> None:
+    """`--centre`: the centred-context MLP-Attn variant (a named variant, never the paper's model)."""
+    p.add_argument("--centre", "--center", dest="centre", action="store_true",
+                   help="MLP-Attn variant: centre the attention context and the queries by the training mean, "
+                   "x -> C_c (x - mu) (reported as the 'centred' variant; the paper's model is uncentred)")
+
+
+def centre_note(centre: bool) -> str:
+    """The variant's label in a run's header line ('' for the paper's model)."""
+    return ", MLP-Attn context centred (variant, not the paper's model)" if centre else ""
+
+
 def check_data_args(args: argparse.Namespace) -> None:
     if args.dataset not in DATASETS:
         raise UserInputError(f"unknown dataset '{args.dataset}'; choose mnist or cifar10")

@@ -9,7 +9,7 @@ from empirics.landscape import LandscapeConfig, run_landscape
 from empirics.models import MODEL_KINDS
 from reports.text import mean_pm, text_table
 from theory.errors import UserInputError
-from verify.commands._common import add_data_args, add_run_args, check_data_args, emit_json
+from verify.commands._common import add_centre_arg, add_data_args, add_run_args, centre_note, check_data_args, emit_json
 from verify.presets import add_protocol_args, parse_choices, preset, train_config_from_args
 
 NAME = "landscape"
@@ -34,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parameterization", default="ntk", help="ntk (paper) or standard")
     p.add_argument("--attn-layers", type=int, default=1, help="stacked linearized attention layers k")
     p.add_argument("--attn-rank", type=int, default=None, help="keep the top-r singular directions in C")
+    add_centre_arg(p)
     p.add_argument("--flat-step", type=float, default=0.5,
                    help="relative filter-normalised step of the flatness number (default: %(default)s)")
     p.add_argument("--plot", default=None, metavar="PREFIX",
@@ -60,6 +61,7 @@ def config_from_args(args: argparse.Namespace) -> LandscapeConfig:
         sample=args.sample,
         train=train_config_from_args(args, pre),
         parameterization=args.parameterization, attn_layers=args.attn_layers, attn_rank=args.attn_rank,
+        attn_centre=args.centre,
         points=pre["landscape_points"], grid=pre["landscape_grid"], hessian_iters=pre["hessian_iters"],
         hutchinson_samples=pre["hutchinson_samples"], flat_step=args.flat_step,
         data_dir=args.data_dir, device=args.device,
@@ -106,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
           f"n_train={cfg.n_train}, seeds={len(cfg.seeds)}, protocol {cfg.train.protocol} ({cfg.train.optimizer}, "
           f"{'up to ' if cfg.train.plateau else ''}{cfg.train.epochs} epochs), "
           f"{cfg.parameterization} parameterisation; Hessian of the mean training loss w.r.t. W "
-          f"(Lanczos {cfg.hessian_iters}, Hutchinson {cfg.hutchinson_samples})", file=out)
+          f"(Lanczos {cfg.hessian_iters}, Hutchinson {cfg.hutchinson_samples}){centre_note(cfg.attn_centre)}", file=out)
     print(summary_table(result), file=out)
     print(verdict_text(result["verdict"]), file=out)
     print(f"wall time {result['wall_s']:.1f} s", file=out)

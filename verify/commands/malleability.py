@@ -21,7 +21,7 @@ from reports.text import mean_pm, text_table
 from theory.errors import UserInputError
 from verify.claims.base import Outcome
 from verify.claims.malleability import ci_txt, experiment_outcomes, pct_txt, rho_txt, x_txt
-from verify.commands._common import add_data_args, add_run_args, check_data_args, emit_json
+from verify.commands._common import add_centre_arg, add_data_args, add_run_args, centre_note, check_data_args, emit_json
 from verify.presets import add_protocol_args, parse_choices, parse_float_list, preset, train_config_from_args
 
 NAME = "malleability"
@@ -48,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adv-steps", type=int, default=7, help="PGD steps inside adversarial training")
     p.add_argument("--attack-steps", type=int, default=None, help="PGD / MIM steps (default: the preset's)")
     p.add_argument("--width", type=int, default=None, help="hidden width m (default: the preset's)")
+    add_centre_arg(p)
     p.add_argument("--n-train", type=int, default=None, help="training points (default: the preset's)")
     p.add_argument("--n-test", type=int, default=None, help="test points (default: the preset's)")
     p.add_argument("--ridge", type=float, default=None, help="absolute KRR ridge (default: relative, below)")
@@ -88,7 +89,7 @@ def config_from_args(args: argparse.Namespace) -> MalleabilityConfig:
         train=train_config_from_args(args, pre),
         adv_train=args.adv_train, adv_steps=args.adv_steps,
         attack_steps=args.attack_steps if args.attack_steps is not None else pre["attack_steps"],
-        attack_context=args.attack_context, ridge=args.ridge, ridge_rel=args.ridge_rel,
+        attn_centre=args.centre, attack_context=args.attack_context, ridge=args.ridge, ridge_rel=args.ridge_rel,
         data_dir=args.data_dir, device=args.device,
     )
 
@@ -215,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
           f"({cfg.train.epochs} epochs"
           f"{' at most' if cfg.train.plateau else ''}); "
           f"top tau={cfg.tau:g} by |influence| ({result['n_selected']} points), attack steps {cfg.attack_steps}, "
-          f"attn attack context {cfg.attack_context}, {ridge}; preset {args.preset}", file=stream)
+          f"attn attack context {cfg.attack_context}, {ridge}{centre_note(cfg.attn_centre)}; preset {args.preset}",
+          file=stream)
     print(summary_table(result), file=stream)
     print("", file=stream)
     outcomes = experiment_outcomes(result)

@@ -8,7 +8,7 @@ import sys
 from empirics.distance import METRICS, DistanceConfig, run_ntk_distance
 from empirics.models import MODEL_KINDS
 from reports.text import mean_pm, text_table
-from verify.commands._common import add_data_args, add_run_args, check_data_args, emit_json
+from verify.commands._common import add_centre_arg, add_data_args, add_run_args, centre_note, check_data_args, emit_json
 from verify.presets import add_protocol_args, parse_choices, parse_int_list, preset, train_config_from_args
 
 NAME = "ntk-distance"
@@ -27,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parameterization", default="ntk", help="ntk (paper) or standard")
     p.add_argument("--attn-layers", type=int, default=1, help="stacked linearized attention layers k")
     p.add_argument("--attn-rank", type=int, default=None, help="keep the top-r singular directions in C")
+    add_centre_arg(p)
     p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of distance vs width")
 
 
@@ -48,6 +49,7 @@ def config_from_args(args: argparse.Namespace) -> DistanceConfig:
         sample=args.sample,
         train=train_config_from_args(args, pre),
         parameterization=args.parameterization, attn_layers=args.attn_layers, attn_rank=args.attn_rank,
+        attn_centre=args.centre,
         data_dir=args.data_dir, device=args.device,
     )
 
@@ -81,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"NTK distance vs width — {prov.get('label', cfg.dataset)}, task {cfg.task}, "
           f"n_train={cfg.n_train}, n_test={cfg.n_test}, seeds={len(cfg.seeds)}, "
           f"protocol {cfg.train.protocol} ({cfg.train.optimizer}, {cfg.train.epochs} epochs), loss {cfg.train.loss}, "
-          f"{cfg.parameterization} "
-          "parameterisation",
+          f"{cfg.parameterization} parameterisation{centre_note(cfg.attn_centre)}",
           file=sys.stdout if args.json != "-" else sys.stderr)
     print(summary_table(result), file=sys.stdout if args.json != "-" else sys.stderr)
     if args.plot:
