@@ -118,18 +118,19 @@ def spread(values: list[float]) -> dict[str, float]:
 def experiment_data(cfg: Any, dataset: Any | None = None, seed: int = 0) -> tuple[Any, Tensors, str]:
     """The data set an experiment config names (or the one given), its tensors, and the device.
 
-    `cfg` needs the fields dataset, task, n_train, n_test, sample, data_seed, data_dir, data_source, device,
-    and optionally `per_seed_data`: when true, seed `seed` draws its own subset (data seed
+    `cfg` needs the fields dataset (mnist, cifar10 or a PATH, see `empirics.userdata`), task, n_train,
+    n_test, sample, data_seed, data_dir, data_source, device, and optionally `classes` (the two classes of
+    a binary task on a PATH) and `per_seed_data`: when true, seed `seed` draws its own subset (data seed
     `data_seed + seed`), so a spread over seeds is also a spread over data subsets.
     """
-    from empirics.datasets import load_dataset
     from empirics.records import pick_device
+    from empirics.userdata import load_data
 
     device = pick_device(cfg.device)
     data_seed = cfg.data_seed + (seed if getattr(cfg, "per_seed_data", False) else 0)
-    ds = dataset or load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task,
-                                 sample=cfg.sample, seed=data_seed, data_dir=cfg.data_dir,
-                                 source=cfg.data_source)
+    ds = dataset or load_data(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task,
+                              sample=cfg.sample, seed=data_seed, data_dir=cfg.data_dir, source=cfg.data_source,
+                              classes=getattr(cfg, "classes", None))
     return ds, dataset_tensors(ds, device), device
 
 

@@ -50,6 +50,7 @@ METRICS = ("function_abs", "function_rel", "function_lin", "kernel_drift", "kern
 class DistanceConfig:
     dataset: str = "mnist"
     task: str = "10class"
+    classes: tuple[str, ...] | None = None
     models: tuple[str, ...] = ("relu", "attn")
     widths: tuple[int, ...] = (16, 64, 256, 1024, 4096)
     seeds: tuple[int, ...] = (0, 1, 2)

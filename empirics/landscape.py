@@ -60,6 +60,7 @@ class LandscapeConfig:
 
     dataset: str = "mnist"
     task: str = "10class"
+    classes: tuple[str, ...] | None = None
     models: tuple[str, ...] = ("relu", "attn")
     width: int = 1024
     seeds: tuple[int, ...] = (0, 1, 2)

@@ -67,6 +67,7 @@ class MalleabilityConfig:
 
     dataset: str = "mnist"
     task: str = "10class"
+    classes: tuple[str, ...] | None = None
     models: tuple[str, ...] = ("relu", "attn")
     attacks: tuple[str, ...] = MALL_ATTACKS
     eps: float = 0.3

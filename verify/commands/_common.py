@@ -17,10 +17,21 @@ DATASETS = ("mnist", "cifar10")
 TASKS = ("10class", "binary")
 
 
-def add_data_args(p: argparse.ArgumentParser, dataset_default: str | None = "mnist") -> None:
-    p.add_argument("--dataset", default=dataset_default, help="mnist or cifar10 (default: %(default)s)")
+def add_data_args(p: argparse.ArgumentParser, dataset_default: str | None = "mnist", paths: bool = False) -> None:
+    """`--dataset`, `--task`, `--data-dir`, `--sample`; with `paths`, `--dataset` may be a PATH and `--classes`
+    picks a binary task's two classes (the experiment commands)."""
+    if paths:
+        p.add_argument("--dataset", default=dataset_default, metavar="mnist|cifar10|PATH",
+                       help="mnist, cifar10, or PATH to your own data set: an IDX folder, CIFAR-style python batches, "
+                       "an image folder train/<class>/*, test/<class>/*, or a .npz with x_train, y_train, x_test, "
+                       "y_test (default: %(default)s)")
+        p.add_argument("--classes", default=None, metavar="A,B",
+                       help="the two classes of --task binary on a PATH data set, by name or index (e.g. cat,dog)")
+    else:
+        p.add_argument("--dataset", default=dataset_default, help="mnist or cifar10 (default: %(default)s)")
     p.add_argument("--task", default="10class",
-                   help="10class, or binary: MNIST 3-vs-8 / CIFAR-10 automobile-vs-airplane")
+                   help="10class (every class), or binary: MNIST 3-vs-8 / CIFAR-10 automobile-vs-airplane"
+                   + (" / the two --classes of a PATH" if paths else ""))
     p.add_argument("--data-dir", default=None, help="folder with the data (else $NTKM_DATA_DIR, ./data, "
                    "../shared/data, the user cache, then the bundled sample)")
     p.add_argument("--sample", default="balanced", help="subset: balanced (seeded, class-balanced) or first")
@@ -46,8 +57,18 @@ def centre_note(centre: bool) -> str:
     return ", MLP-Attn context centred (variant, not the paper's model)" if centre else ""
 
 
-def check_data_args(args: argparse.Namespace) -> None:
-    if args.dataset not in DATASETS:
+def check_data_args(args: argparse.Namespace, paths: bool = False) -> None:
+    """One-line errors for bad data options; with `paths`, a PATH `--dataset` becomes absolute (it is part of
+    the experiment's config) and `--classes` a tuple."""
+    if paths:
+        from empirics.userdata import check_data_options, resolve_path
+
+        if args.dataset not in DATASETS:
+            args.dataset = str(resolve_path(args.dataset))
+        if isinstance(args.classes, str):
+            args.classes = tuple(c.strip() for c in args.classes.split(",") if c.strip()) or None
+        check_data_options(args.dataset, args.task, args.classes, args.data_dir)
+    if args.dataset not in DATASETS and not paths:
         raise UserInputError(f"unknown dataset '{args.dataset}'; choose mnist or cifar10")
     if args.task not in TASKS:
         raise UserInputError(f"unknown task '{args.task}'; choose 10class or binary")

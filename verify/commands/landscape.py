@@ -23,7 +23,7 @@ ORDER = 50
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_data_args(p)
+    add_data_args(p, paths=True)
     add_run_args(p)
     add_protocol_args(p)
     p.add_argument("--model", default="relu,attn", help="comma-separated: relu, attn")
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> LandscapeConfig:
-    check_data_args(args)
+    check_data_args(args, paths=True)
     pre = preset(args.preset)
     seeds = args.seeds if args.seeds is not None else len(pre["seeds"])
     if seeds < 1:
@@ -52,7 +52,7 @@ def config_from_args(args: argparse.Namespace) -> LandscapeConfig:
         if value is not None and value < 1:
             raise UserInputError(f"{flag} must be >= 1, got {value}")
     return LandscapeConfig(
-        dataset=args.dataset, task=args.task,
+        dataset=args.dataset, task=args.task, classes=args.classes,
         models=parse_choices(args.model, "model", MODEL_KINDS),
         width=args.width if args.width is not None else pre["mall_width"],
         seeds=tuple(range(seeds)),

@@ -30,7 +30,7 @@ ORDER = 40
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_data_args(p)
+    add_data_args(p, paths=True)
     add_run_args(p)
     add_protocol_args(p)
     p.add_argument("--model", default="relu,attn", help="comma-separated: relu, attn")
@@ -68,13 +68,13 @@ def _one_float(text: str, what: str, lo: float, hi: float, lo_open: bool = False
 
 
 def config_from_args(args: argparse.Namespace) -> MalleabilityConfig:
-    check_data_args(args)
+    check_data_args(args, paths=True)
     pre = preset(args.preset)
     seeds = args.seeds if args.seeds is not None else len(pre["seeds"])
     if seeds < 1:
         raise UserInputError(f"--seeds must be >= 1, got {seeds}")
     return MalleabilityConfig(
-        dataset=args.dataset, task=args.task,
+        dataset=args.dataset, task=args.task, classes=args.classes,
         models=parse_choices(args.model, "model", MODEL_KINDS),
         attacks=parse_choices(args.attack, "attack", MALL_ATTACKS),
         eps=_one_float(args.eps, "--eps", 0.0, 1.0),

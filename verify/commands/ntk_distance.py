@@ -17,7 +17,7 @@ ORDER = 30
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_data_args(p)
+    add_data_args(p, paths=True)
     add_run_args(p)
     add_protocol_args(p)
     p.add_argument("--model", default="relu,attn", help="comma-separated: relu, attn")
@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> DistanceConfig:
-    check_data_args(args)
+    check_data_args(args, paths=True)
     pre = preset(args.preset)
     seeds = args.seeds if args.seeds is not None else len(pre["seeds"])
     if seeds < 1:
@@ -40,7 +40,7 @@ def config_from_args(args: argparse.Namespace) -> DistanceConfig:
 
         raise UserInputError(f"--seeds must be >= 1, got {seeds}")
     return DistanceConfig(
-        dataset=args.dataset, task=args.task,
+        dataset=args.dataset, task=args.task, classes=args.classes,
         models=parse_choices(args.model, "model", MODEL_KINDS),
         widths=parse_int_list(args.widths, "--widths") if args.widths else tuple(pre["widths"]),
         seeds=tuple(range(seeds)),
