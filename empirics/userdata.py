@@ -57,6 +57,7 @@ from theory.errors import UserInputError
 
 USER_FORMATS = "an IDX folder, CIFAR-style python batches, an image folder train/<class>/*, test/<class>/*, or a .npz"
 USER_NOTE = "user-supplied data set (not MNIST or CIFAR-10 as the paper used them); results are not the paper's"
+NPZ_ARRAYS = "x_train, y_train, x_test, y_test"
 PIXELS = "uint8 / 255 (or floats already in [0, 1]) -> float32 in [0, 1], flattened C,H,W"
 
 
@@ -204,7 +205,8 @@ def _npz_part(path: Path, split: str, where: str, single_ok: bool) -> tuple[Part
     """The `split` arrays of a .npz (`x_<split>`, `y_<split>`; or `x`, `y` when `single_ok`), and their keys."""
     kind = sniff_format(path)
     if kind not in ("npz", "zip"):
-        raise UserInputError(f"{where}: a data file must be a NumPy .npz with arrays x and y (this is {kind})")
+        raise UserInputError(f"{where}: a data file must be a NumPy .npz with arrays "
+                             f"{'x and y' if single_ok else NPZ_ARRAYS} (this is {kind})")
     arrays = _read_npz(path)
     keys = (f"x_{split}", f"y_{split}") if f"x_{split}" in arrays or not single_ok else ("x", "y")
     if keys[0] not in arrays or keys[1] not in arrays:
@@ -275,8 +277,9 @@ def _image_reader(root: Path, part: cifar.ImageSplit) -> Reader:
     return read
 
 
-def open_folder(path: Path, split: str, where: str) -> Part:
-    """One split of the data in a folder: IDX files, CIFAR-style batches or an image folder."""
+def open_folder(path: Path, split: str, where: str, npz: str = "x and y") -> Part:
+    """One split of the data in a folder: IDX files, CIFAR-style batches or an image folder (`npz`: the
+    arrays the error for a folder holding none of them suggests)."""
     files = _idx_dir(path)
     if files is not None:
         img, lab = f"{split}_images", f"{split}_labels"
@@ -302,7 +305,7 @@ def open_folder(path: Path, split: str, where: str) -> Part:
         return Part("image-folder", path, part.labels, _image_reader(path, part), [], classes,
                     "round-robin over classes; within a class files sorted by name (numbers compared numerically)")
     raise UserInputError(f"{where}: the folder holds neither MNIST IDX files, CIFAR-10 batches nor an image folder "
-                         "train/<class>/*; give a .npz with arrays x and y")
+                         f"train/<class>/*; give a .npz with arrays {npz}")
 
 
 def _subset(n_avail: int, n: int | None, seed: int) -> np.ndarray:
@@ -366,7 +369,7 @@ def open_user_data(path: str | Path, flag: str = "--dataset") -> dict[str, Part]
     where = f"{flag} {path}"
     if root.is_file():
         return {s: _npz_part(root, s, where, single_ok=False)[0] for s in ("train", "test")}
-    return {s: open_folder(root, s, where) for s in ("train", "test")}
+    return {s: open_folder(root, s, where, NPZ_ARRAYS) for s in ("train", "test")}
 
 
 def _class_names(parts: dict[str, Part], where: str) -> tuple[list[int], list[str]]:

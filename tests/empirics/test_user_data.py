@@ -196,6 +196,8 @@ def test_a_batch_that_would_run_code_is_refused_and_nothing_runs(tmp_path: Path,
 
 @pytest.mark.parametrize("make, args, match", [
     (lambda r: r / "nope", [], "no such file or folder"),
+    (lambda r: r / "empty", [], "neither MNIST IDX files.*x_train, y_train, x_test, y_test"),
+    (lambda r: r / "not_data.txt", [], "must be a NumPy .npz with arrays x_train"),
     (lambda r: r / "imgs", ["--task", "binary"], r"needs --classes A,B naming two of its classes \(cat, dog, ship\)"),
     (lambda r: r / "imgs", ["--task", "binary", "--classes", "cat,cow"], "'cow' is neither a class"),
     (lambda r: r / "imgs", ["--task", "binary", "--classes", "cat,dog,ship"], "exactly two"),
@@ -215,6 +217,8 @@ def test_bad_user_data_is_one_line(tmp_path: Path, image_folder, idx_folder, mak
     for p in idx_folder.glob("train-*"):
         (tmp_path / "idx_train_only" / p.name).symlink_to(p)
     np.savez(tmp_path / "single.npz", x=np.zeros((4, 3)), y=np.zeros(4))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "not_data.txt").write_text("hello")
     code = main(["malleability", "--dataset", str(make(tmp_path)), *args, *TOY])
     err = capsys.readouterr().err.strip()
     assert code == 2, err
