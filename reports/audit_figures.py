@@ -19,6 +19,11 @@ def _color(key: str) -> str:
     return USER_COLOR if key == "user" else MODEL_COLORS.get(key, "#777777")
 
 
+def _eps_text(eps: float) -> str:
+    k = eps * 255
+    return f"{round(k)}/255" if abs(k - round(k)) < 1e-6 else f"{eps:g}"
+
+
 def _short(label: str) -> str:
     return label.replace(" (m=", "\n(m=")
 
@@ -43,13 +48,14 @@ def flip_rates(result: dict[str, Any], path: str | Path) -> Path:
     risk = result["risk"]
     ax.axhline(100 * risk["noise_ceiling"], color="#555", ls=":", lw=1, label="noise ceiling (your model)")
     if risk["high_floor"] > risk["low_ceiling"]:
-        ax.axhspan(100 * risk["high_floor"], ax.get_ylim()[1] * 1.08, color="#cf222e", alpha=0.06, lw=0)
+        if math.isfinite(risk["high_floor"]):
+            ax.axhspan(100 * risk["high_floor"], ax.get_ylim()[1] * 1.08, color="#cf222e", alpha=0.06, lw=0)
         ax.axhspan(0, 100 * risk["low_ceiling"], color="#1a7f37", alpha=0.06, lw=0)
     ax.set_xticks(np.arange(len(attacks)), [ATTACK_LABELS.get(a, a) for a in attacks])
     ax.set_ylabel("flip rate (%)")
     ax.set_ylim(0, max(5.0, ax.get_ylim()[1] * 1.08))
     ax.set_title(f"Influence sign flips among the top {result['models']['user']['n_selected']} training points "
-                 f"(eps = {result['config']['eps']:g})", fontsize=9)
+                 f"(eps = {_eps_text(result['config']['eps'])})", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -186,12 +192,131 @@ def spectra(result: dict[str, Any], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
+def budget(panel: dict[str, Any], path: str | Path) -> Path:
+    """Flip rate (top) and the kernel predictor's test-accuracy change (bottom) against eps and against k,
+    the attack beside random noise of the same size (noise ceiling = mean + 2 std)."""
+    fig, axes = plt.subplots(2, 2, figsize=(7.4, 4.6), sharex="col")
+    attack = ATTACK_LABELS.get(panel["attack"], panel["attack"])
+    for col, (key, xkey) in enumerate((("by_eps", "eps"), ("by_k", "k"))):
+        pts = panel[key]
+        xs = np.array([p[xkey] for p in pts], dtype=float)
+        ax = axes[0, col]
+        ax.plot(xs, [100 * p["flip_rate"] for p in pts], "o-", color=USER_COLOR, lw=1.4, ms=3.5, label=attack)
+        ax.plot(xs, [100 * p["noise_mean"] for p in pts], "s--", color="#888", lw=1, ms=3, label="random noise (mean)")
+        ax.fill_between(xs, 0, [100 * p["noise_ceiling"] for p in pts], color="#bbbbbb", alpha=0.35, lw=0,
+                        label="below noise ceiling")
+        ax.set_ylabel("flip rate (%)")
+        ax = axes[1, col]
+        ax.plot(xs, [100 * p["kernel_acc_change"] for p in pts], "o-", color=USER_COLOR, lw=1.4, ms=3.5,
+                label=attack)
+        ax.errorbar(xs, [100 * p["kernel_acc_change_noise"] for p in pts],
+                    yerr=[100 * p["kernel_acc_change_noise_std"] for p in pts], fmt="s--", color="#888", lw=1,
+                    ms=3, capsize=2, label="random noise")
+        ax.axhline(0, color="#999", lw=0.6)
+        ax.set_ylabel("kernel predictor:\ntest accuracy change (pp)")
+    for ax in axes[:, 0]:
+        ax.set_xscale("log")
+        ax.axvline(panel["realistic_eps"], color="#1a7f37", ls=":", lw=1)
+        if panel.get("breaking_eps"):
+            ax.axvline(panel["breaking_eps"], color="#cf222e", ls="--", lw=1)
+    axes[1, 0].set_xlabel("eps (green: default 8/255; red: breaking budget)", fontsize=8)
+    axes[1, 1].set_xlabel(f"k, points perturbed (eps = {_eps_text(panel['eps'])})", fontsize=8)
+    ks = [p["k"] for p in panel["by_k"]]
+    for ax in axes[:, 1]:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ks))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FixedFormatter([str(k) for k in ks]))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    axes[0, 0].set_title(f"against eps (top {panel['by_eps'][0]['k']} points)", fontsize=8.5)
+    axes[0, 1].set_title("against k", fontsize=8.5)
+    axes[0, 0].legend(fontsize=6.5, frameon=False)
+    for ax in axes.ravel():
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.25)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def validity(panel: dict[str, Any], path: str | Path) -> Path:
+    """(a) predicted vs actual change of the mean test loss over the random subsets; (b) LDS with intervals."""
+    fig, axes = plt.subplots(1, 2, figsize=(7.4, 2.9), gridspec_kw={"width_ratios": [1.4, 1]})
+    ax = axes[0]
+    sc = panel["scatter"]
+    ax.scatter(sc["predicted"], sc["actual"], s=12, color=USER_COLOR, alpha=0.7, lw=0, label="random subsets")
+    for arm, color in (("top", "#cf222e"), ("random", "#1f77b4")):
+        r = panel["removal"][arm]
+        ax.scatter([r["predicted"]], [r["actual"]], s=40, marker="D", color=color,
+                   label=f"{'top' if arm == 'top' else 'random'} {r['k']} left out")
+    noise = panel["noise"]["sd"]
+    ax.axhspan(-2 * noise, 2 * noise, color="#bbbbbb", alpha=0.35, lw=0, label="re-fit noise (±2 sd)")
+    ax.set_xlabel("predicted change (NTK influence, squared error)")
+    ax.set_ylabel("actual change after re-fit\n(mean test loss)")
+    ax.legend(fontsize=6, frameon=False)
+    ax = axes[1]
+    names = [("ntk", "NTK leave-one-out"), ("gn", "Gauss-Newton")]
+    for j, (key, _) in enumerate(names):
+        s = panel["lds"][key]
+        lo = s["lo"] if math.isfinite(s["lo"]) else s["value"]
+        hi = s["hi"] if math.isfinite(s["hi"]) else s["value"]
+        ax.errorbar([j], [s["value"]], yerr=[[s["value"] - lo], [hi - s["value"]]], fmt="o", color=USER_COLOR,
+                    capsize=4)
+        ax.text(j + 0.08, s["value"], f"{s['value']:.2f}", fontsize=7, va="center")
+    ax.axhline(panel.get("lds_min", 0.2), color="#1a7f37", ls=":", lw=1, label="trustworthy threshold")
+    ax.axhline(0, color="#999", lw=0.6)
+    ax.set_xticks(range(len(names)), [n for _, n in names], fontsize=7)
+    ax.set_xlim(-0.5, len(names) - 0.5)
+    ax.set_ylim(min(-0.2, ax.get_ylim()[0]), max(1.0, ax.get_ylim()[1]))
+    ax.set_ylabel("LDS (95 % interval)")
+    ax.legend(fontsize=6, frameon=False, loc="upper right")
+    for a in axes:
+        a.tick_params(labelsize=7)
+        a.grid(alpha=0.25)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+POISON_LABELS = {"self_influence_ntk": "NTK self-influence\n(audit)", "harmful_ntk": "most harmful\n(NTK)",
+                 "levers_abs_ntk": "levers |NTK|",
+                 "harmful_gn": "most harmful\n(Gauss-Newton)", "training_loss": "largest training\nloss (baseline)"}
+
+
+def poison(panel: dict[str, Any], path: str | Path) -> Path:
+    """Precision at k of each ranking for the planted poison, split by kind, with the chance level."""
+    keys = list(panel["rankings"])
+    fig, ax = plt.subplots(figsize=(6.4, 2.5))
+    xs = np.arange(len(keys))
+    rk = panel["rankings"]
+    ax.bar(xs - 0.27, [100 * rk[k]["precision"] for k in keys], 0.26, color=USER_COLOR, label="precision at k")
+    ax.bar(xs, [100 * rk[k]["recall_label_flip"] for k in keys], 0.26, color="#d62728", alpha=0.8,
+           label="label flips found")
+    ax.bar(xs + 0.27, [100 * rk[k]["recall_perturbation"] for k in keys], 0.26, color="#1f77b4", alpha=0.8,
+           label="perturbations found")
+    ax.axhline(100 * panel["chance"], color="#555", ls=":", lw=1, label="chance (k / n)")
+    ax.set_xticks(xs, [POISON_LABELS.get(k, k) for k in keys], fontsize=7)
+    ax.set_ylabel("% (top k)")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"Planted poison: {panel['k']} of {round(panel['k'] / panel['chance'])} training points, top k = "
+                 f"{panel['k']}", fontsize=8.5)
+    ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def all_figures(result: dict[str, Any], folder: str | Path) -> dict[str, Path]:
-    """Every audit figure as PNG in `folder`; returns name -> path."""
+    """Every audit figure as PNG in `folder`; returns name -> path (panels that were not run are left out)."""
     folder = Path(folder)
-    return {
+    out = {
         "flip_rates": flip_rates(result, folder / "flip_rates.png"),
         "influence": influence_panels(result, folder / "influence.png"),
         "levers": levers(result, folder / "levers.png"),
         "spectra": spectra(result, folder / "spectra.png"),
     }
+    panels = result.get("panels", {})
+    if "by_eps" in panels.get("budget", {}):
+        out["budget"] = budget(panels["budget"], folder / "budget.png")
+    if "lds" in panels.get("validity", {}):
+        out["validity"] = validity(panels["validity"], folder / "validity.png")
+    if "rankings" in panels.get("poison", {}):
+        out["poison"] = poison(panels["poison"], folder / "poison.png")
+    return out

@@ -58,12 +58,17 @@ from empirics.landscape import power_iteration, scale_aware
 from empirics.malleability import compare, n_top, top_by_abs
 from empirics.models import ModelSpec, TwoLayerNet
 from empirics.progress import log
+from empirics.protocols import GATE_TEXT, PROPER, protocol_config
 from empirics.records import device_info, library_versions
-from empirics.train import TrainConfig, loss_fn, predict_labels, targets
+from empirics.train import loss_fn, predict_labels, targets
 from theory.bounds import relu_width_bound, width_bound_v1, width_bound_v2
 from theory.conditioning import condition_numbers
 from theory.errors import UserInputError
 from theory.paper import PAPER_AUDIT_REFERENCE
+from verify.audit_budget import REALISTIC_EPS, REALISTIC_REASON, budget_curves, eps_label
+from verify.audit_outcome import outcome_panel, poison_panel
+from verify.audit_refit import RefitConfig, Refitter
+from verify.audit_validity import validity_panel
 from verify.modelio import (
     FlatInput,
     LoadedModel,
@@ -83,6 +88,7 @@ AUDIT_ATTACKS = ("fgsm", "pgd", "mim")
 RISK_LEVELS = ("low", "medium", "high")
 NOT_MEASURABLE = "not measurable"
 REF_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
+PANELS = ("budget", "poison", "validity", "outcome")
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,7 @@ class AuditConfig:
     test: str | None = None
     spec: str | None = None
     input_shape: str | None = None
-    eps: float = 0.3
+    eps: float = REALISTIC_EPS
     tau: float = 0.1
     attacks: tuple[str, ...] = AUDIT_ATTACKS
     n: int = 1000
@@ -103,7 +109,7 @@ class AuditConfig:
     baseline_seeds: int = 3
     reference: bool = True
     ref_width: int = 512
-    ref_epochs: int = 20
+    ref_epochs: int = 1000
     top_k: int = 12
     seed: int = 0
     hessian_iters: int = 20
@@ -111,6 +117,21 @@ class AuditConfig:
     ridge_rel: float = RIDGE_REL_DEFAULT
     max_memory_gb: float = 2.0
     data_dir: str | None = None
+    panels: tuple[str, ...] = PANELS
+    refit_epochs: int = 5
+    refit_lr: float = 1e-3
+    refit_batch: int = 64
+    train_fn: str | None = None
+    lds_subsets: int = 24
+    lds_fraction: float = 0.1
+    refit_seeds: int = 3
+    outcome_targets: int = 20
+    target_test: int | None = None
+    poison_fraction: float = 0.05
+    curve_attack: str = "pgd"
+
+    def refit_config(self) -> RefitConfig:
+        return RefitConfig(self.refit_epochs, self.refit_lr, self.refit_batch, self.train_fn)
 
     def __post_init__(self) -> None:
         if not self.attacks:
@@ -132,11 +153,21 @@ class AuditConfig:
             (self.hessian_iters >= 1, f"--hessian-iters must be >= 1, got {self.hessian_iters}"),
             (self.bound_eps > 0, f"--bound-eps must be > 0, got {self.bound_eps}"),
             (self.max_memory_gb > 0, f"--max-memory-gb must be > 0, got {self.max_memory_gb}"),
+            (set(self.panels) <= set(PANELS), f"--skip takes panels from {', '.join(PANELS)}"),
+            (self.lds_subsets >= 3, f"--lds-subsets must be >= 3, got {self.lds_subsets}"),
+            (0.0 < self.lds_fraction < 1.0, f"--lds-fraction must be in (0, 1), got {self.lds_fraction}"),
+            (self.refit_seeds >= 2, f"--refit-seeds must be >= 2 (an interval needs two), got {self.refit_seeds}"),
+            (self.outcome_targets >= 1, f"--outcome-targets must be >= 1, got {self.outcome_targets}"),
+            (self.target_test is None or 0 <= self.target_test < self.n_test,
+             f"--target-test must be an index into the {self.n_test} test points, got {self.target_test}"),
+            (0.0 < self.poison_fraction <= 0.5, f"--poison-fraction must be in (0, 0.5], got {self.poison_fraction}"),
+            (self.curve_attack in AUDIT_ATTACKS, f"--curve-attack must be one of {', '.join(AUDIT_ATTACKS)}"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise UserInputError(msg)
         parse_shape(self.input_shape)
+        self.refit_config()
 
 
 # --- kernels ---------------------------------------------------------------------------------------
@@ -320,27 +351,32 @@ def measure_network(label: str, model: FlatInput, provider: SuiteKernels | Gener
     lam = clean.ridge
     with torch.no_grad():
         out_tr, out_te = model(x), model(xt)
-    gn = gn_influence_mean(K, Kst, loss_residuals(out_tr, y), loss_residuals(out_te, yt), lam).sum(axis=1)
+    gn_per_test = gn_influence_mean(K, Kst, loss_residuals(out_tr, y), loss_residuals(out_te, yt), lam)
+    gn = gn_per_test.sum(axis=1)
     times["influence"] = time.perf_counter() - tic
     n = len(x)
     k = n_top(cfg.tau, n)
     sel = top_by_abs(clean.total, k)
-    sel_t = torch.as_tensor(sel)
 
-    def trial(name: str, seed: int) -> tuple[dict[str, Any], InfluenceResult, torch.Tensor]:
-        x_adv = attack(model, x[sel_t], y[sel_t], AttackConfig(name, cfg.eps, steps=cfg.steps, seed=seed))
-        x_new = x.index_copy(0, sel_t, x_adv)
-        K2, Kst2 = provider.perturbed(x_new, sel, K, Kst, xt)
+    def probe(chosen: np.ndarray, name: str, eps: float, seed: int) -> tuple[dict[str, Any], InfluenceResult,
+                                                                        torch.Tensor]:
+        ct = torch.as_tensor(chosen)
+        x_adv = attack(model, x[ct], y[ct], AttackConfig(name, eps, steps=cfg.steps, seed=seed))
+        x_new = x.index_copy(0, ct, x_adv)
+        K2, Kst2 = provider.perturbed(x_new, chosen, K, Kst, xt)
         new = influence_from_kernels(K2, Kst2, Y, Yt, yt.numpy(), ridge=lam)
-        m = compare(clean, new, sel)
+        m = compare(clean, new, chosen)
         m["max_abs_perturbation"] = float((x_new - x).abs().max())
         return m, new, x_adv
+
+    def trial(name: str, seed: int) -> tuple[dict[str, Any], InfluenceResult, torch.Tensor]:
+        return probe(sel, name, cfg.eps, seed)
 
     tic = time.perf_counter()
     attacks: dict[str, Any] = {}
     adv_pixels: dict[str, torch.Tensor] = {}
     for name in cfg.attacks:
-        log(f"audit: {label}: {name.upper()} on the top {k} points, eps={cfg.eps:g}")
+        log(f"audit: {label}: {name.upper()} on the top {k} points, eps={eps_label(cfg.eps)}")
         m, new, x_adv = trial(name, _seed(cfg.seed, name))
         m["new_total"] = new.total.tolist()
         attacks[name] = m
@@ -378,30 +414,41 @@ def measure_network(label: str, model: FlatInput, provider: SuiteKernels | Gener
         "ntk": ntk_spectrum(K),
         "sharpness": sharp,
         "timings": times,
+        "_context": {"probe": lambda c, a, e, s: probe(c, a, e, s)[:2], "clean": clean,
+                     "gn_per_test": gn_per_test},
     }
 
 
 # --- risk ------------------------------------------------------------------------------------------
 
 
-def risk_level(flip: float, baseline: list[float], relu_flip: float, attn_flip: float) -> dict[str, Any]:
-    """low / medium / high from the worst-case flip rate (the rule in the module docstring)."""
+def risk_level(flip: float, baseline: list[float], relu_flip: float | None, attn_flip: float | None) -> dict[str, Any]:
+    """low / medium / high from the worst-case flip rate (the rule in the module docstring).
+
+    A reference given as None did not pass the adequacy gate and is left out of the scale: without R the
+    low ceiling is the noise ceiling alone; without A there is no "high" (the top of the scale is unknown).
+    """
     b = np.asarray(baseline, dtype=float)
     noise = float(b.mean() + 2 * (b.std(ddof=1) if b.size > 1 else 0.0)) if b.size else math.nan
-    low_ceiling = max(noise, relu_flip)
-    high_floor = max(attn_flip, low_ceiling)
+    r_eff = 0.0 if relu_flip is None else relu_flip
+    low_ceiling = max(noise, r_eff)
+    high_floor = math.inf if attn_flip is None else max(attn_flip, low_ceiling)
     level = "low" if flip <= low_ceiling else "high" if flip >= high_floor else "medium"
     reason = ""
-    if not all(math.isfinite(v) for v in (flip, noise, relu_flip, attn_flip)):
+    if not all(math.isfinite(v) for v in (flip, noise, r_eff)) or (attn_flip is not None
+                                                                   and not math.isfinite(attn_flip)):
         level = NOT_MEASURABLE
         reason = ("a flip rate could not be computed (NaN): influence is undefined for these data, e.g. constant "
                   "or duplicated inputs or a kernel without signal")
+    left_out = [name for name, v in (("2L-ReLU", relu_flip), ("MLP-Attn", attn_flip)) if v is None]
     return {"level": level, "reason": reason, "flip_rate": flip, "noise_ceiling": noise, "low_ceiling": low_ceiling,
-            "high_floor": high_floor, "relu_reference": relu_flip, "attn_reference": attn_flip,
-            "references_separate": bool(attn_flip > low_ceiling),
+            "high_floor": high_floor, "relu_reference": math.nan if relu_flip is None else relu_flip,
+            "attn_reference": math.nan if attn_flip is None else attn_flip, "left_out": left_out,
+            "references_separate": bool(attn_flip is not None and attn_flip > low_ceiling),
             "rule": "low if F <= max(N, R); high if F >= max(A, N, R); medium otherwise (F: worst-case flip "
                     "rate over the attacks; N: random-noise mean + 2 std; R, A: 2L-ReLU and MLP-Attn worst-case "
-                    "flip rates)"}
+                    "flip rates; a reference below the adequacy gate is left out: without R the low ceiling is N, "
+                    "without A there is no high)"}
 
 
 ADVICE = {
@@ -517,6 +564,58 @@ def load_inputs(cfg: AuditConfig) -> tuple[LoadedModel, Split, Split]:
     return loaded, train, test
 
 
+def _panels(cfg: AuditConfig, st: _Stage, ctx: dict[str, Any], t: Tensors, model: FlatInput,
+            refit_net: torch.nn.Module, fit_module: torch.nn.Module, provider: SuiteKernels | GenericKernels,
+            loaded: LoadedModel, input_shape: tuple[int, ...], out_dim: int, max_bytes: int,
+            user: dict[str, Any]) -> dict[str, Any]:
+    """The budget curves and the panels that re-fit the model (validity, outcome, planted poison)."""
+    out: dict[str, Any] = {"run": [p for p in PANELS if p in cfg.panels]}
+    clean: InfluenceResult = ctx["clean"]
+    x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
+    if "budget" in cfg.panels:
+        out["budget"] = st.run("budget curves", budget_curves, ctx["probe"], clean, cfg.tau, cfg.eps,
+                               cfg.curve_attack, cfg.seed, cfg.baseline_seeds)
+    refit_panels = [p for p in ("validity", "outcome", "poison") if p in cfg.panels]
+    if not refit_panels:
+        return out
+    rcfg = cfg.refit_config()
+    refit = Refitter.for_module(fit_module, refit_net, rcfg, out_dim, input_shape)
+    log(f"audit: control re-fit ({rcfg.describe()})")
+    ctrl = st.run("re-fits", refit.control, x, y, cfg.seed, {"train": x, "test": xt})
+    from verify.audit_refit import refit_adequacy
+
+    gate = refit_adequacy(rcfg.kind, ctrl, y.numpy(), yt.numpy(), user["train_acc"], user["test_acc"], out_dim)
+    out["refit"] = {"kind": rcfg.kind, "description": rcfg.describe(), "control": gate,
+                    "user_code": bool(rcfg.train_fn)}
+    if not gate["passed"]:
+        for p in refit_panels:
+            out[p] = {"verdict": NOT_MEASURABLE, "reason": f"the control re-fit is not adequate ({gate['reason']})"}
+        return out
+    if "validity" in cfg.panels:
+        out["validity"] = st.run("validity", validity_panel, refit, x, y, xt, yt, clean.per_test, ctx["gn_per_test"],
+                                 (user["train_acc"], user["test_acc"]), cfg.tau, cfg.lds_subsets, cfg.lds_fraction,
+                                 cfg.refit_seeds - 1, cfg.seed, cfg.target_test, out_dim)
+    if "outcome" in cfg.panels:
+        out["outcome"] = st.run("outcome", outcome_panel, refit, model, x, y, xt, yt, clean.per_test,
+                                np.asarray(user["selected"]), user["worst_attack"], cfg.eps, cfg.steps,
+                                cfg.refit_seeds, cfg.seed, cfg.outcome_targets, out_dim)
+    if "poison" in cfg.panels:
+        if rcfg.train_fn:
+            def kernels(net: torch.nn.Module) -> GenericKernels:
+                return GenericKernels(ModelJacobian(net, input_shape), max_bytes)
+        elif isinstance(provider, SuiteKernels):
+            def kernels(net: torch.nn.Module) -> SuiteKernels:
+                return SuiteKernels(loaded.module)
+        else:
+            def kernels(net: torch.nn.Module) -> GenericKernels:
+                return GenericKernels(provider.jac, max_bytes)
+        out["poison"] = st.run("planted poison", poison_panel, refit, model, x, y, xt, yt, kernels,
+                               cfg.poison_fraction, cfg.eps, cfg.steps, cfg.seed, out_dim, cfg.ridge_rel)
+    out["refit"]["count"] = refit.count
+    out["refit"]["seconds"] = refit.seconds
+    return out
+
+
 def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     """Run every measurement and return the JSON-ready audit record (writes nothing)."""
     t0 = time.perf_counter()
@@ -529,39 +628,66 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     check_labels(train, out_dim, "--train")
     check_labels(test, out_dim, "--test")
     st.run("bind", probe_batches, model, {"training": train.x, "test": test.x},
-           (n_top(cfg.tau, len(train.x)), 1), out_dim)
+           (n_top(cfg.tau, len(train.x)), 1, cfg.refit_batch), out_dim)
     if image_shape is None and len(input_shape) == 3:
         image_shape = input_shape
     t = Tensors(torch.as_tensor(train.x), torch.as_tensor(train.y), torch.as_tensor(test.x),
                 torch.as_tensor(test.y), out_dim)
+    max_bytes = int(cfg.max_memory_gb * 2**30)
     if loaded.is_suite:
         provider: SuiteKernels | GenericKernels = SuiteKernels(loaded.module)
+        fit_module: torch.nn.Module = loaded.module
+        refit_net: torch.nn.Module = model
     else:
         graph = st.run("bind", fx_graph_for, loaded, model, train.x)
         jac = ModelJacobian(model if graph is None else graph, input_shape, graph=graph,
                             static_batch=loaded.static_batch if graph is not None else None)
-        provider = GenericKernels(jac, int(cfg.max_memory_gb * 2**30))
+        provider = GenericKernels(jac, max_bytes)
+        fit_module = loaded.module if graph is None else graph
+        refit_net = model if graph is None else FlatInput(graph, input_shape, loaded.static_batch)
     models: dict[str, Any] = {}
     models["user"] = st.run("your model", measure_network, "your model", model, provider, t, cfg,
                             loaded.n_params, loaded.widest_layer())
     if cfg.reference:
         for kind in ("relu", "attn"):
             label = f"{REF_LABELS[kind]} (m={cfg.ref_width})"
-            log(f"audit: training the {label} reference ({cfg.ref_epochs} epochs)")
+            log(f"audit: training the {label} reference ({PROPER} protocol, at most {cfg.ref_epochs} epochs)")
             spec = ModelSpec(kind, t.x_train.shape[1], cfg.ref_width, out_dim, seed=cfg.seed)
-            tr = st.run(f"train {kind}", train_network, spec, t, TrainConfig(epochs=cfg.ref_epochs, seed=cfg.seed),
-                        label=f"training {REF_LABELS[kind]}")
+            tcfg = protocol_config(PROPER, cfg.ref_epochs, seed=cfg.seed)
+            tr = st.run(f"train {kind}", train_network, spec, t, tcfg, label=f"training {REF_LABELS[kind]}")
             tr.model.eval()
             ref = st.run(kind, measure_network, label, FlatInput(tr.model, (spec.d,)), SuiteKernels(tr.model), t,
                          cfg, tr.model.W.numel(), cfg.ref_width)
-            ref["training"] = {"epochs": cfg.ref_epochs, "final_train_loss": tr.record.final_train_loss,
-                               "optimizer": "adam", "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 128}
+            ref["training"] = {"protocol": PROPER, "max_epochs": cfg.ref_epochs, "epochs_run": tr.record.epochs_run,
+                               "final_train_loss": tr.record.final_train_loss, "optimizer": "adam",
+                               "lr": tr.record.lr, "weight_decay": 0.0, "batch_size": tcfg.batch_size,
+                               "plateau_reached": tr.record.plateau_reached}
+            ref["gate"] = tr.gate
+            ref.pop("_context", None)
             models[kind] = ref
     user = models["user"]
-    ref_flip = {k: models[k]["worst_flip_rate"] if k in models else PAPER_AUDIT_REFERENCE[k] for k in ("relu", "attn")}
+    ctx = user.pop("_context")
+    ref_flip: dict[str, float | None] = {}
+    for k in ("relu", "attn"):
+        if k not in models:
+            ref_flip[k] = PAPER_AUDIT_REFERENCE[k]
+        else:
+            ref_flip[k] = models[k]["worst_flip_rate"] if models[k]["gate"]["passed"] else None
     risk = risk_level(user["worst_flip_rate"], user["baseline"]["flip_rates"], ref_flip["relu"], ref_flip["attn"])
-    risk["references"] = "trained on this data" if cfg.reference else "paper-reported values (no references trained)"
+    if cfg.reference:
+        risk["references"] = "trained on this data with the width-consistent protocol"
+        if risk["left_out"]:
+            risk["references"] += (f"; {' and '.join(risk['left_out'])} did not pass the adequacy gate and "
+                                   f"{'is' if len(risk['left_out']) == 1 else 'are'} left out of the scale")
+    else:
+        risk["references"] = "paper-reported values (no references trained)"
+        if abs(cfg.eps - 0.3) > 1e-9:
+            risk["references"] += (f"; the paper measured them at eps 0.3, not at the eps {eps_label(cfg.eps)} "
+                                   "used here")
     risk["advice"] = ADVICE[risk["level"]]
+    risk["gate"] = GATE_TEXT
+    panels = _panels(cfg, st, ctx, t, model, refit_net, fit_module, provider, loaded, input_shape, out_dim, max_bytes,
+                     user)
     levers = _levers(user, train, cfg)
     for m in models.values():
         m.pop("adversarial_pixels", None)
@@ -581,6 +707,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         "models": models,
         "risk": risk,
         "levers": levers,
+        "panels": panels,
         "diagnostics": diag,
         "definitions": DEFINITIONS,
         "versions": library_versions(),
@@ -647,7 +774,8 @@ def report_context(result: dict[str, Any], figures: dict[str, str]) -> dict[str,
     b = user["baseline"]
     summary = [
         f"Perturbing the {k} training examples with the largest influence ({_pct(cfg['tau'])} of "
-        f"{result['data']['n_train']}) by at most ±{cfg['eps']:g} per pixel flipped the sign of the influence of "
+        f"{result['data']['n_train']}) by at most ±{eps_label(cfg['eps'])} per pixel flipped the sign of the "
+        "influence of "
         f"{_pct(user['worst_flip_rate'])} of them (worst attack: {worst}); random noise of the same size flips "
         f"{_pct(b['mean'])} ± {_pct(b['std'])}.",
     ]
@@ -661,11 +789,28 @@ def report_context(result: dict[str, Any], figures: dict[str, str]) -> dict[str,
                        "is used.")
     summary.append(f"After the {worst} perturbation the ranking of all training points by influence keeps a Spearman "
                    f"correlation of {user['worst_rho_all']:.2f} with the original (1 = unchanged).")
+    panels = result.get("panels", {})
+    if risk.get("left_out"):
+        summary.append(f"{' and '.join(risk['left_out'])}: the reference trained on your data did not pass the "
+                       "adequacy gate (it did not learn), so it is marked in the table and left out of the risk scale.")
+    val = panels.get("validity", {})
+    if val.get("verdict"):
+        summary.append(f"Influence is {str(val['verdict']).upper()} for this model when checked against re-fitting it "
+                       f"({val.get('reason', '')}).")
+        if val["verdict"] != "trustworthy":
+            summary.append("So the flip rates above describe how malleable the kernel predictor's ranking is; they are "
+                           "not a validated prediction of what re-fitting your model on altered data would do.")
+    bud = panels.get("budget", {})
+    if bud.get("by_eps"):
+        summary.append(f"Breaking budget (the attack first exceeds random noise): {bud['breaking_label']}.")
     key_rows, sharp_rows = [], []
     for key, m in models.items():
+        gate = m.get("gate")
         key_rows.append({"key": key, "label": m["label"], "flip": m["worst_flip_rate"],
                          "worst": m["worst_attack"].upper(), "noise": m["baseline"]["mean"],
                          "noise_std": m["baseline"]["std"], "rho": m["worst_rho_all"], "acc": m["test_acc"],
+                         "train_acc": m.get("train_acc"), "gate": gate,
+                         "excluded": bool(gate and not gate["passed"]),
                          "kappa": m["ntk"]["kappa"], "rho_gn": m["rho_ntk_gn"], "sharp": m["sharpness"]["value"]})
         s = m["sharpness"]
         sharp_rows.append({"label": m["label"], "value": s["value"],
@@ -679,7 +824,9 @@ def report_context(result: dict[str, Any], figures: dict[str, str]) -> dict[str,
     env = {"created": result["created"], "versions": result["versions"], "device": result["device"],
            "timings (s)": {k2: f"{v:.1f}" for k2, v in result["timings"].items()}}
     refs = ("The 2L-ReLU and MLP-Attn references are the paper's two networks trained by the suite on the same data "
-            f"(width {cfg['ref_width']}, {cfg['ref_epochs']} epochs, Adam)." if cfg["reference"]
+            f"(width {cfg['ref_width']}, the width-consistent protocol: Adam without weight decay to a plateau of the "
+            f"training loss, at most {cfg['ref_epochs']} epochs). A reference below the adequacy gate is marked "
+            "'below gate' and left out of the risk scale." if cfg["reference"]
             else "No references were trained (--no-reference).")
     return {
         "model_name": Path(model["path"]).name, "model": model, "data": result["data"], "created": result["created"],
@@ -690,7 +837,19 @@ def report_context(result: dict[str, Any], figures: dict[str, str]) -> dict[str,
         "data_rows": _flat_rows({"train": result["data"]["train"], "test": result["data"]["test"],
                                  "image_shape": result["data"]["image_shape"], "task": result["data"]["task"]}),
         "settings_rows": _flat_rows(cfg), "env_rows": _flat_rows(env),
+        "panels": panels, "eps_label": eps_label(cfg["eps"]), "realistic_reason": REALISTIC_REASON,
+        "outcome_rows": _outcome_rows(panels.get("outcome", {})),
     }
+
+
+OUTCOME_LABELS = {"acc_change": "test accuracy change", "target_flip": "targeted predictions changed",
+                  "target_loss_change": "targeted mean loss change"}
+
+
+def _outcome_rows(panel: dict[str, Any]) -> list[dict[str, Any]]:
+    """The outcome table's rows: each metric for the levers, random points and their difference."""
+    return [{"label": OUTCOME_LABELS.get(k, k), "pct": k != "target_loss_change", **v}
+            for k, v in panel.get("rows", {}).items()]
 
 
 def from_json(obj: Any) -> Any:

@@ -24,7 +24,9 @@ from verify.audit import RISK_LEVELS, risk_level
 from verify.cli import main
 
 SMALL = ["--n", "60", "--n-test", "20", "--tau", "0.2", "--steps", "2", "--baseline-seeds", "2",
-         "--ref-width", "32", "--ref-epochs", "2", "--hessian-iters", "3", "--top-k", "4"]
+         "--ref-width", "32", "--ref-epochs", "2", "--hessian-iters", "3", "--top-k", "4",
+         "--lds-subsets", "4", "--refit-epochs", "1", "--refit-seeds", "2", "--outcome-targets", "5"]
+NO_PANELS = ["--skip", "budget,poison,validity,outcome"]
 
 
 class CNN(nn.Module):
@@ -128,9 +130,23 @@ def test_cnn_torchscript_audit_end_to_end(cnn_report):
     assert cnn_report["code"] == 0
     out = cnn_report["out"]
     assert out.read_bytes()[:5] == b"%PDF-"
-    assert out.with_suffix(".html").read_text().count("data:image/png;base64,") == 4
+    html = out.with_suffix(".html").read_text()
+    assert html.count("data:image/png;base64,") == 7
+    for title in ("(validity)", "Budget curves", "Outcome: what altering", "Planted-poison self-test"):
+        assert title in html
     rec = cnn_report["record"]
     _check_record(rec, references=True)
+    panels = rec["panels"]
+    assert panels["run"] == ["budget", "poison", "validity", "outcome"]
+    assert panels["refit"]["kind"] == "warm start" and panels["refit"]["count"] > 4
+    assert [p["eps"] for p in panels["budget"]["by_eps"]] == sorted(p["eps"] for p in panels["budget"]["by_eps"])
+    assert panels["validity"]["verdict"] in ("trustworthy", "fragile", "inconclusive", "not measurable")
+    assert set(panels["outcome"]["rows"]) == {"acc_change", "target_flip", "target_loss_change"}
+    assert panels["poison"]["k"] == 3 and set(panels["poison"]["rankings"]) >= {"harmful_ntk", "training_loss"}
+    for ref in ("relu", "attn"):
+        assert rec["models"][ref]["training"]["protocol"] == "width-consistent"
+        assert rec["models"][ref]["gate"]["passed"] is False  # 2 epochs cannot reach a plateau
+    assert rec["risk"]["left_out"] == ["2L-ReLU", "MLP-Attn"] and rec["risk"]["high_floor"] in ("inf", float("inf"))
     assert rec["model"]["format"] == "torchscript" and rec["model"]["input_shape"] == [1, 28, 28]
     assert rec["data"]["image_shape"] == [1, 28, 28]
 
@@ -143,7 +159,7 @@ def test_attention_model_exported_audit_end_to_end(data, tmp_path, capsys):
     torch.export.save(ep, str(path))
     out = tmp_path / "attn.pdf"
     code, stdout, _ = _audit(["--model", str(path), "--train", data["train"], "--test", data["test"], *SMALL,
-                              "--no-reference", "--out", str(out), "--json"], capsys)
+                              *NO_PANELS, "--no-reference", "--out", str(out), "--json"], capsys)
     assert code == 0, stdout
     rec = json.loads(out.with_suffix(".json").read_text())
     _check_record(rec, references=False)
@@ -160,7 +176,7 @@ def test_suite_trained_model_audit_end_to_end(data, tmp_path, capsys):
     weights, spec = save_model(tr.model, tmp_path / "suite.safetensors")
     out = tmp_path / "suite.pdf"
     code, _, err = _audit(["--model", str(weights), "--train", data["train"], "--test", data["test"], *SMALL,
-                           "--no-reference", "--out", str(out), "--json"], capsys)
+                           *NO_PANELS, "--no-reference", "--out", str(out), "--json"], capsys)
     assert code == 0, err
     rec = json.loads(out.with_suffix(".json").read_text())
     _check_record(rec, references=False)
@@ -310,6 +326,9 @@ def test_mean_form_equals_full_form_when_outputs_do_not_couple():
     (0.30, [0.00, 0.01, 0.00], 0.05, 0.30, "high"),
     (0.50, [0.00, 0.01, 0.00], 0.05, 0.30, "high"),
     (0.20, [0.00, 0.01, 0.00], 0.10, 0.08, "high"),
+    (0.50, [0.00, 0.01, 0.00], 0.05, None, "medium"),
+    (0.04, [0.00, 0.01, 0.00], None, 0.30, "medium"),
+    (0.01, [0.00, 0.01, 0.00], None, None, "low"),
 ])
 def test_risk_rule(flip, base, relu, attn, level):
     r = risk_level(flip, base, relu, attn)

@@ -13,7 +13,8 @@ from pathlib import Path
 import jinja2
 
 from theory.errors import UserInputError
-from verify.audit import AuditConfig, check_record, load_record, run_audit, write_outputs
+from verify.audit import PANELS, AuditConfig, check_record, load_record, run_audit, write_outputs
+from verify.audit_budget import REALISTIC_EPS
 from verify.outputs import check_output_dir
 from verify.presets import parse_choices
 
@@ -38,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test", default=None, help="test data in the same forms (default: the test split of --train)")
     p.add_argument("--spec", default=None, help="architecture spec JSON for weights (default: MODEL.json)")
     p.add_argument("--input-shape", default=None, help="per-example input shape, e.g. 1,28,28 (default: inferred)")
-    p.add_argument("--eps", type=float, default=0.3, help="perturbation budget per pixel, inputs in [0, 1] "
-                   "(default: %(default)s)")
+    p.add_argument("--eps", type=float, default=REALISTIC_EPS, help="perturbation budget per pixel, inputs in "
+                   "[0, 1] (default: 8/255, a budget that leaves an image looking like the original)")
     p.add_argument("--tau", type=float, default=0.1, help="fraction of training points perturbed, the top by "
                    "|influence| (default: %(default)s)")
     p.add_argument("--attack", default="fgsm,pgd,mim", help="comma-separated: fgsm, pgd, mim (default: %(default)s)")
@@ -51,8 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-reference", action="store_true", help="skip training the 2L-ReLU / MLP-Attn references "
                    "(the paper-reported scale is used)")
     p.add_argument("--ref-width", type=int, default=512, help="width of the reference networks (default: %(default)s)")
-    p.add_argument("--ref-epochs", type=int, default=20, help="training epochs of the references "
-                   "(default: %(default)s)")
+    p.add_argument("--ref-epochs", type=int, default=1000, help="maximum training epochs of the references, "
+                   "trained to a plateau with the width-consistent protocol (default: %(default)s)")
     p.add_argument("--hessian-iters", type=int, default=20, help="power iterations for the top Hessian eigenvalue "
                    "(default: %(default)s)")
     p.add_argument("--bound-eps", type=float, default=0.1, help="NTK accuracy eps in the v1 / ReLU width bounds "
@@ -62,6 +63,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-memory-gb", type=float, default=2.0, help="memory budget for Jacobians "
                    "(default: %(default)s)")
     p.add_argument("--data-dir", default=None, help="where the built-in data sets are found (default: automatic)")
+    p.add_argument("--skip", default="", help="panels to leave out, comma-separated: budget, poison, validity, "
+                   "outcome (default: none)")
+    p.add_argument("--refit-epochs", type=int, default=5, help="epochs of each warm-start re-fit (default: "
+                   "%(default)s)")
+    p.add_argument("--refit-lr", type=float, default=1e-3, help="Adam learning rate of the warm-start re-fits "
+                   "(default: %(default)s)")
+    p.add_argument("--refit-batch", type=int, default=64, help="batch size of the warm-start re-fits "
+                   "(default: %(default)s)")
+    p.add_argument("--train-fn", default=None, metavar="MODULE:FUNCTION", help="re-fit from scratch with your own "
+                   "training recipe: FUNCTION(x, y, seed) -> trained nn.Module; MODULE is a module name or a .py "
+                   "path. This imports and runs YOUR code (default: warm start from the saved weights)")
+    p.add_argument("--lds-subsets", type=int, default=24, help="random subsets (re-fits) of the linear "
+                   "datamodeling score (default: %(default)s)")
+    p.add_argument("--lds-fraction", type=float, default=0.1, help="fraction of training points each LDS subset "
+                   "leaves out (default: %(default)s)")
+    p.add_argument("--refit-seeds", type=int, default=3, help="re-fit seeds of the outcome table and the re-fit "
+                   "noise (default: %(default)s)")
+    p.add_argument("--outcome-targets", type=int, default=20, help="targeted test predictions in the outcome "
+                   "table (default: %(default)s)")
+    p.add_argument("--target-test", type=int, default=None, help="test point of the brittleness check "
+                   "(default: a correctly predicted one of median margin)")
+    p.add_argument("--poison-fraction", type=float, default=0.05, help="fraction of training points planted as "
+                   "poison in the self-test (default: %(default)s)")
+    p.add_argument("--curve-attack", default="pgd", help="attack of the budget curves (default: %(default)s)")
     p.add_argument("--out", default="audit.pdf", help="PDF to write (default: %(default)s)")
     p.add_argument("--html", action="store_true", help="also write the HTML report beside the PDF")
     p.add_argument("--json", action="store_true", help="also write every number as JSON beside the PDF")
@@ -71,13 +96,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> AuditConfig:
     attacks = parse_choices(args.attack, "--attack", ("fgsm", "pgd", "mim"))
+    skip = parse_choices(args.skip, "--skip", PANELS) if args.skip.strip() else []
     return AuditConfig(
         model=args.model, train=args.train, test=args.test, spec=args.spec, input_shape=args.input_shape,
         eps=args.eps, tau=args.tau, attacks=tuple(attacks), n=args.n, n_test=args.n_test, steps=args.steps,
         baseline_seeds=args.baseline_seeds, reference=not args.no_reference, ref_width=args.ref_width,
         ref_epochs=args.ref_epochs, top_k=args.top_k, hessian_iters=args.hessian_iters,
         bound_eps=args.bound_eps, seed=args.seed, max_memory_gb=args.max_memory_gb,
-        data_dir=args.data_dir,
+        data_dir=args.data_dir, panels=tuple(p for p in PANELS if p not in skip), refit_epochs=args.refit_epochs,
+        refit_lr=args.refit_lr, refit_batch=args.refit_batch, train_fn=args.train_fn, lds_subsets=args.lds_subsets,
+        lds_fraction=args.lds_fraction, refit_seeds=args.refit_seeds, outcome_targets=args.outcome_targets,
+        target_test=args.target_test, poison_fraction=args.poison_fraction, curve_attack=args.curve_attack,
     )
 
 

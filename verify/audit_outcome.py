@@ -1,0 +1,152 @@
+"""Outcome-level malleability and the planted-poison self-test of the audit (both re-fit the model).
+
+**Outcome** (`outcome_panel`): the top-k levers (the flip-rate protocol's selection) are perturbed by the
+attack at eps and the model is fitted again; as the baseline, k random training points are perturbed the
+same way. Against the control re-fit of each seed: the change of test accuracy, and for the *targeted*
+test predictions (the `targets` test points on which the levers' influence is largest in total) the
+fraction whose predicted label changes and the change of their mean loss. 95 % t-intervals over seeds,
+also of the paired difference levers - random. Rule: the levers move an outcome beyond random points when
+the interval of the difference excludes zero.
+
+**Planted poison** (`poison_panel`): a fraction of the training points is altered, half by a label flip
+(a random other class) and half by an eps-bounded perturbation (PGD against the saved model at the
+point's own label, the label kept); the model is fitted again on the poisoned set and the audit's
+kernel and influence computed on that model. Reported: precision at k (k = the number planted) of the
+audit's rankings: the NTK self-influence (each point's squared leave-one-out error under kernel ridge
+regression with the re-fitted model's NTK: the self-test's headline), the most harmful by NTK influence
+on the test loss, the levers (largest |NTK influence|) and the most harmful by Gauss-Newton influence;
+of the simple baseline "largest training loss"; the chance level k / n; and the recall of each kind of
+poison within the top k.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+import torch
+from torch import nn
+
+from empirics.attacks import AttackConfig, attack
+from empirics.gauss_newton import gn_influence_mean, loss_residuals
+from empirics.influence import influence_from_kernels
+from empirics.mall_stats import t_interval
+from empirics.progress import log
+from empirics.train import targets
+from verify.audit_refit import Refitter, labels_of, per_example_loss
+
+OUTCOME_RULE = ("the levers move an outcome beyond random points when the 95 % t-interval over seeds of the paired "
+                "difference (levers - random) excludes zero")
+
+
+def _arm_metrics(out: np.ndarray, ctrl: np.ndarray, yt: np.ndarray, tgt: np.ndarray, out_dim: int) -> dict[str, float]:
+    lab, lab0 = labels_of(out), labels_of(ctrl)
+    return {"acc_change": float(np.mean(lab == yt) - np.mean(lab0 == yt)),
+            "target_flip": float(np.mean(lab[tgt] != lab0[tgt])),
+            "target_loss_change": float(per_example_loss(out[tgt], yt[tgt], out_dim).mean()
+                                        - per_example_loss(ctrl[tgt], yt[tgt], out_dim).mean())}
+
+
+def outcome_panel(refit: Refitter, model: nn.Module, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor,
+                  yt: torch.Tensor, per_test: np.ndarray, sel: np.ndarray, attack_name: str, eps: float, steps: int,
+                  seeds: int, seed: int, n_targets: int, out_dim: int) -> dict[str, Any]:
+    """Change of test accuracy and of the targeted predictions after re-fitting on perturbed levers."""
+    n, k = len(x), len(sel)
+    rng = np.random.default_rng(seed + 7)
+    rand = np.sort(rng.choice(n, k, replace=False))
+    weight = np.abs(per_test[sel]).sum(axis=0)
+    tgt = np.argsort(-weight, kind="stable")[:max(1, min(n_targets, len(xt)))]
+    yt_np = yt.numpy()
+    alt = {}
+    for arm, idx in (("levers", sel), ("random", rand)):
+        it = torch.as_tensor(idx)
+        x_adv = attack(model, x[it], y[it], AttackConfig(attack_name, eps, steps=steps, seed=seed + 31))
+        alt[arm] = x.index_copy(0, it, x_adv)
+    log(f"audit: outcome: {seeds} seeds x (control, levers, random) re-fits at eps {eps:g}")
+    per_seed: dict[str, list[dict[str, float]]] = {"levers": [], "random": []}
+    for s in range(seeds):
+        ctrl = refit.control(x, y, seed + s, {"train": x, "test": xt})["test"]
+        for arm in ("levers", "random"):
+            out = refit.outputs(alt[arm], y, seed + s, {"test": xt})["test"]
+            per_seed[arm].append(_arm_metrics(out, ctrl, yt_np, tgt, out_dim))
+    rows = {}
+    for key in ("acc_change", "target_flip", "target_loss_change"):
+        lev = [m[key] for m in per_seed["levers"]]
+        ran = [m[key] for m in per_seed["random"]]
+        diff = t_interval([a - b for a, b in zip(lev, ran, strict=True)])
+        rows[key] = {"levers": t_interval(lev), "random": t_interval(ran), "difference": diff,
+                     "beyond_random": bool(diff["lo"] > 0 or diff["hi"] < 0)}
+    return {"attack": attack_name, "eps": eps, "k": int(k), "seeds": seeds, "targets": tgt.tolist(),
+            "n_targets": int(len(tgt)), "random_points": rand.tolist(), "per_seed": per_seed, "rows": rows,
+            "rule": OUTCOME_RULE}
+
+
+def loo_error(K: np.ndarray, Y: np.ndarray, ridge: float) -> np.ndarray:
+    """Squared leave-one-out error of each training point under kernel ridge regression (its NTK self-influence):
+    `||alpha_i / M_ii||^2` with `M = (K + ridge I)^-1`, `alpha = M Y` (exact, no refitting)."""
+    n = K.shape[0]
+    factor = scipy.linalg.cho_factor((K + K.T) / 2 + ridge * np.eye(n), lower=True, check_finite=False)
+    M = scipy.linalg.cho_solve(factor, np.eye(n), check_finite=False)
+    alpha = M @ Y
+    return np.sum((alpha / np.diag(M)[:, None]) ** 2, axis=1)
+
+
+def _precision(order: np.ndarray, planted: np.ndarray, kinds: dict[str, np.ndarray], k: int) -> dict[str, Any]:
+    top = set(order[:k].tolist())
+    out: dict[str, Any] = {"precision": len(top & set(planted.tolist())) / k}
+    for name, idx in kinds.items():
+        out[f"recall_{name}"] = len(top & set(idx.tolist())) / max(1, len(idx))
+    return out
+
+
+def poison_panel(refit: Refitter, model: nn.Module, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor,
+                 yt: torch.Tensor, kernels: Callable[[nn.Module], Any], fraction: float, eps: float, steps: int,
+                 seed: int, out_dim: int, ridge_rel: float) -> dict[str, Any]:
+    """Plant label flips and eps-bounded perturbations, re-fit, and ask whether the audit's rankings find them.
+
+    `kernels(net)` returns a kernel provider (`clean(x, xt) -> (K, K_test_train)`) for a re-fitted network.
+    """
+    n = len(x)
+    classes = max(2, out_dim)
+    rng = np.random.default_rng(seed + 2)
+    k = max(2, min(n // 2, round(fraction * n)))
+    planted = np.sort(rng.choice(n, k, replace=False))
+    flips, perturbed = planted[: k // 2], planted[k // 2:]
+    yp = y.clone()
+    yp[torch.as_tensor(flips)] = torch.as_tensor((y.numpy()[flips] + rng.integers(1, classes, len(flips))) % classes)
+    xp = x.clone()
+    ip = torch.as_tensor(perturbed)
+    xp[ip] = attack(model, x[ip], y[ip], AttackConfig("pgd", eps, steps=steps, seed=seed + 3))
+    log(f"audit: planted poison: {len(flips)} label flips + {len(perturbed)} perturbations (eps {eps:g}), re-fit")
+    with refit.fitted(xp, yp, seed) as net:
+        K, Kst = kernels(net).clean(xp, xt)
+        with torch.no_grad():
+            out_tr, out_te = net(xp), net(xt)
+    Yp = targets(yp, out_dim, torch.float64).numpy()
+    inf = influence_from_kernels(K, Kst, Yp, targets(yt, out_dim, torch.float64).numpy(), yt.numpy(),
+                                 ridge_rel=ridge_rel)
+    self_inf = loo_error(K, Yp, inf.ridge)
+    gn = gn_influence_mean(K, Kst, loss_residuals(out_tr, yp), loss_residuals(out_te, yt), inf.ridge).sum(axis=1)
+    loss = per_example_loss(out_tr.double().numpy(), yp.numpy(), out_dim)
+    idx = np.arange(n)
+    orders = {
+        "self_influence_ntk": np.lexsort((idx, -self_inf)),
+        "harmful_ntk": np.lexsort((idx, inf.total)),
+        "levers_abs_ntk": np.lexsort((idx, -np.abs(inf.total))),
+        "harmful_gn": np.lexsort((idx, gn)),
+        "training_loss": np.lexsort((idx, -loss)),
+    }
+    kinds = {"label_flip": flips, "perturbation": perturbed}
+    rank = {name: _precision(o, planted, kinds, k) for name, o in orders.items()}
+    head = rank["self_influence_ntk"]["precision"]
+    base = rank["training_loss"]["precision"]
+    chance = k / n
+    verdict = ("finds planted poison better than the training-loss baseline" if head > base else
+               "finds planted poison above chance, but no better than ranking by training loss" if head > chance else
+               "does not find planted poison above chance")
+    return {"planted": planted.tolist(), "label_flips": flips.tolist(), "perturbations": perturbed.tolist(),
+            "k": int(k), "fraction": fraction, "eps": eps, "chance": chance, "rankings": rank,
+            "headline": "self_influence_ntk", "verdict": verdict,
+            "refit_train_acc_on_poisoned": float(np.mean(labels_of(out_tr.double().numpy()) == yp.numpy()))}
