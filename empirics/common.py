@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -134,10 +135,19 @@ def experiment_data(cfg: Any, dataset: Any | None = None, seed: int = 0) -> tupl
     return ds, dataset_tensors(ds, device), device
 
 
-def subset_provenance(per_seed: dict[int, Any]) -> dict[str, Any]:
+def subset_provenance(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """One provenance record for an experiment whose seeds drew their own subsets: the first seed's
-    record plus the index digest of every seed's subset."""
-    first = next(iter(per_seed.values())).provenance
-    return {**first, "per_seed_subsets": {str(s): {"seed": ds.provenance.get("seed"),
-                                                   "train_indices_sha256": ds.provenance.get("train_indices_sha256")}
-                                          for s, ds in per_seed.items()}}
+    record plus the index digest of every seed's subset (`per_seed`: seed -> that subset's provenance)."""
+    first = next(iter(per_seed.values()))
+    return {**first, "per_seed_subsets": {str(s): {"seed": prov.get("seed"),
+                                                   "train_indices_sha256": prov.get("train_indices_sha256")}
+                                          for s, prov in per_seed.items()}}
+
+
+#: How an experiment maps its per-seed part over the seeds: `seed_map(part, seeds)` returns the parts in
+#: seed order. The default runs them here, one after another; `verify.executors` can run them as Ray tasks.
+SeedMap = Callable[[Callable[[int], Any], Sequence[int]], list[Any]]
+
+
+def local_map(part: Callable[[int], Any], seeds: Sequence[int]) -> list[Any]:
+    return [part(s) for s in seeds]

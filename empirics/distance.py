@@ -29,13 +29,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 from scipy import stats
 
-from empirics.common import Tensors, as_float64, experiment_data, spread, subset_provenance, train_network
+from empirics.common import (
+    SeedMap,
+    Tensors,
+    as_float64,
+    experiment_data,
+    local_map,
+    spread,
+    subset_provenance,
+    train_network,
+)
 from empirics.models import ModelSpec
 from empirics.ntk import ntk_two_layer
 from empirics.records import device_info, library_versions
@@ -195,43 +205,50 @@ def predictor_ridge(k_tt: np.ndarray, n: int, weight_decay: float) -> float:
     return n * weight_decay if weight_decay > 0 else 1e-3 * float(np.trace(k_tt)) / n
 
 
-def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None) -> dict[str, Any]:
+def distance_seed(cfg: DistanceConfig, dataset: Any | None, seed: int) -> dict[str, Any]:
+    """One seed of the width sweep: its data subset, the analytic-NTK predictor on it, and every width's run."""
+    ds, t, device = experiment_data(cfg, dataset, seed)
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in cfg.models}
+    norms: dict[str, float] = {}
+    ridges: list[float] = []
+    y_t = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
+    x_tr = ds.x_train.astype(np.float64)
+    x_te = ds.x_test.astype(np.float64)
+    for kind in cfg.models:
+        if kind == "attn":
+            opts = {"k": cfg.attn_layers, "rank": cfg.attn_rank, "centre": cfg.attn_centre}
+            f_tr = gram.attention_features(x_tr, x_tr, **opts)
+            f_te = gram.attention_features(x_tr, x_te, **opts)
+        else:
+            f_tr, f_te = x_tr, x_te
+        k_tt = kernels.ntk_two_layer(f_tr, f_tr)
+        k_st = kernels.ntk_two_layer(f_te, f_tr)
+        ridge = predictor_ridge(k_tt, ds.x_train.shape[0], cfg.train.weight_decay)
+        ridges.append(ridge)
+        f_ntk = krr.krr_predict(k_st, krr.krr_fit(k_tt, y_t, ridge))
+        norms[kind] = float(np.linalg.norm(f_ntk))
+        for width in cfg.widths:
+            spec = ModelSpec(kind, ds.d, width, t.out_dim, cfg.parameterization, cfg.attn_layers,
+                             cfg.attn_rank, seed, cfg.attn_centre)
+            tcfg = replace(cfg.train, seed=seed)
+            runs[kind].append({**one_run(spec, t, tcfg, k_tt, f_ntk, device, k_st, y_t, ridge),
+                               "ntk_predictor_test_acc": _acc(f_ntk, ds.y_test)})
+    return {"seed": seed, "runs": runs, "norms": norms, "ridges": ridges, "provenance": ds.provenance,
+            "device": device}
+
+
+def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None, seed_map: SeedMap = local_map) -> dict[str, Any]:
     """The width sweep. Returns a JSON-ready record with per-run values, spreads, trends and slope intervals.
 
     With `per_seed_data` every seed draws its own data subset; the analytic-NTK predictor is fitted on
-    that seed's subset.
+    that seed's subset. `seed_map` runs the seeds (`distance_seed`), here or elsewhere.
     """
     t0 = time.perf_counter()
-    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in cfg.models}
-    norms: dict[str, list[float]] = {kind: [] for kind in cfg.models}
-    ridges: list[float] = []
-    per_seed_ds: dict[int, Any] = {}
-    device = "cpu"
-    for seed in cfg.seeds:
-        ds, t, device = experiment_data(cfg, dataset, seed)
-        per_seed_ds[seed] = ds
-        y_t = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
-        x_tr = ds.x_train.astype(np.float64)
-        x_te = ds.x_test.astype(np.float64)
-        for kind in cfg.models:
-            if kind == "attn":
-                opts = {"k": cfg.attn_layers, "rank": cfg.attn_rank, "centre": cfg.attn_centre}
-                f_tr = gram.attention_features(x_tr, x_tr, **opts)
-                f_te = gram.attention_features(x_tr, x_te, **opts)
-            else:
-                f_tr, f_te = x_tr, x_te
-            k_tt = kernels.ntk_two_layer(f_tr, f_tr)
-            k_st = kernels.ntk_two_layer(f_te, f_tr)
-            ridge = predictor_ridge(k_tt, ds.x_train.shape[0], cfg.train.weight_decay)
-            ridges.append(ridge)
-            f_ntk = krr.krr_predict(k_st, krr.krr_fit(k_tt, y_t, ridge))
-            norms[kind].append(float(np.linalg.norm(f_ntk)))
-            for width in cfg.widths:
-                spec = ModelSpec(kind, ds.d, width, t.out_dim, cfg.parameterization, cfg.attn_layers,
-                                 cfg.attn_rank, seed, cfg.attn_centre)
-                tcfg = replace(cfg.train, seed=seed)
-                runs[kind].append({**one_run(spec, t, tcfg, k_tt, f_ntk, device, k_st, y_t, ridge),
-                                   "ntk_predictor_test_acc": _acc(f_ntk, ds.y_test)})
+    parts = seed_map(partial(distance_seed, cfg, dataset), cfg.seeds)
+    runs = {kind: [r for part in parts for r in part["runs"][kind]] for kind in cfg.models}
+    norms = {kind: [part["norms"][kind] for part in parts] for kind in cfg.models}
+    ridges = [r for part in parts for r in part["ridges"]]
+    device = parts[-1]["device"]
     results: dict[str, Any] = {"models": {}}
     for kind in cfg.models:
         rk = runs[kind]
@@ -259,7 +276,7 @@ def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None) -> dict[st
         "ridge": float(np.mean(ridges)),
         "ridge_rule": "n * weight_decay" if cfg.train.weight_decay > 0 else "1e-3 * trace(K_inf) / n",
         "parameterization": cfg.parameterization,
-        "data": subset_provenance(per_seed_ds),
+        "data": subset_provenance({part["seed"]: part["provenance"] for part in parts}),
         "versions": library_versions(),
         "device": {**device_info(), "used": device},
         "wall_s": time.perf_counter() - t0,

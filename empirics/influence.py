@@ -342,6 +342,7 @@ class ProtocolRetrainConfig:
     seed: int = 0
     data_seed: int = 0
     data_dir: str | None = None
+    device: str = "auto"
 
 
 def _bootstrap_corr(pred: np.ndarray, act: np.ndarray, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
@@ -369,28 +370,29 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> dict[str, Any]:
     from empirics.datasets import load_dataset
     from empirics.models import ModelSpec, build_model
     from empirics.protocols import adequacy, chance_accuracy, protocol_config
-    from empirics.records import library_versions
+    from empirics.records import device_info, library_versions, pick_device
     from empirics.train import train
 
     t0 = time.perf_counter()
+    device = pick_device(cfg.device)
     ds = load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task, seed=cfg.data_seed,
                       data_dir=cfg.data_dir)
-    t = dataset_tensors(ds)
-    xtr = torch.as_tensor(_pool(ds.x_train, ds.image_shape, cfg.pool), dtype=torch.float32)
-    xte = torch.as_tensor(_pool(ds.x_test, ds.image_shape, cfg.pool), dtype=torch.float32)
+    t = dataset_tensors(ds, device)
+    xtr = torch.as_tensor(_pool(ds.x_train, ds.image_shape, cfg.pool), dtype=torch.float32, device=device)
+    xte = torch.as_tensor(_pool(ds.x_test, ds.image_shape, cfg.pool), dtype=torch.float32, device=device)
     spec = ModelSpec(cfg.model, xtr.shape[1], cfg.width, t.out_dim, seed=cfg.seed)
     tcfg = protocol_config(cfg.protocol, cfg.epochs, seed=cfg.seed)
-    Yt = targets(t.y_test, t.out_dim, torch.float64).numpy()
+    Yt = targets(t.y_test, t.out_dim, torch.float64).cpu().numpy()
 
     def fit(keep: np.ndarray) -> tuple[nn.Module, Any]:
-        kt = torch.as_tensor(keep)
-        net = build_model(spec, xtr[kt])
+        kt = torch.as_tensor(keep, device=device)
+        net = build_model(spec, xtr[kt], device=device)
         rec = train(net, xtr[kt], t.y_train[kt], tcfg, xte, t.y_test, label=f"retrain {cfg.model}")
         return net, rec
 
     def test_loss(net: nn.Module) -> float:
         with torch.no_grad():
-            return float(((net(xte).double().numpy() - Yt) ** 2).sum())
+            return float(((net(xte).double().cpu().numpy() - Yt) ** 2).sum())
 
     n = xtr.shape[0]
     net, rec = fit(np.arange(n))
@@ -413,5 +415,6 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> dict[str, Any]:
                    for i, p, a in zip(picks, pred, act, strict=True)],
         "data": ds.provenance,
         "versions": library_versions(),
+        "device": {**device_info(), "used": device},
         "wall_s": time.perf_counter() - t0,
     }

@@ -31,12 +31,22 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from empirics.common import Tensors, as_float64, experiment_data, spread, subset_provenance, train_network
+from empirics.common import (
+    SeedMap,
+    Tensors,
+    as_float64,
+    experiment_data,
+    local_map,
+    spread,
+    subset_provenance,
+    train_network,
+)
 from empirics.models import ModelSpec, TwoLayerNet
 from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig, loss_fn, predict_labels
@@ -399,28 +409,33 @@ def measure(model: TwoLayerNet, init_w: torch.Tensor, t: Tensors, cfg: Landscape
     }
 
 
-def run_landscape(cfg: LandscapeConfig, dataset: Any | None = None) -> dict[str, Any]:
+def landscape_seed(cfg: LandscapeConfig, dataset: Any | None, seed: int) -> dict[str, Any]:
+    """One seed: its data subset, and each model trained and its landscape measured on it."""
+    ds, t, device = experiment_data(cfg, dataset, seed)
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in cfg.models}
+    for kind in cfg.models:
+        spec = ModelSpec(kind, ds.d, cfg.width, t.out_dim, cfg.parameterization, cfg.attn_layers,
+                         cfg.attn_rank, seed, cfg.attn_centre)
+        tr = train_network(spec, t, replace(cfg.train, seed=seed), device)
+        t2 = time.perf_counter()
+        run = measure(tr.model, tr.init_W, t, cfg, seed)
+        summary = tr.training_summary()
+        run.update({"model": kind, "measure_wall_s": time.perf_counter() - t2,
+                    "final_train_loss_float32": tr.record.final_train_loss,
+                    **{k: v for k, v in summary.items() if k not in run}})
+        runs[kind].append(run)
+    return {"seed": seed, "runs": runs, "provenance": ds.provenance, "device": device}
+
+
+def run_landscape(cfg: LandscapeConfig, dataset: Any | None = None, seed_map: SeedMap = local_map) -> dict[str, Any]:
     """Train each model for each seed (each seed its own data subset with `per_seed_data`) and measure its
-    landscape. Returns a JSON-ready record; every run carries its training summary and gate."""
+    landscape. Returns a JSON-ready record; every run carries its training summary and gate. `seed_map` runs
+    the seeds (`landscape_seed`), here or elsewhere."""
     t0 = time.perf_counter()
     results: dict[str, Any] = {"models": {}}
-    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in cfg.models}
-    per_seed_ds: dict[int, Any] = {}
-    device = "cpu"
-    for seed in cfg.seeds:
-        ds, t, device = experiment_data(cfg, dataset, seed)
-        per_seed_ds[seed] = ds
-        for kind in cfg.models:
-            spec = ModelSpec(kind, ds.d, cfg.width, t.out_dim, cfg.parameterization, cfg.attn_layers,
-                             cfg.attn_rank, seed, cfg.attn_centre)
-            tr = train_network(spec, t, replace(cfg.train, seed=seed), device)
-            t2 = time.perf_counter()
-            run = measure(tr.model, tr.init_W, t, cfg, seed)
-            summary = tr.training_summary()
-            run.update({"model": kind, "measure_wall_s": time.perf_counter() - t2,
-                        "final_train_loss_float32": tr.record.final_train_loss,
-                        **{k: v for k, v in summary.items() if k not in run}})
-            runs[kind].append(run)
+    parts = seed_map(partial(landscape_seed, cfg, dataset), cfg.seeds)
+    runs = {kind: [r for part in parts for r in part["runs"][kind]] for kind in cfg.models}
+    device = parts[-1]["device"]
     for kind in cfg.models:
         results["models"][kind] = {"runs": runs[kind],
                                    "summary": {k: spread([r[k] for r in runs[kind]]) for k in SUMMARY_METRICS}}
@@ -432,7 +447,7 @@ def run_landscape(cfg: LandscapeConfig, dataset: Any | None = None) -> dict[str,
         "loss": "mean training loss without the L2 term (cross-entropy, or MSE on +-1 for binary)",
         "weight_decay_shift": {"top_eigenvalue": cfg.train.weight_decay,
                                "trace_per_parameter": cfg.train.weight_decay},
-        "data": subset_provenance(per_seed_ds),
+        "data": subset_provenance({part["seed"]: part["provenance"] for part in parts}),
         "versions": library_versions(),
         "device": {**device_info(), "used": device},
         "wall_s": time.perf_counter() - t0,

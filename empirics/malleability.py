@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,7 @@ import torch
 from scipy import stats
 
 from empirics.attacks import CONTEXT_MODES, AttackConfig, attack
-from empirics.common import Tensors, experiment_data, subset_provenance, train_network
+from empirics.common import SeedMap, Tensors, experiment_data, local_map, subset_provenance, train_network
 from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_scores
 from empirics.mall_stats import BASELINE, INTERVENTIONS, MALL_ATTACKS, paper_ratio_range, summarise
 from empirics.models import MODEL_KINDS, ModelSpec, TwoLayerNet
@@ -253,7 +254,45 @@ def seed_baseline(model: TwoLayerNet, other: TwoLayerNet, t: Tensors, cfg: Malle
 OTHER_INIT = 10_000
 
 
-def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None) -> dict[str, Any]:
+def malleability_seed(cfg: MalleabilityConfig, dataset: Any | None, seed: int) -> dict[str, Any]:
+    """One seed of the experiment: its data subset, and every model trained (standard, and adversarially when
+    asked) and measured on it."""
+    trainings = [("standard", False)] + ([("adversarial", True)] if cfg.adv_train else [])
+    ds, t, device = experiment_data(cfg, dataset, seed)
+    runs: list[dict[str, Any]] = []
+    for training, adv in trainings:
+        for kind in cfg.models:
+            spec = ModelSpec(kind, ds.d, cfg.width, t.out_dim, cfg.parameterization, cfg.attn_layers,
+                             cfg.attn_rank, seed, cfg.attn_centre)
+            epochs = cfg.train.epochs if not adv or cfg.adv_max_epochs is None else min(
+                cfg.train.epochs, cfg.adv_max_epochs)
+            tcfg = replace(cfg.train, seed=seed, adv_train=adv, adv_eps=cfg.eps_values[0],
+                           adv_steps=cfg.adv_steps, epochs=epochs)
+            t1 = time.perf_counter()
+            tr = train_network(spec, t, tcfg, device, label=f"{kind} seed {seed} {training}")
+            t2 = time.perf_counter()
+            res = measure_model(tr.model, t, cfg, seed)
+            res.update({"training": training, "model": kind, "seed": seed, **tr.training_summary(),
+                        "measure_wall_s": time.perf_counter() - t2})
+            if cfg.seed_baseline and not adv:
+                o_seed = seed + OTHER_INIT
+                other = train_network(replace(spec, seed=o_seed), t, replace(tcfg, seed=o_seed), device,
+                                      label=f"{kind} seed {seed} second init")
+                res["seed_baseline"] = {**seed_baseline(tr.model, other.model, t, cfg),
+                                        "other_init_seed": seed + OTHER_INIT, "other_gate": other.gate}
+            runs.append(res)
+            flips = [m["flip_rate"] for m in res["measurements"]
+                     if m["intervention"] == "transformed" and m["eps"] == cfg.eps_values[0]]
+            log(f"malleability {cfg.dataset} {kind} seed {seed} {training}: train/test acc "
+                f"{tr.record.final_train_acc:.3f}/{tr.record.final_test_acc:.3f} after {tr.record.epochs_run} "
+                f"epochs (gate: {tr.gate['reason']}), transformed flip rates "
+                f"{', '.join(f'{100 * f:.0f}%' for f in flips)} "
+                f"(train {t2 - t1:.0f}s, measure {time.perf_counter() - t2:.0f}s)")
+    return {"seed": seed, "runs": runs, "provenance": ds.provenance, "device": device}
+
+
+def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None,
+                     seed_map: SeedMap = local_map) -> dict[str, Any]:
     """The whole experiment: returns a JSON-ready record (config, per-run measurements, summary).
 
     With `per_seed_data` each seed draws its own training and test subset, so spreads and intervals
@@ -261,41 +300,9 @@ def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None) -> dic
     (accuracies, loss, plateau, curve) and the adequacy gate's decision.
     """
     t0 = time.perf_counter()
-    runs: list[dict[str, Any]] = []
-    trainings = [("standard", False)] + ([("adversarial", True)] if cfg.adv_train else [])
-    per_seed_ds: dict[int, Any] = {}
-    device = "cpu"
-    for seed in cfg.seeds:
-        ds, t, device = experiment_data(cfg, dataset, seed)
-        per_seed_ds[seed] = ds
-        for training, adv in trainings:
-            for kind in cfg.models:
-                spec = ModelSpec(kind, ds.d, cfg.width, t.out_dim, cfg.parameterization, cfg.attn_layers,
-                                 cfg.attn_rank, seed, cfg.attn_centre)
-                epochs = cfg.train.epochs if not adv or cfg.adv_max_epochs is None else min(
-                    cfg.train.epochs, cfg.adv_max_epochs)
-                tcfg = replace(cfg.train, seed=seed, adv_train=adv, adv_eps=cfg.eps_values[0],
-                               adv_steps=cfg.adv_steps, epochs=epochs)
-                t1 = time.perf_counter()
-                tr = train_network(spec, t, tcfg, device, label=f"{kind} seed {seed} {training}")
-                t2 = time.perf_counter()
-                res = measure_model(tr.model, t, cfg, seed)
-                res.update({"training": training, "model": kind, "seed": seed, **tr.training_summary(),
-                            "measure_wall_s": time.perf_counter() - t2})
-                if cfg.seed_baseline and not adv:
-                    o_seed = seed + OTHER_INIT
-                    other = train_network(replace(spec, seed=o_seed), t, replace(tcfg, seed=o_seed), device,
-                                          label=f"{kind} seed {seed} second init")
-                    res["seed_baseline"] = {**seed_baseline(tr.model, other.model, t, cfg),
-                                            "other_init_seed": seed + OTHER_INIT, "other_gate": other.gate}
-                runs.append(res)
-                flips = [m["flip_rate"] for m in res["measurements"]
-                         if m["intervention"] == "transformed" and m["eps"] == cfg.eps_values[0]]
-                log(f"malleability {cfg.dataset} {kind} seed {seed} {training}: train/test acc "
-                    f"{tr.record.final_train_acc:.3f}/{tr.record.final_test_acc:.3f} after {tr.record.epochs_run} "
-                    f"epochs (gate: {tr.gate['reason']}), transformed flip rates "
-                    f"{', '.join(f'{100 * f:.0f}%' for f in flips)} "
-                    f"(train {t2 - t1:.0f}s, measure {time.perf_counter() - t2:.0f}s)")
+    parts = seed_map(partial(malleability_seed, cfg, dataset), cfg.seeds)
+    runs = [r for part in parts for r in part["runs"]]
+    device = parts[-1]["device"]
     return {
         "experiment": "malleability",
         "config": asdict(cfg),
@@ -318,7 +325,7 @@ def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None) -> dic
                   "ratio_range": paper_ratio_range(cfg.dataset, cfg.task)},
         "runs": runs,
         "summary": summarise(runs, cfg),
-        "data": subset_provenance(per_seed_ds),
+        "data": subset_provenance({part["seed"]: part["provenance"] for part in parts}),
         "versions": library_versions(),
         "device": {**device_info(), "used": device},
         "wall_s": time.perf_counter() - t0,

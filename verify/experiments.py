@@ -85,9 +85,10 @@ def retrain_unit(train: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     return protocol_retrain_study(ProtocolRetrainConfig(protocol=train["protocol"], epochs=train["epochs"], **kwargs))
 
 
-def units_for(preset_name: str, data_dir: str | None = None) -> dict[str, Unit]:
+def units_for(preset_name: str, data_dir: str | None = None, device: str | None = None) -> dict[str, Unit]:
     """Every unit the claims registry may need, keyed by unit name. Units that train networks exist once
-    per claims protocol, named `base@protocol` (see `verify.claims.base.PROTOCOLS`)."""
+    per claims protocol, named `base@protocol` (see `verify.claims.base.PROTOCOLS`). `device` (cpu, cuda),
+    when given, goes into the config of every unit that trains networks (and so into its cache key)."""
     from verify.claims.base import PROTOCOLS
     from verify.claims.influence import retrain_unit_configs
     from verify.claims.kappa import kappa_extra_units
@@ -117,5 +118,5 @@ def units_for(preset_name: str, data_dir: str | None = None) -> dict[str, Unit]:
         train = protocol_train(p, protocol)
         for base, (cfg, fn) in empirical.items():
             name = f"{base}@{protocol}"
-            units[name] = Unit(name, {**cfg, "train": train}, fn)
+            units[name] = Unit(name, {**cfg, "train": train, **({"device": device} if device else {})}, fn)
     return units

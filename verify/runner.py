@@ -136,14 +136,24 @@ class Cache:
             try:
                 res = unit.fn(**unit.config)
             except UserInputError as exc:
-                raise UserInputError(f"experiment {unit.name}: {exc} (nothing was cached; fix it and rerun with "
-                                     "--resume)") from None
-            res = {"unit": unit.name, "unit_config": unit.config, "code_version": self.version,
-                   "unit_wall_s": time.perf_counter() - t0, **res}
-            res["result_sha256"] = _digest(res)
-            try:
-                write_json(self.path(unit), res)
-            except OSError as exc:
-                raise disk_error(exc, self.folder) from None
-        log(f"[done]   {unit.name} in {res['unit_wall_s']:.1f} s")
-        return json.loads(self.path(unit).read_text()), False
+                raise input_error(unit, exc) from None
+            stored = self.store(unit, res, time.perf_counter() - t0)
+        log(f"[done]   {unit.name} in {stored['unit_wall_s']:.1f} s")
+        return stored, False
+
+    def store(self, unit: Unit, res: dict[str, Any], wall_s: float) -> dict[str, Any]:
+        """Write a finished unit's result (with its metadata and digest) atomically; returns it as read back,
+        so a result computed anywhere (this process, a Ray worker) is cached the same way."""
+        res = {"unit": unit.name, "unit_config": unit.config, "code_version": self.version, "unit_wall_s": wall_s,
+               **res}
+        res["result_sha256"] = _digest(res)
+        try:
+            write_json(self.path(unit), res)
+        except OSError as exc:
+            raise disk_error(exc, self.folder) from None
+        return json.loads(self.path(unit).read_text())
+
+
+def input_error(unit: Unit, exc: BaseException) -> UserInputError:
+    """A unit's input or environment error, named after the unit (never cached)."""
+    return UserInputError(f"experiment {unit.name}: {exc} (nothing was cached; fix it and rerun with --resume)")

@@ -52,7 +52,7 @@ def test_cli_smoke_json_and_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--dataset", "imagenet"], "unknown dataset"),
+    (["--dataset", "imagenet"], "not a built-in data set"),
     (["--widths", "16,-4"], "--widths"),
     (["--model", "cnn"], "unknown model"),
     (["--preset", "huge"], "unknown preset"),

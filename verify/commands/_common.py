@@ -10,6 +10,7 @@ from typing import Any
 
 from empirics.records import to_jsonable, write_json
 from theory.errors import UserInputError
+from verify.executors import add_executor_args, executor_from_args, seed_map_for
 from verify.outputs import check_output_dir, disk_error
 from verify.presets import PRESET_NAMES
 
@@ -43,6 +44,14 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     p.add_argument("--json", default=None, metavar="FILE", type=json_target,
                    help="write the result record as JSON ('-' = stdout)")
+    add_executor_args(p)
+
+
+def seed_map(args: argparse.Namespace, what: str) -> Any:
+    """Where the experiment's seeds run (`--executor`): here, or one Ray task per seed."""
+    from empirics.progress import log
+
+    return seed_map_for(executor_from_args(args, args.device), log, what)
 
 
 def add_centre_arg(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ from empirics.protocols import DESCRIPTIONS, GATE_TEXT
 from empirics.records import device_info, git_state, library_versions, write_json
 from theory.errors import UserInputError
 from verify.claims import PROTOCOLS, VERDICTS, all_claims, claim_row, protocol_units
+from verify.executors import add_executor_args, executor_from_args, run_units
 from verify.experiments import units_for
 from verify.presets import PRESET_NAMES, preset
 from verify.runner import Cache
@@ -32,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="folder with MNIST / CIFAR-10 (default: found automatically)")
     p.add_argument("--list", action="store_true", help="list the claim ids and exit")
     p.add_argument("--no-pdf", action="store_true", help="skip the PDF (Markdown, JSON and HTML only)")
+    p.add_argument("--device", default=None,
+                   help="device of every unit that trains networks: cpu or cuda (default: auto, CUDA when visible; "
+                   "a given device is part of each unit's config and cache key)")
+    add_executor_args(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{c.id:<24} {c.source:<24} {c.statement}")
         return 0
     preset(args.preset)
+    if args.device not in (None, "auto", "cpu") and not str(args.device).startswith("cuda"):
+        raise UserInputError(f"unknown device '{args.device}'; choose cpu or cuda")
+    executor = executor_from_args(args, args.device)
     if args.only:
         wanted = [s.strip() for s in args.only.split(",") if s.strip()]
         known = {c.id for c in claims}
@@ -57,16 +65,13 @@ def run(args: argparse.Namespace) -> int:
             f.unlink()
     t0 = time.perf_counter()
     git = git_state()  # the code that runs is the code checked out now
-    units = units_for(args.preset, args.data_dir)
+    units = units_for(args.preset, args.data_dir, args.device)
     needed = sorted({u for c in claims for p in (PROTOCOLS if c.empirical else (None,)) for u in protocol_units(c, p)},
                     key=list(units).index)
-    results: dict[str, Any] = {}
-    unit_meta: dict[str, Any] = {}
-    for i, name in enumerate(needed, 1):
-        log(f"({i}/{len(needed)})")
-        res, cached = cache.run(units[name], log)
-        results[name] = res
-        unit_meta[name] = {"cached": cached, "wall_s": res.get("unit_wall_s"), "config": res.get("unit_config")}
+    ran = run_units([units[n] for n in needed], cache, log, executor)
+    results: dict[str, Any] = {name: res for name, (res, _) in ran.items()}
+    unit_meta: dict[str, Any] = {name: {"cached": cached, "wall_s": res.get("unit_wall_s"),
+                                        "config": res.get("unit_config")} for name, (res, cached) in ran.items()}
     rows = [claim_row(c, results) for c in claims]
     record = {
         "title": "Claims of arXiv:2603.13085 — regenerated",
@@ -77,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         "git": git,
         "versions": library_versions(),
         "device": device_info(),
+        "executor": {"name": executor.name, "address": executor.address, "cpus_per_unit": executor.cpus_per_unit,
+                     "gpus_per_unit": executor.gpus_per_unit},
         "wall_s": time.perf_counter() - t0,
         "summary": {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS},
         "summary_by_protocol": {p: {v: sum(r["by_protocol"][p]["verdict"] == v for r in rows if r["empirical"])

@@ -9,7 +9,15 @@ from empirics.landscape import LandscapeConfig, run_landscape
 from empirics.models import MODEL_KINDS
 from reports.text import mean_pm, text_table
 from theory.errors import UserInputError
-from verify.commands._common import add_centre_arg, add_data_args, add_run_args, centre_note, check_data_args, emit_json
+from verify.commands._common import (
+    add_centre_arg,
+    add_data_args,
+    add_run_args,
+    centre_note,
+    check_data_args,
+    emit_json,
+    seed_map,
+)
 from verify.presets import add_protocol_args, parse_choices, preset, train_config_from_args
 
 NAME = "landscape"
@@ -100,7 +108,8 @@ def verdict_text(v: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    result = run_landscape(cfg)
+    result = run_landscape(cfg, seed_map=seed_map(args, "landscape"))
+    result["executor"] = args.executor
     result["preset"] = args.preset
     out = sys.stdout if args.json != "-" else sys.stderr
     prov = result["data"]

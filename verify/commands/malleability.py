@@ -21,7 +21,15 @@ from reports.text import mean_pm, text_table
 from theory.errors import UserInputError
 from verify.claims.base import Outcome
 from verify.claims.malleability import ci_txt, experiment_outcomes, pct_txt, rho_txt, x_txt
-from verify.commands._common import add_centre_arg, add_data_args, add_run_args, centre_note, check_data_args, emit_json
+from verify.commands._common import (
+    add_centre_arg,
+    add_data_args,
+    add_run_args,
+    centre_note,
+    check_data_args,
+    emit_json,
+    seed_map,
+)
 from verify.presets import add_protocol_args, parse_choices, parse_float_list, preset, train_config_from_args
 
 NAME = "malleability"
@@ -206,7 +214,8 @@ def verdict_lines(outcomes: list[tuple[str, Outcome]]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    result = run_malleability(cfg)
+    result = run_malleability(cfg, seed_map=seed_map(args, "malleability"))
+    result["executor"] = args.executor
     result["preset"] = args.preset
     stream = sys.stdout if args.json != "-" else sys.stderr
     prov = result["data"]

@@ -8,7 +8,15 @@ import sys
 from empirics.distance import METRICS, DistanceConfig, run_ntk_distance
 from empirics.models import MODEL_KINDS
 from reports.text import mean_pm, text_table
-from verify.commands._common import add_centre_arg, add_data_args, add_run_args, centre_note, check_data_args, emit_json
+from verify.commands._common import (
+    add_centre_arg,
+    add_data_args,
+    add_run_args,
+    centre_note,
+    check_data_args,
+    emit_json,
+    seed_map,
+)
 from verify.presets import add_protocol_args, parse_choices, parse_int_list, preset, train_config_from_args
 
 NAME = "ntk-distance"
@@ -77,7 +85,8 @@ def summary_table(result: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    result = run_ntk_distance(cfg)
+    result = run_ntk_distance(cfg, seed_map=seed_map(args, "ntk-distance"))
+    result["executor"] = args.executor
     result["preset"] = args.preset
     prov = result["data"]
     print(f"NTK distance vs width — {prov.get('label', cfg.dataset)}, task {cfg.task}, "

@@ -1,0 +1,280 @@
+"""Where experiment units run: in this process (`local`) or as Ray tasks on a cluster (`ray`); one cache either way.
+
+The local executor runs the units one after another (`Cache.run`). The Ray executor submits every unit
+that is not cached as one Ray task with the resources it needs (`cpus_per_unit` CPUs, and a GPU per
+unit when the device is cuda). A worker imports the installed suite, checks that its code is the
+driver's (the code version in the cache key; a node with another commit refuses), and calls the same
+unit function; the driver writes each result into the same cache as the local executor
+(`Cache.store`), so `--resume`, the reports and claims.json do not depend on where a unit ran. A task
+lost with its worker or node is retried by Ray (`max_retries`); every unit is stored exactly once, by
+the driver. A unit whose input is bad (`UserInputError`: missing data, no CUDA) stops the run with its
+one-line error and is not cached; any other failure of a unit is reported by name after the others
+finish (they stay cached for `--resume`).
+
+Ray is the engine: scheduling, placement, retries and node failures are Ray's; this module only maps
+units to tasks and results to the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from theory.errors import UserInputError
+from verify.runner import Cache, Unit, input_error
+
+EXECUTORS = ("local", "ray")
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """`name`: local or ray. `address`: an existing Ray cluster (HOST:PORT, `auto`, or ray://HOST:PORT);
+    None starts a local Ray runtime on this machine. `cpus_per_unit` / `gpus_per_unit`: the resources of
+    each unit's task. `max_retries`: how often Ray reruns a task whose worker or node died."""
+
+    name: str = "local"
+    address: str | None = None
+    cpus_per_unit: float = 1.0
+    gpus_per_unit: float = 0.0
+    max_retries: int = 3
+
+    def __post_init__(self) -> None:
+        if self.name not in EXECUTORS:
+            raise UserInputError(f"unknown executor '{self.name}'; choose local or ray")
+        if self.address is not None and self.name != "ray":
+            raise UserInputError("--ray-address needs --executor ray")
+        if not self.cpus_per_unit > 0 or self.gpus_per_unit < 0 or self.max_retries < 0:
+            raise UserInputError("--cpus-per-unit must be > 0 (and GPUs per unit and retries >= 0)")
+
+
+def add_executor_args(p: Any) -> None:
+    """`--executor`, `--ray-address`, `--cpus-per-unit` for a command that runs experiment units."""
+    p.add_argument("--executor", default="local",
+                   help="where experiment units run: local (this process, one after another; default) or ray "
+                   "(one Ray task per unit; pip install -e '.[ray]')")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="an existing Ray cluster (HOST:PORT as printed by 'ray start --head', or auto); without it "
+                   "--executor ray starts a local Ray runtime")
+    p.add_argument("--cpus-per-unit", type=float, default=1.0,
+                   help="CPUs each unit's Ray task reserves (torch uses that many threads in it; default: %(default)s)")
+
+
+def executor_from_args(args: Any, device: str | None = None) -> ExecutorConfig:
+    """The executor that the command-line options describe; a cuda device reserves one GPU per unit."""
+    gpus = 1.0 if (device or "").startswith("cuda") and args.executor == "ray" else 0.0
+    return ExecutorConfig(args.executor, args.ray_address, args.cpus_per_unit, gpus)
+
+
+def run_units(units: list[Unit], cache: Cache, log: Log, ex: ExecutorConfig) -> dict[str, tuple[dict[str, Any], bool]]:
+    """(result, was_cached) for every unit, in the order given, computed where `ex` says."""
+    if ex.name == "local":
+        out = {}
+        for i, u in enumerate(units, 1):
+            log(f"({i}/{len(units)})")
+            out[u.name] = cache.run(u, log)
+        return out
+    return _run_ray(units, cache, log, ex)
+
+
+# ---- Ray ----------------------------------------------------------------------------------------------
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UserInputError("--executor ray needs Ray, which is not installed; pip install -e '.[ray]'") from None
+    return ray
+
+
+def check_address(address: str | None, timeout_s: float = 5.0) -> None:
+    """A one-line error, within `timeout_s`, when a cluster address is malformed or nothing listens there
+    (Ray itself would wait much longer before giving up)."""
+    if address in (None, "", "auto"):
+        return
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UserInputError(f"--ray-address '{address}' is not HOST:PORT (e.g. 10.0.0.5:6379, as printed by "
+                             "'ray start --head'), ray://HOST:PORT or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UserInputError(f"--ray-address {address} is unreachable ({exc.strerror or exc}); start the head with "
+                             "'ray start --head' and pass the address it prints") from None
+
+
+@contextlib.contextmanager
+def ray_session(ray: Any, address: str | None) -> Any:
+    """Connect to (or start) Ray unless this process is already connected; disconnect only what we opened."""
+    if ray.is_initialized():
+        yield
+        return
+    check_address(address)
+    import logging
+
+    try:
+        ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING,
+                 configure_logging=True)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise UserInputError(f"could not connect to Ray at {address or 'a new local runtime'}: "
+                             f"{str(exc).splitlines()[0][:200]}") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def execute_unit(module: str, name: str, config: dict[str, Any], version: str, threads: int) -> dict[str, Any]:
+    """Run one unit where Ray placed it: the same function the local executor calls, with the driver's code."""
+    import torch
+
+    from verify.runner import code_version
+
+    torch.set_num_threads(max(1, threads))
+    host = socket.gethostname()
+    mine = code_version()
+    if mine != version:
+        raise UserInputError(f"worker {host} runs other code (version {mine}, the driver's is {version}); install the "
+                             "same commit of the suite on every node")
+    fn = getattr(importlib.import_module(module), name)
+    t0 = time.perf_counter()
+    result = fn(**config)
+    return {"result": result, "wall_s": time.perf_counter() - t0, "node": host, "pid": os.getpid()}
+
+
+def _cause(exc: BaseException) -> BaseException | None:
+    """The exception a Ray task raised (unwrapped from Ray's error type), if Ray kept it."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else None
+
+
+def _run_ray(units: list[Unit], cache: Cache, log: Log, ex: ExecutorConfig) -> dict[str, tuple[dict[str, Any], bool]]:
+    ray = _import_ray()
+    out: dict[str, tuple[dict[str, Any], bool]] = {}
+    todo = []
+    for u in units:
+        hit = cache.get(u)
+        if hit is not None:
+            log(f"[cached] {u.name}")
+            out[u.name] = (hit, True)
+        else:
+            todo.append(u)
+    if todo:
+        with ray_session(ray, ex.address), contextlib.ExitStack() as locks:
+            for u in sorted(todo, key=lambda u: u.name):  # one order for every run: no lock cycles
+                locks.enter_context(cache.claim(u, log))
+            out.update(_submit_and_collect(ray, todo, cache, log, ex))
+    return {u.name: out[u.name] for u in units}
+
+
+def _submit_and_collect(ray: Any, todo: list[Unit], cache: Cache, log: Log,
+                        ex: ExecutorConfig) -> dict[str, tuple[dict[str, Any], bool]]:
+    out: dict[str, tuple[dict[str, Any], bool]] = {}
+    task = _task(ray, execute_unit, ex)
+    pending: dict[Any, str] = {}
+    by_name = {u.name: u for u in todo}
+    for u in todo:
+        hit = cache.get(u)  # another run may have finished it while we waited for its lock
+        if hit is not None:
+            log(f"[cached] {u.name} (computed by another run)")
+            out[u.name] = (hit, True)
+            continue
+        pending[task.remote(u.fn.__module__, u.fn.__name__, u.config, cache.version, _threads(ex))] = u.name
+
+    def store(name: str, done: dict[str, Any]) -> None:
+        out[name] = (cache.store(by_name[name], done["result"], done["wall_s"]), False)
+
+    _collect(ray, pending, log, ex, store, lambda name, exc: input_error(by_name[name], exc))
+    return out
+
+
+def _threads(ex: ExecutorConfig) -> int:
+    return max(1, int(ex.cpus_per_unit))
+
+
+def _task(ray: Any, fn: Callable[..., Any], ex: ExecutorConfig) -> Any:
+    return ray.remote(fn).options(num_cpus=ex.cpus_per_unit, num_gpus=ex.gpus_per_unit, max_retries=ex.max_retries,
+                                  retry_exceptions=False)
+
+
+def _collect(ray: Any, pending: dict[Any, str], log: Log, ex: ExecutorConfig,
+             on_done: Callable[[str, dict[str, Any]], None],
+             bad_input: Callable[[str, UserInputError], UserInputError]) -> None:
+    """Wait for every task, hand each result to `on_done` as it arrives, log progress across the cluster; a
+    task's `UserInputError` cancels the rest and is raised (via `bad_input`); other failures are raised
+    together once every other task has finished."""
+    res = ray.cluster_resources()
+    log(f"[ray]    {len(pending)} task(s) submitted to a cluster of {res.get('CPU', 0):g} CPUs, "
+        f"{res.get('GPU', 0):g} GPUs ({ex.cpus_per_unit:g} CPU{', 1 GPU' if ex.gpus_per_unit else ''} each)")
+    total, failed = len(pending), []
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        name = pending.pop(ready[0])
+        try:
+            done = ray.get(ready[0])
+        except Exception as exc:  # a Ray error wrapping the task's own exception, or a task lost for good
+            cause = _cause(exc)
+            if isinstance(cause, UserInputError):
+                for ref in pending:
+                    ray.cancel(ref, force=True)
+                raise bad_input(name, cause) from None
+            why = str(cause or exc).strip().splitlines()
+            failed.append(f"{name}: {type(cause or exc).__name__}: {why[-1][:200] if why else ''}")
+            log(f"[failed] {failed[-1]}")
+            continue
+        on_done(name, done)
+        log(f"[done]   {name} in {done['wall_s']:.1f} s on {done['node']} "
+            f"({total - len(pending) - len(failed)}/{total} done, {len(pending)} running or queued, "
+            f"{len(failed)} failed)")
+    if failed:
+        raise UserInputError(f"{len(failed)} task(s) failed on the Ray cluster ({'; '.join(failed)}); fix the cause "
+                             "and rerun (finished claims units are cached: --resume)")
+
+
+# ---- the seeds of one experiment (verify ntk-distance / malleability / landscape) ------------------------
+
+def execute_part(part: Callable[[int], Any], seed: int, version: str, threads: int) -> dict[str, Any]:
+    """Run one seed of an experiment where Ray placed it, with the driver's code."""
+    import torch
+
+    from verify.runner import code_version
+
+    torch.set_num_threads(max(1, threads))
+    host = socket.gethostname()
+    if code_version() != version:
+        raise UserInputError(f"worker {host} runs other code than the driver; install the same commit of the suite "
+                             "on every node")
+    t0 = time.perf_counter()
+    result = part(seed)
+    return {"result": result, "wall_s": time.perf_counter() - t0, "node": host, "pid": os.getpid()}
+
+
+def seed_map_for(ex: ExecutorConfig, log: Log, what: str) -> Callable[[Callable[[int], Any], Any], list[Any]]:
+    """The `seed_map` of an experiment (`empirics.common.SeedMap`): its seeds one after another here, or one
+    Ray task per seed."""
+    if ex.name == "local":
+        from empirics.common import local_map
+
+        return local_map
+
+    def ray_map(part: Callable[[int], Any], seeds: Any) -> list[Any]:
+        from verify.runner import code_version
+
+        ray = _import_ray()
+        got: dict[str, Any] = {}
+        with ray_session(ray, ex.address):
+            task = _task(ray, execute_part, ex)
+            version = code_version()
+            pending = {task.remote(part, s, version, _threads(ex)): f"{what} seed {s}" for s in seeds}
+            _collect(ray, pending, log, ex, lambda name, done: got.__setitem__(name, done["result"]),
+                     lambda name, exc: UserInputError(f"{name}: {exc}"))
+        return [got[f"{what} seed {s}"] for s in seeds]
+
+    return ray_map
