@@ -42,9 +42,9 @@ def loss_residuals(out: torch.Tensor, y: torch.Tensor) -> np.ndarray:
     """
     f = out.detach().to(torch.float64)
     if f.shape[1] == 1:
-        return (f[:, 0] - (2.0 * y.to(torch.float64) - 1.0))[:, None].numpy()
+        return (f[:, 0] - (2.0 * y.to(torch.float64) - 1.0))[:, None].cpu().numpy()
     p = torch.softmax(f, dim=1)
-    return (p - torch.nn.functional.one_hot(y, f.shape[1]).to(torch.float64)).numpy()
+    return (p - torch.nn.functional.one_hot(y, f.shape[1]).to(torch.float64)).cpu().numpy()
 
 
 def _check(n: int, r_train: np.ndarray, r_test: np.ndarray, damping: float) -> None:
