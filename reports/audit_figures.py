@@ -195,7 +195,9 @@ def spectra(result: dict[str, Any], path: str | Path) -> Path:
 def budget(panel: dict[str, Any], path: str | Path) -> Path:
     """Flip rate (top) and the kernel predictor's test-accuracy change (bottom) against eps and against k,
     the attack beside random noise of the same size (noise ceiling = mean + 2 std)."""
-    fig, axes = plt.subplots(2, 2, figsize=(7.4, 4.6), sharex="col")
+    refit = panel.get("refit")
+    rows = 3 if refit else 2
+    fig, axes = plt.subplots(rows, 2, figsize=(7.4, 2.3 * rows), sharex="col")
     attack = ATTACK_LABELS.get(panel["attack"], panel["attack"])
     for col, (key, xkey) in enumerate((("by_eps", "eps"), ("by_k", "k"))):
         pts = panel[key]
@@ -214,13 +216,24 @@ def budget(panel: dict[str, Any], path: str | Path) -> Path:
                     ms=3, capsize=2, label="random noise")
         ax.axhline(0, color="#999", lw=0.6)
         ax.set_ylabel("kernel predictor:\ntest accuracy change (pp)")
+        if refit:
+            ax = axes[2, col]
+            rp = refit[key]
+            rx = np.array([p[xkey] for p in rp], dtype=float)
+            ax.plot(rx, [100 * p["levers"]["target_flip"] for p in rp], "o-", color=USER_COLOR, lw=1.4, ms=3.5,
+                    label=f"levers ({attack})")
+            ax.plot(rx, [100 * p["random"]["target_flip"] for p in rp], "s--", color="#888", lw=1, ms=3,
+                    label=f"random points ({attack})")
+            ax.set_ylabel("re-fitted model:\ntargeted predictions\nchanged (%)")
+            if col == 0:
+                ax.legend(fontsize=6.5, frameon=False)
     for ax in axes[:, 0]:
         ax.set_xscale("log")
         ax.axvline(panel["realistic_eps"], color="#1a7f37", ls=":", lw=1)
         if panel.get("breaking_eps"):
             ax.axvline(panel["breaking_eps"], color="#cf222e", ls="--", lw=1)
-    axes[1, 0].set_xlabel("eps (green: default 8/255; red: breaking budget)", fontsize=8)
-    axes[1, 1].set_xlabel(f"k, points perturbed (eps = {_eps_text(panel['eps'])})", fontsize=8)
+    axes[-1, 0].set_xlabel("eps (green: default 8/255; red: breaking budget)", fontsize=8)
+    axes[-1, 1].set_xlabel(f"k, points perturbed (eps = {_eps_text(panel['eps'])})", fontsize=8)
     ks = [p["k"] for p in panel["by_k"]]
     for ax in axes[:, 1]:
         ax.set_xscale("log")

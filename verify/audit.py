@@ -22,6 +22,11 @@ Pipeline (every number lands in one JSON-ready record; nothing is written until 
      for one output), by power iteration on Hessian-vector products (`empirics.landscape`).
 3. The risk level (`risk_level`), the lever examples (the top-|influence| training points, with
    which attacks flipped them), and the report (`reports/templates/audit.html`).
+4. The panels (`--skip` leaves any out): budget curves (`verify.audit_budget`); and, re-fitting the user's
+   model (`verify.audit_refit`: warm start from the saved weights, or the user's `--train-fn`), the
+   validity panel (`verify.audit_validity`), the outcome table and the planted-poison self-test
+   (`verify.audit_outcome`). The references are trained with the width-consistent protocol to a plateau
+   and judged by the adequacy gate (`empirics.protocols`); one below the gate is left out of the scale.
 
 Risk rule (fixed before any measurement; `risk_level`): let F be the model's worst-case flip rate
 (maximum over the attacks run), B the random-noise flip rates over seeds, R and A the worst-case
@@ -66,8 +71,8 @@ from theory.conditioning import condition_numbers
 from theory.errors import UserInputError
 from theory.paper import PAPER_AUDIT_REFERENCE
 from verify.audit_budget import REALISTIC_EPS, REALISTIC_REASON, budget_curves, eps_label
-from verify.audit_outcome import outcome_panel, poison_panel
-from verify.audit_refit import RefitConfig, Refitter
+from verify.audit_outcome import outcome_curves, outcome_panel, poison_panel
+from verify.audit_refit import RefitConfig, Refitter, load_train_fn
 from verify.audit_validity import validity_panel
 from verify.modelio import (
     FlatInput,
@@ -595,6 +600,12 @@ def _panels(cfg: AuditConfig, st: _Stage, ctx: dict[str, Any], t: Tensors, model
         out["validity"] = st.run("validity", validity_panel, refit, x, y, xt, yt, clean.per_test, ctx["gn_per_test"],
                                  (user["train_acc"], user["test_acc"]), cfg.tau, cfg.lds_subsets, cfg.lds_fraction,
                                  cfg.refit_seeds - 1, cfg.seed, cfg.target_test, out_dim)
+    if "budget" in cfg.panels and "outcome" in cfg.panels:
+        bud = out["budget"]
+        out["budget"]["refit"] = st.run("outcome", outcome_curves, refit, model, x, y, xt, yt, clean.per_test,
+                                        clean.total, bud["by_eps"][0]["k"], cfg.eps,
+                                        tuple(p["eps"] for p in bud["by_eps"]), [p["k"] for p in bud["by_k"]],
+                                        cfg.curve_attack, cfg.steps, cfg.seed, cfg.outcome_targets, out_dim)
     if "outcome" in cfg.panels:
         out["outcome"] = st.run("outcome", outcome_panel, refit, model, x, y, xt, yt, clean.per_test,
                                 np.asarray(user["selected"]), user["worst_attack"], cfg.eps, cfg.steps,
@@ -622,6 +633,9 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     st = _Stage()
     log(f"audit: loading {cfg.model} and the data")
     loaded, train, test = st.run("load", load_inputs, cfg)
+    if cfg.train_fn and set(cfg.panels) & {"validity", "outcome", "poison"}:
+        log(f"audit: importing your train function {cfg.train_fn} (this runs your code)")
+        load_train_fn(cfg.train_fn)
     image_shape = train.image_shape or test.image_shape
     model, input_shape, out_dim = st.run("bind", bind_input, loaded, train.x, image_shape,
                                          parse_shape(cfg.input_shape))
@@ -735,6 +749,15 @@ DEFINITIONS = {
                     "like its NTK; 2L-ReLU needs 1 / eps^2. Constants are set to 1.",
     "sharpness": "Largest eigenvalue of the Hessian of the mean training loss (power iteration); "
                  "sharpness_w2 = lambda_max ||theta||^2 is comparable across parameterisations.",
+    "re_fit": "Fitting the model again on an altered training set (warm start from the saved weights, or your "
+              "--train-fn from scratch), compared with a control re-fit of the unaltered set with the same seed.",
+    "lds": "Linear datamodeling score: Spearman correlation, over random subsets of the training set, between the "
+           "predicted change of a test point's loss (sum of the left-out points' influences) and the actual change "
+           "after re-fitting, averaged over test points.",
+    "breaking_budget": "The smallest eps at which the attack's flip rate exceeds the random-noise ceiling of the same "
+                       "eps, significantly (Fisher exact test).",
+    "self_influence": "A training point's squared leave-one-out error under kernel ridge regression with the NTK: "
+                      "large for points the rest of the data contradict, such as flipped labels.",
 }
 
 

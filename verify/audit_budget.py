@@ -9,7 +9,10 @@ the ceiling, and an outcome without re-fitting: the change of the kernel predict
 (attack and noise). The re-fitted outcome is measured at the default budget (`verify.audit_outcome`).
 
 **Breaking budget** (rule fixed before any measurement): the smallest eps on the grid at which the
-attack's flip rate exceeds the noise ceiling at that eps; "not reached" when it never does.
+attack's flip rate exceeds the noise ceiling at that eps *and* its flip count is significantly larger
+than the noise's (one-sided Fisher exact test of attack flips among the k points against the noise flips
+pooled over seeds, p < 0.05: one flip among 100 points against none is not yet a break); "not reached"
+when it never happens.
 
 **Realistic default budget**: eps = 8/255 (`REALISTIC_EPS`). It changes each 8-bit pixel by at most 8
 grey levels, is the L-infinity budget of the RobustBench CIFAR-10 and ImageNet leaderboards and a common
@@ -23,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from empirics.influence import InfluenceResult
 from empirics.malleability import n_top, top_by_abs
@@ -36,7 +40,9 @@ REALISTIC_REASON = ("8/255 changes each 8-bit pixel by at most 8 grey levels: th
 EPS_GRID = (1 / 255, 2 / 255, 4 / 255, 8 / 255, 16 / 255, 32 / 255, 0.3)
 TAU_GRID = (0.01, 0.02, 0.05, 0.1, 0.2)
 BREAKING_RULE = ("breaking budget: the smallest eps on the grid at which the attack's flip rate exceeds the noise "
-                 "ceiling (random signs of the same eps: mean + 2 std over seeds) at that eps")
+                 "ceiling (random signs of the same eps: mean + 2 std over seeds) at that eps and its flip count is "
+                 "significantly above the noise's (one-sided Fisher exact test against the pooled noise flips, "
+                 "p < 0.05)")
 
 #: probe(selected indices, attack name, eps, seed) -> (flip-rate metrics, influence after the perturbation)
 Probe = Callable[[np.ndarray, str, float, int], tuple[dict[str, Any], InfluenceResult]]
@@ -55,10 +61,14 @@ def _point(probe: Probe, sel: np.ndarray, attack: str, eps: float, seeds: list[i
     flips = np.array([b["flip_rate"] for b in noise])
     ceiling = float(flips.mean() + 2 * flips.std(ddof=1)) if flips.size > 1 else float(flips.mean())
     acc_noise = np.array([b["kernel_test_acc"] for b in noise])
+    k = len(sel)
+    a, b = round(m["flip_rate"] * k), round(float(flips.sum()) * k)
+    p = float(stats.fisher_exact([[a, k - a], [b, k * len(noise) - b]], alternative="greater").pvalue)
     return {"eps": float(eps), "eps_label": eps_label(eps), "k": int(len(sel)),
             "flip_rate": float(m["flip_rate"]), "rho_all": float(m["rho_all"]),
             "noise_flip_rates": flips.tolist(), "noise_mean": float(flips.mean()), "noise_ceiling": ceiling,
-            "excess": float(m["flip_rate"] - ceiling),
+            "excess": float(m["flip_rate"] - ceiling), "p_above_noise": p,
+            "breaks": bool(m["flip_rate"] > ceiling and p < 0.05),
             "kernel_acc_change": float(m["kernel_test_acc"] - clean_acc),
             "kernel_acc_change_noise": float(acc_noise.mean() - clean_acc),
             "kernel_acc_change_noise_std": float(acc_noise.std(ddof=1)) if acc_noise.size > 1 else 0.0}
@@ -76,7 +86,7 @@ def budget_curves(probe: Probe, clean: InfluenceResult, tau: float, eps: float, 
     ks = sorted({n_top(t, n) for t in tau_grid})
     log(f"audit: budget curve over k ({len(ks)} values at eps {eps_label(eps)})")
     by_k = [_point(probe, top_by_abs(clean.total, k), attack, eps, seeds, clean.test_acc) for k in ks]
-    breaking = next((p for p in by_eps if p["flip_rate"] > p["noise_ceiling"]), None)
+    breaking = next((p for p in by_eps if p["breaks"]), None)
     return {"attack": attack, "tau": tau, "eps": eps, "by_eps": by_eps, "by_k": by_k,
             "breaking_eps": breaking["eps"] if breaking else None,
             "breaking_label": breaking["eps_label"] if breaking else f"not reached up to {eps_label(max(eps_grid))}",

@@ -93,6 +93,34 @@ def loo_error(K: np.ndarray, Y: np.ndarray, ridge: float) -> np.ndarray:
     return np.sum((alpha / np.diag(M)[:, None]) ** 2, axis=1)
 
 
+def outcome_curves(refit: Refitter, model: nn.Module, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor,
+                   yt: torch.Tensor, per_test: np.ndarray, total: np.ndarray, k: int, eps: float,
+                   eps_grid: tuple[float, ...], k_grid: list[int], attack_name: str, steps: int, seed: int,
+                   n_targets: int, out_dim: int) -> dict[str, Any]:
+    """The re-fitted outcome along the budget curves (one seed, the control's): for each eps (top k levers) and
+    each k (at `eps`), the levers and as many random points perturbed, re-fitted, compared with the control."""
+    n = len(x)
+    rng = np.random.default_rng(seed + 11)
+    order = np.lexsort((np.arange(n), -np.abs(total)))
+    ctrl = refit.control(x, y, seed, {"train": x, "test": xt})["test"]
+    yt_np = yt.numpy()
+
+    def point(kk: int, e: float) -> dict[str, Any]:
+        sel = np.sort(order[:kk])
+        rand = np.sort(rng.choice(n, kk, replace=False))
+        tgt = np.argsort(-np.abs(per_test[sel]).sum(axis=0), kind="stable")[:max(1, min(n_targets, len(xt)))]
+        res: dict[str, Any] = {"eps": float(e), "k": int(kk)}
+        for arm, idx in (("levers", sel), ("random", rand)):
+            it = torch.as_tensor(idx)
+            x_adv = attack(model, x[it], y[it], AttackConfig(attack_name, e, steps=steps, seed=seed + 31))
+            out = refit.outputs(x.index_copy(0, it, x_adv), y, seed, {"test": xt})["test"]
+            res[arm] = _arm_metrics(out, ctrl, yt_np, tgt, out_dim)
+        return res
+
+    log(f"audit: re-fitted outcome along the budget curves ({2 * (len(eps_grid) + len(k_grid))} re-fits)")
+    return {"by_eps": [point(k, e) for e in eps_grid], "by_k": [point(kk, eps) for kk in k_grid], "seed": seed}
+
+
 def _precision(order: np.ndarray, planted: np.ndarray, kinds: dict[str, np.ndarray], k: int) -> dict[str, Any]:
     top = set(order[:k].tolist())
     out: dict[str, Any] = {"precision": len(top & set(planted.tolist())) / k}

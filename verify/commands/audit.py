@@ -141,5 +141,17 @@ def run(args: argparse.Namespace) -> int:
           f"({user['worst_attack'].upper()}), random noise {100 * user['baseline']['mean']:.1f}% ± "
           f"{100 * user['baseline']['std']:.1f}%, references {100 * risk['relu_reference']:.1f}% (2L-ReLU) / "
           f"{100 * risk['attn_reference']:.1f}% (MLP-Attn)")
+    panels = result.get("panels", {})
+    extra = []
+    if panels.get("validity", {}).get("verdict"):
+        extra.append(f"influence {panels['validity']['verdict']} against re-fits")
+    if panels.get("budget", {}).get("breaking_label"):
+        extra.append(f"breaking budget {panels['budget']['breaking_label']}")
+    if panels.get("poison", {}).get("rankings"):
+        po = panels["poison"]
+        extra.append(f"planted poison precision at {po['k']}: {100 * po['rankings'][po['headline']]['precision']:.0f}% "
+                     f"(chance {100 * po['chance']:.0f}%)")
+    if extra:
+        print("; ".join(extra))
     print("wrote " + ", ".join(written))
     return code
