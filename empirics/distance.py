@@ -22,11 +22,16 @@ The paper does not define its distance. We measure four, each on the same runs:
   (attention features are almost collinear on raw pixels), which hides what happens in the directions
   that separate the classes; centring removes that mode.
 
-Kernels are the per-output ("mean") empirical NTK, computed in float64 with the closed form.
+Kernels are the per-output ("mean") empirical NTK, computed in float64 with the closed form. The reference
+kernel is analytic (Thm 4.2 on each model's features: raw, linearized or softmax attention) except for the
+trainable-attention variant `qkv`, where it is the Monte Carlo mean kernel at initialisation
+(`empirics.mc_reference`, `reference_draws` draws at `reference_width`), recorded with its standard error
+and the jackknife standard error of the predictor `f_NTK` it gives.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -46,8 +51,9 @@ from empirics.common import (
     subset_provenance,
     train_network,
 )
-from empirics.models import ModelSpec
-from empirics.ntk import ntk_two_layer
+from empirics.mc_reference import mc_reference_kernel, predictor_jackknife_se
+from empirics.models import ModelSpec, SuiteNet, TwoLayerNet, build_model
+from empirics.ntk import empirical_ntk
 from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig, targets
 from theory import gram, kernels, krr
@@ -74,6 +80,8 @@ class DistanceConfig:
     attn_layers: int = 1
     attn_rank: int | None = None
     attn_centre: bool = False
+    reference_draws: int = 16
+    reference_width: int = 512
     data_dir: str | None = None
     data_source: str = "auto"
     device: str = "auto"
@@ -93,11 +101,15 @@ def double_centre(k: torch.Tensor) -> torch.Tensor:
     return k - k.mean(dim=1, keepdim=True)
 
 
-@torch.no_grad()
-def _outputs(model: torch.nn.Module, x: torch.Tensor, weights: torch.Tensor) -> np.ndarray:
-    """Outputs of a `TwoLayerNet` with its first layer replaced by `weights`."""
-    h = torch.relu(model.features(x) @ weights.T)
-    return ((h @ model.A) / weights.shape[0] ** 0.5).cpu().numpy()
+def _at_init(m64: SuiteNet, init_W: torch.Tensor, x_train: torch.Tensor) -> SuiteNet:
+    """The float64 network at its initialisation: `W` reset for a `TwoLayerNet` (its only parameter), a fresh build
+    from the spec (same seed, same draw) for the trainable-attention variant."""
+    if isinstance(m64, TwoLayerNet):
+        m0 = copy.deepcopy(m64)
+        with torch.no_grad():
+            m0.W.copy_(init_W.to(m0.W))
+        return m0
+    return build_model(m64.spec, x_train.double(), dtype=torch.float64, device=str(x_train.device))
 
 
 def one_run(spec: ModelSpec, t: Tensors, cfg: TrainConfig, k_inf_tt: np.ndarray, f_ntk: np.ndarray,
@@ -106,14 +118,15 @@ def one_run(spec: ModelSpec, t: Tensors, cfg: TrainConfig, k_inf_tt: np.ndarray,
     tr = train_network(spec, t, cfg, device)
     m64 = as_float64(tr.model)
     x = t.x_train.double()
-    theta_t = ntk_two_layer(m64, x)
-    theta_0 = ntk_two_layer(m64, x, weights=tr.init_W.double())
+    m0 = _at_init(m64, tr.init_W, t.x_train)
+    theta_t = empirical_ntk(m64, x)
+    theta_0 = empirical_ntk(m0, x)
     k_inf = torch.as_tensor(k_inf_tt, dtype=torch.float64, device=theta_0.device)
     with torch.no_grad():
         f_m = m64(t.x_test.double()).cpu().numpy()
     diff = float(np.linalg.norm(f_m - f_ntk))
-    w0 = tr.init_W.double()
-    f0_train, f0_test = _outputs(m64, x, w0), _outputs(m64, t.x_test.double(), w0)
+    with torch.no_grad():
+        f0_train, f0_test = m0(x).cpu().numpy(), m0(t.x_test.double()).cpu().numpy()
     f_lin = f0_test + krr.krr_predict(k_inf_st, krr.krr_fit(k_inf_tt, y_train - f0_train, ridge))
     norms = _frob(theta_0) * _frob(theta_t)
     cos = float((theta_0 * theta_t).sum()) / norms if norms > 0 else float("nan")
@@ -205,35 +218,54 @@ def predictor_ridge(k_tt: np.ndarray, n: int, weight_decay: float) -> float:
     return n * weight_decay if weight_decay > 0 else 1e-3 * float(np.trace(k_tt)) / n
 
 
+def reference_kernels(cfg: DistanceConfig, spec: ModelSpec, x_tr: np.ndarray, x_te: np.ndarray, t: Tensors,
+                      seed: int) -> tuple[np.ndarray, np.ndarray, Any]:
+    """Infinite-width reference kernels (train x train, test x train) of `spec`'s model and the Monte Carlo
+    estimate behind them (None where the closed form of Thm 4.2 applies)."""
+    kind = spec.kind
+    if kind == "qkv":
+        mc = mc_reference_kernel(spec, t.x_train, torch.cat([t.x_train, t.x_test]), cfg.reference_draws,
+                                 cfg.reference_width, seed)
+        k, n = mc.mean, x_tr.shape[0]
+        return k[:n, :n], k[n:, :n], mc
+    if kind == "attn":
+        opts = {"k": cfg.attn_layers, "rank": cfg.attn_rank, "centre": cfg.attn_centre}
+        f_tr, f_te = gram.attention_features(x_tr, x_tr, **opts), gram.attention_features(x_tr, x_te, **opts)
+    elif kind == "softmax":
+        f_tr = kernels.softmax_attention_features(x_tr, x_tr, spec.temperature)
+        f_te = kernels.softmax_attention_features(x_tr, x_te, spec.temperature)
+    else:
+        f_tr, f_te = x_tr, x_te
+    return kernels.ntk_two_layer(f_tr, f_tr), kernels.ntk_two_layer(f_te, f_tr), None
+
+
 def distance_seed(cfg: DistanceConfig, dataset: Any | None, seed: int) -> dict[str, Any]:
     """One seed of the width sweep: its data subset, the analytic-NTK predictor on it, and every width's run."""
     ds, t, device = experiment_data(cfg, dataset, seed)
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in cfg.models}
     norms: dict[str, float] = {}
+    refs: dict[str, dict[str, Any]] = {}
     ridges: list[float] = []
     y_t = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
     x_tr = ds.x_train.astype(np.float64)
     x_te = ds.x_test.astype(np.float64)
     for kind in cfg.models:
-        if kind == "attn":
-            opts = {"k": cfg.attn_layers, "rank": cfg.attn_rank, "centre": cfg.attn_centre}
-            f_tr = gram.attention_features(x_tr, x_tr, **opts)
-            f_te = gram.attention_features(x_tr, x_te, **opts)
-        else:
-            f_tr, f_te = x_tr, x_te
-        k_tt = kernels.ntk_two_layer(f_tr, f_tr)
-        k_st = kernels.ntk_two_layer(f_te, f_tr)
+        spec0 = ModelSpec(kind, ds.d, 1, t.out_dim, cfg.parameterization, cfg.attn_layers, cfg.attn_rank, seed,
+                          cfg.attn_centre)
+        k_tt, k_st, mc = reference_kernels(cfg, spec0, x_tr, x_te, t, seed)
         ridge = predictor_ridge(k_tt, ds.x_train.shape[0], cfg.train.weight_decay)
         ridges.append(ridge)
         f_ntk = krr.krr_predict(k_st, krr.krr_fit(k_tt, y_t, ridge))
         norms[kind] = float(np.linalg.norm(f_ntk))
+        refs[kind] = {"kind": "analytic", "estimand": "Thm 4.2 closed form on the model's features"} if mc is None \
+            else {**mc.summary(), "predictor_se": predictor_jackknife_se(mc, x_tr.shape[0], y_t, ridge),
+                  "predictor_norm": norms[kind]}
         for width in cfg.widths:
-            spec = ModelSpec(kind, ds.d, width, t.out_dim, cfg.parameterization, cfg.attn_layers,
-                             cfg.attn_rank, seed, cfg.attn_centre)
+            spec = replace(spec0, width=width)
             tcfg = replace(cfg.train, seed=seed)
             runs[kind].append({**one_run(spec, t, tcfg, k_tt, f_ntk, device, k_st, y_t, ridge),
                                "ntk_predictor_test_acc": _acc(f_ntk, ds.y_test)})
-    return {"seed": seed, "runs": runs, "norms": norms, "ridges": ridges, "provenance": ds.provenance,
+    return {"seed": seed, "runs": runs, "norms": norms, "refs": refs, "ridges": ridges, "provenance": ds.provenance,
             "device": device}
 
 
@@ -268,6 +300,7 @@ def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None, seed_map: 
             tr["slope_interval"] = slope_interval(list(cfg.widths), rk, metric)
             trends[metric] = tr
         results["models"][kind] = {"runs": rk, "per_width": per_width, "trends": trends,
+                                   "reference": [part["refs"][kind] for part in parts],
                                    "ntk_predictor_norm": float(np.mean(norms[kind])),
                                    "ntk_predictor_test_acc": spread([r["ntk_predictor_test_acc"] for r in rk])}
     results.update({

@@ -105,6 +105,9 @@ class LandscapeConfig:
             raise UserInputError("slice_range and flat_step must be > 0")
         if self.interp_range[0] >= self.interp_range[1]:
             raise UserInputError(f"interp_range must be increasing (got {self.interp_range})")
+        if "qkv" in self.models:
+            raise UserInputError("the landscape is measured over W alone, but model 'qkv' also trains its attention; "
+                                 "choose from relu, attn, softmax")
 
 
 def _generator(seed: int, salt: int) -> torch.Generator:

@@ -119,6 +119,9 @@ class MalleabilityConfig:
             raise UserInputError(f"tau must be in (0, 1] (a fraction of the training set), got {self.tau}")
         if self.attack_context not in CONTEXT_MODES:
             raise UserInputError(f"unknown attack context '{self.attack_context}'; choose fixed or recomputed")
+        if self.attack_context == "recomputed" and any(m in ("softmax", "qkv") for m in self.models):
+            raise UserInputError("--attack-context recomputed is implemented for MLP-Attn only; use --attack-context "
+                                 "fixed with models softmax and qkv (their kernels are still rebuilt after the attack)")
         if self.n_train < 2 or self.n_test < 1 or self.width < 1:
             raise UserInputError("n_train must be >= 2, n_test >= 1 and width >= 1")
         if self.attack_steps < 1 or self.adv_steps < 1:

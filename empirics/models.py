@@ -1,4 +1,4 @@
-"""The paper's two networks: 2L-ReLU and MLP-Attn (PAPER.md, "Objects").
+"""The paper's two networks, 2L-ReLU and MLP-Attn (PAPER.md, "Objects"), and two attention variants.
 
 Both compute `f(x) = m^-1/2 * A^T relu(W x~)` with `A` (m x c) fixed random signs and only `W`
 (m x d) trained. 2L-ReLU uses the raw input, `x~ = x`; MLP-Attn uses linearized attention over
@@ -6,11 +6,18 @@ the whole training set, `x~ = normalise(C^k x)` with `C = X_train^T X_train` (op
 top-r SVD truncation of X_train; or, as the suite's named "centred" variant, from the mean-removed
 X_train with queries centred by the same mean). Because `C` depends on every training point, perturbing
 training data changes every feature: the mechanism behind the claimed malleability.
+
+Variants beyond the paper, with the same head and the training set as the attention sequence:
+`softmax` (parameter-free, `x~ = normalise(softmax(x X^T / T) X)`) and `qkv` (trainable single-head
+linearized attention, `x~ = normalise((x Q)(X K)^T (X V))` with `Q, K, V` (d x k) trained with `W`;
+identity `Q, K, V` would give MLP-Attn). `qkv` is a `QKVAttentionNet`, not a `TwoLayerNet`, because its
+features move during training.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,7 +26,9 @@ from torch import nn
 
 from theory.errors import UserInputError
 
-MODEL_KINDS = ("relu", "attn")
+MODEL_KINDS = ("relu", "attn", "softmax", "qkv")
+#: Kinds whose features depend on the training set (an attention context).
+CONTEXT_KINDS = ("attn", "softmax", "qkv")
 PARAMETERIZATIONS = ("ntk", "standard")
 
 
@@ -33,6 +42,8 @@ class ModelSpec:
     attn_rank: keep only the top-r singular directions of X_train in the context (truncation).
     attn_centre: the centred variant (not the paper's model): `x~ = normalise(C_c^k (x - mu))` with `mu` the
     training mean and `C_c` the context of the mean-removed training inputs.
+    attn_temperature: softmax temperature `T` of kind "softmax" (None: `sqrt(d)`, the transformer's scaling).
+    qkv_dim: the dimension k of the query, key and value projections of kind "qkv" (the head sees k features).
     """
 
     kind: str
@@ -44,6 +55,8 @@ class ModelSpec:
     attn_rank: int | None = None
     seed: int = 0
     attn_centre: bool = False
+    attn_temperature: float | None = None
+    qkv_dim: int = 64
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -58,6 +71,25 @@ class ModelSpec:
             raise UserInputError(f"attn_layers must be >= 1 (got {self.attn_layers})")
         if self.attn_rank is not None and self.attn_rank < 1:
             raise UserInputError(f"attn_rank must be >= 1 (got {self.attn_rank})")
+        if self.kind in ("softmax", "qkv") and (self.attn_layers != 1 or self.attn_rank is not None
+                                                or self.attn_centre):
+            raise UserInputError(f"attention layers, rank and centring apply to MLP-Attn only; drop --attn-layers, "
+                                 f"--attn-rank and --centre for model '{self.kind}'")
+        t = self.attn_temperature
+        if t is not None and not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise UserInputError(f"attn_temperature must be a positive number (got {t})")
+        if self.qkv_dim < 1:
+            raise UserInputError(f"qkv_dim must be >= 1 (got {self.qkv_dim})")
+
+    @property
+    def temperature(self) -> float:
+        """The softmax temperature `T` (default `sqrt(d)`)."""
+        return float(self.attn_temperature) if self.attn_temperature is not None else self.d**0.5
+
+    @property
+    def head_dim(self) -> int:
+        """Input dimension of the head `W`: `qkv_dim` for kind "qkv", else d."""
+        return self.qkv_dim if self.kind == "qkv" else self.d
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -78,27 +110,77 @@ def attention_context(x_train: torch.Tensor, rank: int | None = None, centre: bo
     return (v * s[:r] ** 2) @ v.T
 
 
+def _normalise(h: torch.Tensor) -> torch.Tensor:
+    return h / h.norm(dim=1, keepdim=True).clamp_min(1e-30)
+
+
 def attention_features(x: torch.Tensor, context: torch.Tensor, layers: int = 1) -> torch.Tensor:
     """`normalise(C^k x)` row by row; intermediate rescaling does not change the result."""
     h = x
     for _ in range(layers):
-        h = h @ context  # C is symmetric, so (C h^T)^T = h C
-        h = h / h.norm(dim=1, keepdim=True).clamp_min(1e-30)
+        h = _normalise(h @ context)  # C is symmetric, so (C h^T)^T = h C
     return h
 
 
-class TwoLayerNet(nn.Module):
-    """2L-ReLU (`kind="relu"`) or MLP-Attn (`kind="attn"`); only `W` is a parameter."""
+def softmax_attention_features(x: torch.Tensor, keys: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`normalise(softmax(x X^T / T) X)`: softmax attention of each row of `x` over the rows of `keys`."""
+    if keys.shape[0] == 0:
+        raise UserInputError("the softmax model has no training set as its context; build it with the training "
+                             "inputs or call set_context(x_train)")
+    return _normalise(torch.softmax(x @ keys.T / temperature, dim=1) @ keys)
+
+
+class _SuiteBase(nn.Module):
+    """The shared head `m^-1/2 A^T relu(W x~)` on `features`. Loading a state dict resizes the `context` buffer
+    to the saved one (its shape depends on the training set, which a model rebuilt from its spec lacks)."""
+
+    spec: ModelSpec
+
+    @property
+    def width(self) -> int:
+        return self.spec.width
+
+    def features(self, x: torch.Tensor, context_inputs: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def head(self, feats: torch.Tensor) -> torch.Tensor:
+        """The trained part, `m^-1/2 A^T relu(W x~)`, on precomputed features `x~`."""
+        return (torch.relu(feats @ self.W.T) @ self.A) / self.spec.width**0.5
+
+    def forward(self, x: torch.Tensor, context_inputs: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.features(x, context_inputs))
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object, **kwargs: object) -> None:
+        saved = state_dict.get(prefix + "context")
+        if isinstance(saved, torch.Tensor) and saved.shape != self.context.shape:
+            self.context = torch.zeros(saved.shape, dtype=self.context.dtype, device=self.context.device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+def _init_head(module: nn.Module, spec: ModelSpec, gen: torch.Generator, dtype: torch.dtype) -> None:
+    """`W` (m x head_dim; N(0, 1) in NTK parameterisation, N(0, 1/head_dim) standard) and the fixed signs `A`."""
+    k = spec.head_dim
+    std = 1.0 if spec.parameterization == "ntk" else k**-0.5
+    module.W = nn.Parameter(torch.randn(spec.width, k, generator=gen, dtype=torch.float64).to(dtype) * std)
+    signs = torch.randint(0, 2, (spec.width, spec.out_dim), generator=gen, dtype=torch.int64) * 2 - 1
+    module.register_buffer("A", signs.to(dtype))
+
+
+class TwoLayerNet(_SuiteBase):
+    """2L-ReLU (`kind="relu"`), MLP-Attn (`kind="attn"`) or softmax attention (`kind="softmax"`, the training
+    set as keys and values); only `W` is a parameter."""
 
     def __init__(self, spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32):
         super().__init__()
+        if spec.kind == "qkv":
+            raise UserInputError("model 'qkv' trains its attention: build it with empirics.models.build_model")
         self.spec = spec
         gen = torch.Generator().manual_seed(spec.seed)
-        std = 1.0 if spec.parameterization == "ntk" else spec.d**-0.5
-        self.W = nn.Parameter(torch.randn(spec.width, spec.d, generator=gen, dtype=torch.float64).to(dtype) * std)
-        signs = torch.randint(0, 2, (spec.width, spec.out_dim), generator=gen, dtype=torch.int64) * 2 - 1
-        self.register_buffer("A", signs.to(dtype))
-        if spec.kind == "attn":
+        _init_head(self, spec, gen, dtype)
+        if spec.kind == "softmax":
+            ctx = x_train.to(dtype) if x_train is not None else torch.zeros(0, spec.d, dtype=dtype)
+            self.register_buffer("context", ctx.clone())
+        elif spec.kind == "attn":
             if x_train is None:
                 raise UserInputError("MLP-Attn needs the training inputs to build its attention context")
             self.register_buffer("context", attention_context(x_train.to(dtype), spec.attn_rank, spec.attn_centre))
@@ -107,13 +189,11 @@ class TwoLayerNet(nn.Module):
         else:
             self.register_buffer("context", torch.zeros(0, dtype=dtype))
 
-    @property
-    def width(self) -> int:
-        return self.spec.width
-
     def set_context(self, x_train: torch.Tensor) -> None:
         """Rebuild `C` from (possibly perturbed) training inputs."""
-        if self.spec.kind == "attn":
+        if self.spec.kind == "softmax":
+            self.context = x_train.to(self.context.dtype).clone()
+        elif self.spec.kind == "attn":
             x_train = x_train.to(self.context.dtype)
             self.context = attention_context(x_train, self.spec.attn_rank, self.spec.attn_centre)
             if self.spec.attn_centre:
@@ -127,6 +207,9 @@ class TwoLayerNet(nn.Module):
         """
         if self.spec.kind == "relu":
             return x
+        if self.spec.kind == "softmax":
+            keys = self.context if context_inputs is None else context_inputs
+            return softmax_attention_features(x, keys, self.spec.temperature)
         if context_inputs is None:
             ctx = self.context
             mean = self.context_mean if self.spec.attn_centre else None
@@ -135,20 +218,61 @@ class TwoLayerNet(nn.Module):
             mean = context_inputs.mean(dim=0) if self.spec.attn_centre else None
         return attention_features(x if mean is None else x - mean, ctx, self.spec.attn_layers)
 
-    def head(self, feats: torch.Tensor) -> torch.Tensor:
-        """The trained part, `m^-1/2 A^T relu(W x~)`, on precomputed features `x~`."""
-        return (torch.relu(feats @ self.W.T) @ self.A) / self.spec.width**0.5
 
-    def forward(self, x: torch.Tensor, context_inputs: torch.Tensor | None = None) -> torch.Tensor:
-        return self.head(self.features(x, context_inputs))
+class QKVAttentionNet(_SuiteBase):
+    """Trainable single-head linearized attention over the training set, then the paper's head (kind "qkv").
+
+    `x~ = normalise((x Q)(X K)^T (X V)) = normalise(x Q K^T C V)`, `C = X^T X`; `Q, K, V` (d x k) and `W`
+    (m x k) are trained, `A` fixed. NTK parameterisation: `Q = W_Q / sqrt(d)` with `W_Q ~ N(0, 1)` (likewise
+    K, V); standard: `Q = W_Q ~ N(0, 1/d)`. A scalar factor of the scores cancels in the normalisation.
+    """
+
+    def __init__(self, spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if spec.kind != "qkv":
+            raise UserInputError(f"QKVAttentionNet is model 'qkv', not '{spec.kind}'")
+        self.spec = spec
+        gen = torch.Generator().manual_seed(spec.seed)
+        _init_head(self, spec, gen, dtype)
+        std = 1.0 if spec.parameterization == "ntk" else spec.d**-0.5
+        for name in ("W_Q", "W_K", "W_V"):
+            w = torch.randn(spec.d, spec.qkv_dim, generator=gen, dtype=torch.float64).to(dtype) * std
+            setattr(self, name, nn.Parameter(w))
+        ctx = attention_context(x_train.to(dtype)) if x_train is not None else torch.zeros(spec.d, spec.d, dtype=dtype)
+        self.register_buffer("context", ctx)
+
+    @property
+    def alpha(self) -> float:
+        """Forward multiplier of `W_Q, W_K, W_V`: `d^-1/2` (NTK parameterisation) or 1 (standard)."""
+        return self.spec.d**-0.5 if self.spec.parameterization == "ntk" else 1.0
+
+    def set_context(self, x_train: torch.Tensor) -> None:
+        """Rebuild `C` from (possibly perturbed) training inputs."""
+        self.context = attention_context(x_train.to(self.context.dtype))
+
+    def mixing(self, context: torch.Tensor | None = None) -> torch.Tensor:
+        """`M = K^T C V` (k x k), so that the unnormalised features are `u = (x Q) M`."""
+        a = self.alpha
+        ctx = self.context if context is None else context
+        return (a * self.W_K).T @ (ctx @ (a * self.W_V))
+
+    def features(self, x: torch.Tensor, context_inputs: torch.Tensor | None = None) -> torch.Tensor:
+        """`x~ = normalise(x Q M)`; `context_inputs` rebuilds `C` differentiably (attacks)."""
+        ctx = None if context_inputs is None else attention_context(context_inputs)
+        return _normalise((x @ (self.alpha * self.W_Q)) @ self.mixing(ctx))
+
+
+SuiteNet = TwoLayerNet | QKVAttentionNet
 
 
 def build_model(spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
-                device: str = "cpu") -> TwoLayerNet:
-    return TwoLayerNet(spec, x_train, dtype).to(device)
+                device: str = "cpu") -> SuiteNet:
+    """The network of `spec` (`QKVAttentionNet` for kind "qkv", else `TwoLayerNet`)."""
+    cls = QKVAttentionNet if spec.kind == "qkv" else TwoLayerNet
+    return cls(spec, x_train, dtype).to(device)
 
 
-def save_model(model: TwoLayerNet, path: str | Path) -> tuple[Path, Path]:
+def save_model(model: SuiteNet, path: str | Path) -> tuple[Path, Path]:
     """Save weights as safetensors plus a JSON architecture spec beside it (`PATH.json`).
 
     The audit loads this pair without unpickling anything.

@@ -10,6 +10,13 @@ a contraction of per-example Jacobians. The generic path works for any `nn.Modul
 `torch.func` (per-example Jacobians with vmap, chunked to bound memory). Each is tested and
 benchmarked against the other.
 
+The trainable-attention variant (`QKVAttentionNet`, `x~ = u / |u|`, `u = (x Q) M`, `M = K^T C V`) has a
+closed form too (`ntk_qkv`): the W block above on its features plus, per output c, with
+`h_c = (I - x~ x~^T) g_c / |u|` and `g_c = m^-1/2 W^T (a_c o relu'(W x~))` (the gradient of f_c in u),
+`alpha^2 [ <x, x'> h_c M^T M h'_c + <q, q'> h_c (CV)^T (CV) h'_c + q (CK)^T (CK) q' <h_c, h'_c> ]`
+for the Q, K and V blocks (`q = x Q`): Gram products in the k-dimensional attention space instead of
+Jacobians with 3 d k columns.
+
 Kernel `reduction`: "mean" gives `(1/c) sum_c Theta_cc` (the per-output kernel that the analytic
 NTK of Thm 4.2 predicts; the one influence uses), "trace" the sum, "full" the (n1, n2, c, c) block.
 """
@@ -21,7 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from empirics.models import TwoLayerNet
+from empirics.models import QKVAttentionNet, TwoLayerNet
 
 REDUCTIONS = ("mean", "trace", "full")
 
@@ -56,6 +63,48 @@ def ntk_two_layer(model: TwoLayerNet, x1: torch.Tensor, x2: torch.Tensor | None 
     scale = (A * A).sum(dim=1)  # ||a_r||^2 over outputs
     k = gram * ((d1 * scale) @ d2.T) / m
     return k / A.shape[1] if reduction == "mean" else k
+
+
+def _pair_sum(p1: torch.Tensor, p2: torch.Tensor, reduction: str) -> torch.Tensor:
+    """`sum_k p1[i, c, k] p2[j, c', k]`: the (n1, n2, c, c) block ("full"), or its trace / mean over c = c'."""
+    if reduction == "full":
+        return torch.einsum("ick,jdk->ijcd", p1, p2)
+    out = p1.reshape(p1.shape[0], -1) @ p2.reshape(p2.shape[0], -1).T
+    return out / p1.shape[1] if reduction == "mean" else out
+
+
+def _qkv_parts(model: QKVAttentionNet, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-point factors of `ntk_qkv`: `q = x Q` and, per output, `h_c` (the gradient of f_c in x~ projected and
+    divided by |u|)."""
+    q = x @ (model.alpha * model.W_Q)
+    u = q @ model.mixing()
+    norm = u.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    f = u / norm
+    D = (f @ model.W.T > 0).to(x.dtype)
+    g = torch.stack([(D * a_c) @ model.W for a_c in model.A.T], dim=1) / model.spec.width**0.5
+    h = (g - (g @ f.unsqueeze(2)) * f.unsqueeze(1)) / norm.unsqueeze(1)
+    return q, h
+
+
+@torch.no_grad()
+def ntk_qkv(model: QKVAttentionNet, x1: torch.Tensor, x2: torch.Tensor | None = None,
+            reduction: str = "mean") -> torch.Tensor:
+    """Closed-form empirical NTK of `QKVAttentionNet`: the W block plus the Q, K and V blocks (module docstring)."""
+    _check_reduction(reduction)
+    k_w = ntk_two_layer(model, x1, x2, reduction)  # the head block only needs features, W and A
+    q1, h1 = _qkv_parts(model, x1)
+    q2, h2 = (q1, h1) if x2 is None else _qkv_parts(model, x2)
+    xx2 = x1 if x2 is None else x2
+    a = model.alpha
+    M = model.mixing()
+    CK, CV = model.context @ (a * model.W_K), model.context @ (a * model.W_V)
+    blocks = ((x1 @ xx2.T, _pair_sum(h1 @ (M.T @ M), h2, reduction)),  # Q
+              (q1 @ q2.T, _pair_sum(h1 @ (CV.T @ CV), h2, reduction)),  # K
+              ((q1 @ (CK.T @ CK)) @ q2.T, _pair_sum(h1, h2, reduction)))  # V
+    total = torch.zeros_like(k_w)
+    for shared, per_out in blocks:
+        total += (shared[:, :, None, None] if reduction == "full" else shared) * per_out
+    return k_w + a**2 * total
 
 
 def _chunks(n: int, size: int) -> list[slice]:
@@ -118,11 +167,13 @@ def ntk_generic(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
 
 def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, reduction: str = "mean",
                   method: str = "auto") -> torch.Tensor:
-    """Dispatch: the closed form for the paper's networks, the generic path otherwise."""
+    """Dispatch: the closed form for the suite's networks, the generic path otherwise."""
     if method == "auto":
-        method = "closed" if isinstance(model, TwoLayerNet) else "generic"
+        method = "closed" if isinstance(model, (TwoLayerNet, QKVAttentionNet)) else "generic"
     if method == "closed":
+        if isinstance(model, QKVAttentionNet):
+            return ntk_qkv(model, x1, x2, reduction)
         if not isinstance(model, TwoLayerNet):
-            raise ValueError("the closed-form NTK applies only to the suite's TwoLayerNet")
+            raise ValueError("the closed-form NTK applies only to the suite's TwoLayerNet and QKVAttentionNet")
         return ntk_two_layer(model, x1, x2, reduction)
     return ntk_generic(model, x1, x2, reduction)

@@ -115,3 +115,27 @@ def empirical_ntk_two_layer(
     D1 = (A @ Wm.T > 0).astype(np.float64)
     D2 = D1 if X2 is None else (B @ Wm.T > 0).astype(np.float64)
     return (A @ B.T) * ((D1 * a2) @ D2.T) / m
+
+
+def softmax_attention_features(X_train: np.ndarray, X: np.ndarray, temperature: float) -> np.ndarray:
+    """`normalise(softmax(x X_train^T / T) X_train)` per row of `X`: parameter-free softmax attention over the
+    training set (the suite's `softmax` variant; `T -> inf` gives the normalised training mean for every x)."""
+    Xtr = as_matrix(X_train, "X_train")
+    Xq = as_matrix(X, "X")
+    if Xq.shape[1] != Xtr.shape[1]:
+        raise UserInputError(f"X has {Xq.shape[1]} features and X_train {Xtr.shape[1]}; pass matching widths")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise UserInputError(f"temperature must be a positive number (got {temperature})")
+    s = Xq @ Xtr.T / temperature
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    h = (w / w.sum(axis=1, keepdims=True)) @ Xtr
+    return h / np.maximum(np.linalg.norm(h, axis=1, keepdims=True), 1e-300)
+
+
+def ntk_softmax_attn(X_train: np.ndarray, X1: np.ndarray, X2: np.ndarray | None = None,
+                     temperature: float = 1.0) -> np.ndarray:
+    """Infinite-width NTK of the softmax-attention variant: attention has no parameters, so Thm 4.2 applies to its
+    features, `ntk_two_layer(softmax_attention_features(...))`."""
+    F1 = softmax_attention_features(X_train, X1, temperature)
+    F2 = F1 if X2 is None else softmax_attention_features(X_train, X2, temperature)
+    return ntk_two_layer(F1, F2)

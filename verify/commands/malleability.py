@@ -41,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_args(p, paths=True)
     add_run_args(p)
     add_protocol_args(p)
-    p.add_argument("--model", default="relu,attn", help="comma-separated: relu, attn")
+    p.add_argument("--model", default="relu,attn",
+                   help="comma-separated: relu, attn (the paper's), softmax (softmax attention over the training "
+                        "set, T = sqrt(d)), qkv (trainable single-head Q/K/V linearized attention, k = 64)")
     p.add_argument("--attack", default="fgsm,pgd,mim", help="comma-separated: fgsm, pgd, mim "
                    "(random noise of the same eps always runs as the baseline)")
     p.add_argument("--eps", default="0.3", help="L-infinity budget in pixel units, in [0, 1] (default: %(default)s)")

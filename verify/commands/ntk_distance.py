@@ -28,7 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_args(p, paths=True)
     add_run_args(p)
     add_protocol_args(p)
-    p.add_argument("--model", default="relu,attn", help="comma-separated: relu, attn")
+    p.add_argument("--model", default="relu,attn",
+                   help="comma-separated: relu, attn (the paper's), softmax (softmax attention over the training "
+                        "set, T = sqrt(d)), qkv (trainable single-head Q/K/V linearized attention, k = 64)")
     p.add_argument("--widths", default=None, help="comma-separated widths (default: the preset's)")
     p.add_argument("--n-train", type=int, default=None, help="training points (default: the preset's)")
     p.add_argument("--n-test", type=int, default=None, help="test points (default: the preset's)")
