@@ -288,9 +288,9 @@ def validity(panel: dict[str, Any], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-POISON_LABELS = {"self_influence_ntk": "NTK self-influence\n(audit)", "harmful_ntk": "most harmful\n(NTK)",
-                 "levers_abs_ntk": "levers |NTK|",
-                 "harmful_gn": "most harmful\n(Gauss-Newton)", "training_loss": "largest training\nloss (baseline)"}
+POISON_LABELS = {"self_influence_ntk": "self-influence\n(NTK, audit)", "harmful_ntk": "harmful\n(NTK)",
+                 "levers_abs_ntk": "levers\n|NTK|", "harmful_gn": "harmful\n(Gauss-Newton)",
+                 "training_loss": "training loss\n(baseline)"}
 
 
 def poison(panel: dict[str, Any], path: str | Path) -> Path:

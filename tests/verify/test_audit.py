@@ -151,6 +151,20 @@ def test_cnn_torchscript_audit_end_to_end(cnn_report):
     assert rec["data"]["image_shape"] == [1, 28, 28]
 
 
+def test_refit_panels_are_not_measurable_when_the_control_refit_loses_the_fit(data, tmp_path, capsys):
+    out = tmp_path / "lost.pdf"
+    code, stdout, err = _audit(["--model", data["cnn"], "--train", data["train"], "--test", data["test"], *SMALL,
+                                "--no-reference", "--skip", "budget", "--refit-lr", "1.0", "--refit-epochs", "3",
+                                "--out", str(out), "--json", "--html"], capsys)
+    assert code == 0, err
+    pan = json.loads(out.with_suffix(".json").read_text())["panels"]
+    assert not pan["refit"]["control"]["passed"] and "control re-fit" in pan["refit"]["control"]["reason"]
+    for p in ("validity", "outcome", "poison"):
+        assert pan[p]["verdict"] == "not measurable" and "not adequate" in pan[p]["reason"]
+    assert "Influence is NOT MEASURABLE" in out.with_suffix(".html").read_text()
+    assert "influence not measurable against re-fits" in stdout
+
+
 def test_attention_model_exported_audit_end_to_end(data, tmp_path, capsys):
     ds = data["ds"]
     model = _fit(AttnNet(), torch.as_tensor(ds.x_train).reshape(-1, 1, 28, 28), torch.as_tensor(ds.y_train))
