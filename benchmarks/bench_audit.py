@@ -134,7 +134,8 @@ def summary(fmt: str, code: int, wall: float, rec: dict) -> dict:
                       for k, m in rec["models"].items() if "gate" in m)
     tf = out.get("rows", {}).get("target_flip", {})
     return {
-        "format": fmt, "exit": code, "total s": f"{wall:.1f}", "kernel s": f"{user['timings']['kernel']:.1f}",
+        "format": fmt, "exit": code, "kernel path": rec["model"]["kernel_method"].split(";")[0],
+        "total s": f"{wall:.1f}", "kernel s": f"{user['timings']['kernel']:.1f}",
         "your model s": f"{tm.get('your model', 0.0):.1f}", "references s": f"{refs:.1f}",
         "budget s": f"{tm.get('budget curves', 0.0):.1f}", "validity s": f"{tm.get('validity', 0.0):.1f}",
         "outcome s": f"{tm.get('outcome', 0.0):.1f}", "poison s": f"{tm.get('planted poison', 0.0):.1f}",

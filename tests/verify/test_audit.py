@@ -141,6 +141,7 @@ def test_cnn_torchscript_audit_end_to_end(cnn_report):
     assert panels["refit"]["kind"] == "warm start" and panels["refit"]["count"] > 4
     assert [p["eps"] for p in panels["budget"]["by_eps"]] == sorted(p["eps"] for p in panels["budget"]["by_eps"])
     assert panels["validity"]["verdict"] in ("trustworthy", "fragile", "inconclusive", "not measurable")
+    assert any(abs(a) > 0 for a in panels["validity"]["scatter"]["actual"])  # the re-fits did train the module
     assert set(panels["outcome"]["rows"]) == {"acc_change", "target_flip", "target_loss_change"}
     assert panels["poison"]["k"] == 3 and set(panels["poison"]["rankings"]) >= {"harmful_ntk", "training_loss"}
     for ref in ("relu", "attn"):
