@@ -8,8 +8,9 @@ Running every paper unit takes days on a 2-core CPU, so this measures the primit
 the paper's sizes and adds them up per unit from the unit's own config (`verify.experiments.units_for`):
 
 - a training epoch of each network (model, data set width d, n, width m), timed with the suite's own
-  `empirics.train.train` on inputs of the right shape (the cost depends only on the shapes), 2 epochs
-  after one warm-up epoch; an adversarial-training epoch counts as `adv_steps + 1` epochs;
+  `empirics.train.train` on inputs of the right shape (the cost depends only on the shapes) as the
+  difference of a 2-epoch and a 1-epoch call after a warm-up; an adversarial-training epoch counts as
+  `adv_steps + 1` epochs;
 - an empirical NTK of `n` points (closed form, float64) per width, and a float64 Cholesky solve of the
   training kernel (what influence and the NTK predictor cost);
 - the eigendecomposition behind kappa (`numpy.linalg.eigvalsh`), scaled as n^3 from one measured size.
@@ -61,21 +62,18 @@ def epoch_seconds(kind: str, d: int, n: int, m: int, device: str) -> float:
     from empirics.protocols import PAPER, protocol_config
     from empirics.train import train
 
-    epochs = 1 if m >= 1024 else 3
-
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(n, d, generator=gen).to(device)
     y = torch.randint(0, 10, (n,), generator=gen).to(device)
-    out = []
-    for e in (1, epochs):  # the first call warms up (allocations, kernels); the second is timed
+    wall = {}
+    for e in (0, 1, 2):  # 0: warm-up; the difference 2 - 1 removes a call's setup and final evaluation
         model = build_model(ModelSpec(kind, d, m, 10, seed=0), x, device=device)
-        cfg = protocol_config(PAPER, e)
         _sync(device)
         t0 = time.perf_counter()
-        train(model, x, y, cfg, x[:200], y[:200])
+        train(model, x, y, protocol_config(PAPER, max(e, 1)), x[:200], y[:200])
         _sync(device)
-        out.append(time.perf_counter() - t0)
-    return out[-1] / epochs
+        wall[e] = time.perf_counter() - t0
+    return max(wall[2] - wall[1], 1e-6)
 
 
 def ntk_seconds(d: int, n: int, m: int, device: str) -> float:
@@ -177,9 +175,11 @@ def _kernel_work(name: str, cfg: dict[str, Any], prim: Primitives) -> float:
 
 
 def _landscape_passes(cfg: dict[str, Any]) -> float:
-    """Full-batch loss evaluations of one landscape (each about one epoch's work), per network."""
-    return cfg.get("points", 21) + cfg.get("grid", 11) ** 2 + 2 * (cfg.get("hessian_iters", 20)
-                                                                      + cfg.get("hutchinson_samples", 10))
+    """One landscape's work in training epochs, per network: a full-batch loss evaluation (interpolation points,
+    the 2-D grid) is a forward pass, about a third of an epoch (forward, backward, update); a Hessian-vector
+    product (Lanczos iterations, Hutchinson samples) is a forward and two backward passes, about one epoch."""
+    return (cfg.get("points", 21) + cfg.get("grid", 11) ** 2) / 3 + cfg.get("hessian_iters", 20) \
+        + cfg.get("hutchinson_samples", 10)
 
 
 def estimate_units(prim: Primitives, device: str) -> list[dict[str, Any]]:
@@ -290,7 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--validate", action="store_true", help="also run influence-retrain:relu@paper in full")
     ap.add_argument("--json", default=None, help="write the record here")
     ap.add_argument("--markdown", default=None, help="write the table here")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads, as `verify` uses by default (NTKM_THREADS); for numpy's BLAS set "
+                    "OPENBLAS_NUM_THREADS / OMP_NUM_THREADS before starting (default: %(default)s)")
     args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, args.threads))
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("benchmarks.scale: error: --device cuda but no CUDA device is visible; use --device cpu", file=sys.stderr)
         return 2
