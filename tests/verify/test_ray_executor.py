@@ -160,8 +160,8 @@ def test_single_command_seeds_on_ray_match_local(command, cluster, tmp_path):
     cluster.add_node(num_cpus=1)
     cluster.add_node(num_cpus=1)
     argv = [command, "--preset", "smoke", "--seeds", "2", "--epochs", "5", "--n-train", "40", "--n-test", "20"]
-    argv += {"malleability": ["--attack", "fgsm", "--intervention", "transformed"], "ntk-distance": ["--widths", "16,64"],
-             "landscape": ["--width", "32"]}[command]
+    argv += {"malleability": ["--attack", "fgsm", "--intervention", "transformed"],
+             "ntk-distance": ["--widths", "16,64"], "landscape": ["--width", "32"]}[command]
     assert main(argv + ["--json", str(tmp_path / "local.json")]) == 0
     assert main(argv + ["--json", str(tmp_path / "ray.json"), "--executor", "ray", "--ray-address",
                         cluster.address]) == 0
