@@ -74,7 +74,7 @@ def test_variant_units_are_mnist_and_the_three_widest_widths():
         kd, dist = units[f"ntk-distance:mnist:{kind}"]
         km, mall = units[f"malleability:mnist:{kind}"]
         assert (kd, km) == ("distance", "malleability")
-        assert dist["widths"] == [64, 128, 256] and dist["models"] == ["relu", kind]
+        assert dist["widths"] == [32, 64, 128] and dist["models"] == ["relu", kind]
         assert mall["models"] == ["relu", kind] and mall["dataset"] == "mnist" and "attn_centre" not in mall
         # the flip unit measures the sweep's widest networks on the sweep's data (shared training)
         assert (mall["width"], mall["n_train"], mall["n_test"], mall["seeds"]) == (
