@@ -103,13 +103,14 @@ def double_centre(k: torch.Tensor) -> torch.Tensor:
 
 def _at_init(m64: SuiteNet, init_W: torch.Tensor, x_train: torch.Tensor) -> SuiteNet:
     """The float64 network at its initialisation: `W` reset for a `TwoLayerNet` (its only parameter), a fresh build
-    from the spec (same seed, same draw) for the trainable-attention variant."""
+    from the spec (same seed, same draw, built like the trained copy and then cast) for the trainable-attention
+    variant."""
     if isinstance(m64, TwoLayerNet):
         m0 = copy.deepcopy(m64)
         with torch.no_grad():
             m0.W.copy_(init_W.to(m0.W))
         return m0
-    return build_model(m64.spec, x_train.double(), dtype=torch.float64, device=str(x_train.device))
+    return build_model(m64.spec, x_train, dtype=x_train.dtype, device=str(x_train.device)).double()
 
 
 def one_run(spec: ModelSpec, t: Tensors, cfg: TrainConfig, k_inf_tt: np.ndarray, f_ntk: np.ndarray,

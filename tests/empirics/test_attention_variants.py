@@ -197,3 +197,19 @@ def test_bad_variant_input_is_one_line(make):
     with pytest.raises(UserInputError) as exc:
         make()
     assert "\n" not in str(exc.value)
+
+
+def test_distance_recovers_the_initial_qkv_network_after_training():
+    """The NTK-distance run's Theta_0 and f_0 come from a rebuild of the spec: it must be the network training
+    started from (compared with a copy taken before training)."""
+    from empirics.common import as_float64
+    from empirics.distance import _at_init
+
+    x, _ = _data(14, n=24)
+    m = build_model(ModelSpec("qkv", D, 8, 3, seed=7, qkv_dim=4), x.float())
+    before = as_float64(m)
+    train(m, x.float(), torch.arange(24) % 3, TrainConfig(epochs=2, lr=1e-2, weight_decay=0.0, batch_size=8))
+    m0 = _at_init(as_float64(m), m.W.detach(), x.float())
+    for (name, p), (_, q) in zip(m0.named_parameters(), before.named_parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert torch.equal(ntk_qkv(m0, x), ntk_qkv(before, x))
