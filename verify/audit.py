@@ -94,6 +94,10 @@ RISK_LEVELS = ("low", "medium", "high")
 NOT_MEASURABLE = "not measurable"
 REF_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
 PANELS = ("budget", "poison", "validity", "outcome")
+#: Version of the audit record's structure (`verify/schemas/audit.schema.json`); raised on a breaking change.
+SCHEMA_VERSION = 1
+#: First line of the Markdown summary (`--summary`): marks the file as an audit output (and a CI comment to update).
+SUMMARY_MARKER = "<!-- verify audit summary -->"
 
 
 @dataclass(frozen=True)
@@ -710,6 +714,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     desc.update({"input_shape": list(input_shape), "outputs": out_dim, "kernel_method": provider.method})
     return {
         "experiment": "audit",
+        "schema_version": SCHEMA_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "config": asdict(cfg),
         "model": desc,
@@ -909,7 +914,7 @@ _RECORD_SHAPE: dict[str, type | tuple[type, ...]] = {
 _NUMBER = (int, float)
 
 
-def check_record(rec: dict[str, Any], where: str) -> None:
+def check_record(rec: dict[str, Any], where: str, option: str = "--render") -> None:
     """Refuse (one line) a saved audit record whose structure this version cannot draw."""
     bad = [k for k, t in _RECORD_SHAPE.items() if not isinstance(rec.get(k), t)]
     user = rec.get("models", {}).get("user") if isinstance(rec.get("models"), dict) else None
@@ -924,7 +929,7 @@ def check_record(rec: dict[str, Any], where: str) -> None:
         if not bad and not all(isinstance(risk.get(k), _NUMBER) for k in ("relu_reference", "attn_reference")):
             bad = ["risk.relu_reference / risk.attn_reference"]
     if bad:
-        raise UserInputError(f"--render {where} is not an audit record this version can draw (missing or malformed: "
+        raise UserInputError(f"{option} {where} is not an audit record this version can draw (missing or malformed: "
                              f"{', '.join(bad[:4])}); rerun the audit with --json")
 
 
@@ -940,9 +945,14 @@ def render_report(result: dict[str, Any]) -> str:
     return render_html("audit.html", report_context(result, figs))
 
 
-def output_members(out: Path) -> tuple[str, str, str]:
-    """The files of one audit's output set: the PDF and the HTML and JSON beside it."""
-    return out.name, out.with_suffix(".html").name, out.with_suffix(".json").name
+def output_members(out: Path) -> tuple[str, str, str, str]:
+    """The files of one audit's output set: the PDF and the HTML, JSON and Markdown summary beside it."""
+    return out.name, out.with_suffix(".html").name, out.with_suffix(".json").name, summary_name(out)
+
+
+def summary_name(out: Path) -> str:
+    """The Markdown summary's file name beside the PDF (`--summary`): `<stem>-summary.md`."""
+    return f"{out.stem}-summary.md"
 
 
 def earlier_audit_file(path: Path) -> bool:
@@ -957,12 +967,16 @@ def earlier_audit_file(path: Path) -> bool:
         return head.startswith(b"%PDF")
     if path.suffix == ".html":
         return b"Training-data malleability audit" in head
+    if path.suffix == ".md":
+        return head.startswith(SUMMARY_MARKER.encode())
     return b'"experiment": "audit"' in head
 
 
-def write_outputs(result: dict[str, Any], out: str | Path, html: bool = False, json_out: bool = False) -> int:
+def write_outputs(result: dict[str, Any], out: str | Path, html: bool = False, json_out: bool = False,
+                  summary: bool = False) -> int:
     """Render everything, stage the PDF (and HTML / JSON) as one output set, then swap it in.
 
+    `summary` adds the Markdown summary for a pull-request comment (`verify.audit_ci.summary_markdown`).
     Returns 0, or `PDF_UNAVAILABLE_EXIT` (3) when weasyprint cannot run: the HTML is then written anyway.
     A stale member of the set (e.g. last run's PDF when this run could make none) is removed, so the
     files beside each other always come from the same run.
@@ -972,7 +986,9 @@ def write_outputs(result: dict[str, Any], out: str | Path, html: bool = False, j
     from verify.outputs import output_set
 
     out = Path(out).expanduser().absolute()
-    pdf_name, html_name, json_name = output_members(out)
+    from verify.audit_ci import summary_markdown
+
+    pdf_name, html_name, json_name, md_name = output_members(out)
     problem, pdf_ok = "", True
     with output_set(out.parent, output_members(out), owned=earlier_audit_file) as staged:
         page = render_report(result)
@@ -984,6 +1000,8 @@ def write_outputs(result: dict[str, Any], out: str | Path, html: bool = False, j
             write_json(staged.path(json_name), result)
         if html or not pdf_ok:
             atomic_write_text(staged.path(html_name), page)
+        if summary:
+            atomic_write_text(staged.path(md_name), summary_markdown(result))
     if not pdf_ok:
         sys.stderr.write(f"verify audit: no PDF: {problem} ({out.with_suffix('.html')})\n")
         return PDF_UNAVAILABLE_EXIT

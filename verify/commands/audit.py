@@ -2,19 +2,25 @@
 
 Exit codes: 0 success; 2 bad input (one line on stderr, no traceback, no output files written);
 3 the PDF could not be made because weasyprint or its system libraries are missing (one line on
-stderr; the HTML report, and the JSON with --json, are written anyway).
+stderr; the HTML report, and the JSON with --json, are written anyway); 4 the risk level reached
+`--fail-on` (every output was written; takes precedence over 3).
+
+`verify audit diff OLD.json NEW.json` compares two saved records (`verify.audit_ci`): exit 0 when nothing
+moved beyond its interval, 5 when something did, 2 for a file that is not an audit record.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import jinja2
 
 from theory.errors import UserInputError
-from verify.audit import PANELS, AuditConfig, check_record, load_record, run_audit, write_outputs
+from verify.audit import PANELS, AuditConfig, check_record, load_record, run_audit, summary_name, write_outputs
 from verify.audit_budget import REALISTIC_EPS
+from verify.audit_ci import DIFF_MOVED_EXIT, FAIL_LEVELS, FAIL_ON_EXIT, diff_records, diff_text, reaches, read_record
 from verify.outputs import check_output_dir
 from verify.presets import parse_choices
 
@@ -27,11 +33,14 @@ DESCRIPTION = (
     "(safetensors / state dict + spec JSON) without running pickled code, measures influence (NTK leave-one-out "
     "and Gauss-Newton), flip rates under FGSM / PGD / MIM against a random-noise baseline, kernel-regime "
     "diagnostics and sharpness, compares with the paper's 2L-ReLU and MLP-Attn trained on the same data, and "
-    "writes a PDF. Exit codes: 0 ok, 2 bad input, 3 PDF unavailable (HTML written)."
+    "writes a PDF. 'verify audit diff OLD.json NEW.json' compares two saved audits. Exit codes: 0 ok, 2 bad input, "
+    "3 PDF unavailable (HTML written), 4 risk reached --fail-on, 5 (diff) something moved beyond its interval."
 )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", nargs="*", metavar="diff OLD.json NEW.json", help="compare two saved audit records "
+                   "(--json): what moved beyond its interval (exit 0 nothing, 5 something)")
     p.add_argument("--model", default=None, help="TorchScript file, torch.export .pt2, or weights (safetensors / "
                    "torch.save state dict) with a spec JSON")
     p.add_argument("--train", default=None, help=".npz with arrays x, y; an MNIST IDX or CIFAR-10 folder; an image "
@@ -90,6 +99,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="audit.pdf", help="PDF to write (default: %(default)s)")
     p.add_argument("--html", action="store_true", help="also write the HTML report beside the PDF")
     p.add_argument("--json", action="store_true", help="also write every number as JSON beside the PDF")
+    p.add_argument("--summary", action="store_true", help="also write a Markdown summary for a pull-request "
+                   "comment beside the PDF (OUT-summary.md)")
+    p.add_argument("--fail-on", default=None, choices=FAIL_LEVELS, help=f"exit {FAIL_ON_EXIT} (after writing every "
+                   "output) when the risk level reaches medium or high (default: never)")
     p.add_argument("--render", default=None, metavar="JSON", help="only re-render the report from a saved audit "
                    "JSON (--json), computing nothing")
 
@@ -110,7 +123,22 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
     )
 
 
+def run_diff(args: argparse.Namespace) -> int:
+    """`verify audit diff OLD.json NEW.json`."""
+    if len(args.action) != 3 or args.action[0] != "diff":
+        raise UserInputError(f"unknown action '{' '.join(args.action)}'; the only action is 'diff OLD.json NEW.json' "
+                             "(an audit takes --model and --train)")
+    if args.model is not None or args.train is not None or args.render is not None:
+        raise UserInputError("'verify audit diff' takes two audit JSON files and no --model / --train / --render")
+    old, new = read_record(args.action[1], "OLD"), read_record(args.action[2], "NEW")
+    d = diff_records(old, new)
+    print(diff_text(d, args.action[1], args.action[2]), end="")
+    return DIFF_MOVED_EXIT if d["moved"] else 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.action:
+        return run_diff(args)
     if args.render is None and (args.model is None or args.train is None):
         raise UserInputError("--model and --train are required (or --render JSON to re-render a saved audit)")
     out = Path(args.out).expanduser()
@@ -125,18 +153,19 @@ def run(args: argparse.Namespace) -> int:
         result = load_record(args.render)
         check_record(result, args.render)
         try:
-            code = write_outputs(result, out, html=args.html, json_out=args.json)
+            code = write_outputs(result, out, html=args.html, json_out=args.json, summary=args.summary)
         except (KeyError, TypeError, AttributeError, ValueError, IndexError, jinja2.UndefinedError) as exc:
             raise UserInputError(f"--render {args.render} lacks fields this version draws ({exc}); rerun the "
                                  "audit") from None
     else:
         result = run_audit(config_from_args(args))
-        code = write_outputs(result, out, html=args.html, json_out=args.json)
+        code = write_outputs(result, out, html=args.html, json_out=args.json, summary=args.summary)
     risk = result["risk"]
     user = result["models"]["user"]
     written = [str(out)] if code == 0 else []
     written += [str(out.with_suffix(".html"))] if (args.html or code) else []
     written += [str(out.with_suffix(".json"))] if args.json else []
+    written += [str(out.with_name(summary_name(out)))] if args.summary else []
     print(f"malleability risk: {risk['level'].upper()} — worst-case flip rate {100 * user['worst_flip_rate']:.1f}% "
           f"({user['worst_attack'].upper()}), random noise {100 * user['baseline']['mean']:.1f}% ± "
           f"{100 * user['baseline']['std']:.1f}%, references {100 * risk['relu_reference']:.1f}% (2L-ReLU) / "
@@ -154,4 +183,8 @@ def run(args: argparse.Namespace) -> int:
     if extra:
         print("; ".join(extra))
     print("wrote " + ", ".join(written))
+    if reaches(risk["level"], args.fail_on):
+        sys.stderr.write(f"verify audit: risk {risk['level'].upper()} reaches --fail-on {args.fail_on} "
+                         f"(exit {FAIL_ON_EXIT})\n")
+        return FAIL_ON_EXIT
     return code

@@ -1,0 +1,253 @@
+"""`verify audit` in CI: `--fail-on` both ways (and its precedence over a missing PDF), the record's JSON schema
+against real records, the Markdown summary, and `verify audit diff` on real records, on a record with itself,
+and on bad files."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch import nn
+
+from empirics.datasets import load_dataset
+from verify.audit import RISK_LEVELS, SCHEMA_VERSION
+from verify.audit_ci import DIFF_MOVED_EXIT, FAIL_ON_EXIT, diff_records, load_schema, schema_errors, wilson
+from verify.cli import main
+
+TINY = ["--n", "40", "--n-test", "20", "--tau", "0.2", "--steps", "2", "--baseline-seeds", "2", "--no-reference",
+        "--hessian-iters", "2", "--top-k", "3", "--lds-subsets", "3", "--refit-epochs", "1", "--refit-seeds", "2",
+        "--outcome-targets", "4", "--attack", "fgsm,pgd"]
+
+
+class CNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 4, 5, stride=3)
+        self.fc = nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.c1(x)).flatten(1))
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch):
+    monkeypatch.setenv("NTKM_PROGRESS", "0")
+
+
+def _audit(folder: Path, name: str, model: str, train: str, test: str, extra: list[str]) -> tuple[int, Path]:
+    out = folder / f"{name}.pdf"
+    code = main(["audit", "--model", model, "--train", train, "--test", test, *TINY, "--out", str(out), "--json",
+                 *extra])
+    return code, out
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory) -> dict:
+    """Two real audits: a trained CNN (with --summary and --fail-on medium) and the same CNN untrained."""
+    torch.set_num_threads(2)
+    import os
+
+    os.environ["NTKM_PROGRESS"] = "0"
+    ds = load_dataset("mnist", n_train=60, n_test=30, source="bundled")
+    d = tmp_path_factory.mktemp("audit-ci")
+    np.savez(d / "train.npz", x=ds.x_train.reshape(-1, 1, 28, 28), y=ds.y_train)
+    np.savez(d / "test.npz", x=ds.x_test.reshape(-1, 1, 28, 28), y=ds.y_test)
+    x, y = torch.as_tensor(ds.x_train).reshape(-1, 1, 28, 28), torch.as_tensor(ds.y_train)
+    torch.manual_seed(0)
+    raw = CNN().eval()
+    torch.jit.script(raw).save(str(d / "raw.ts"))
+    trained = CNN()
+    trained.load_state_dict(raw.state_dict())
+    opt = torch.optim.Adam(trained.parameters(), lr=5e-3)
+    for _ in range(60):
+        opt.zero_grad()
+        nn.functional.cross_entropy(trained(x), y).backward()
+        opt.step()
+    torch.jit.script(trained.eval()).save(str(d / "cnn.ts"))
+    code_a, out_a = _audit(d, "a", str(d / "cnn.ts"), str(d / "train.npz"), str(d / "test.npz"),
+                           ["--summary", "--fail-on", "medium"])
+    code_b, out_b = _audit(d, "b", str(d / "raw.ts"), str(d / "train.npz"), str(d / "test.npz"), [])
+    assert code_b == 0
+    return {"dir": d, "code_a": code_a, "a": out_a, "b": out_b,
+            "rec_a": json.loads(out_a.with_suffix(".json").read_text()),
+            "rec_b": json.loads(out_b.with_suffix(".json").read_text())}
+
+
+# --- --fail-on ----------------------------------------------------------------------------------------------
+
+
+def test_fail_on_exit_code_after_every_output_was_written(records):
+    level = records["rec_a"]["risk"]["level"]
+    assert records["code_a"] == (FAIL_ON_EXIT if level in ("medium", "high") else 0)
+    out = records["a"]
+    assert out.read_bytes()[:5] == b"%PDF-"
+    assert out.with_suffix(".json").exists() and (out.parent / "a-summary.md").exists()
+
+
+@pytest.mark.parametrize(("level", "fail_on", "expected"), [
+    ("high", "high", FAIL_ON_EXIT), ("medium", "medium", FAIL_ON_EXIT), ("high", "medium", FAIL_ON_EXIT),
+    ("medium", "high", 3), ("low", "medium", 3), ("not measurable", "medium", 3), ("high", None, 3)])
+def test_fail_on_both_ways_and_over_a_missing_pdf(level, fail_on, expected, records, tmp_path, capsys, monkeypatch):
+    import reports.render as render
+
+    def no_pdf(path, html):
+        raise render.PdfUnavailable("weasyprint missing")
+
+    monkeypatch.setattr(render, "write_pdf", no_pdf)
+    monkeypatch.setattr("verify.audit.render_report", lambda result: "<html>figures not drawn</html>")
+    rec = copy.deepcopy(records["rec_a"])
+    rec["risk"]["level"] = level
+    saved = tmp_path / "rec.json"
+    saved.write_text(json.dumps(rec))
+    out = tmp_path / "r.pdf"
+    code = main(["audit", "--render", str(saved), "--out", str(out), "--summary",
+                 *(["--fail-on", fail_on] if fail_on else [])])
+    err = capsys.readouterr().err
+    assert code == expected
+    assert out.with_suffix(".html").exists() and (tmp_path / "r-summary.md").exists()
+    assert (f"reaches --fail-on {fail_on}" in err) == (expected == FAIL_ON_EXIT)
+
+
+def test_fail_on_rejects_an_unknown_level(records, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", "--render", str(records["a"].with_suffix(".json")), "--out", str(tmp_path / "r.pdf"),
+              "--fail-on", "low"])
+    assert exc.value.code == 2 and "--fail-on" in capsys.readouterr().err
+
+
+# --- schema -------------------------------------------------------------------------------------------------
+
+
+def test_real_records_match_the_schema(records):
+    schema = load_schema()
+    for rec in (records["rec_a"], records["rec_b"]):
+        assert rec["schema_version"] == SCHEMA_VERSION
+        assert schema_errors(rec, schema) == []
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    for rec in (records["rec_a"], records["rec_b"]):
+        jsonschema.validate(rec, schema)
+
+
+@pytest.mark.parametrize(("path", "value", "match"), [
+    (("schema_version",), 2, "expected 1"),
+    (("risk", "level"), "severe", "not one of"),
+    (("models", "user", "worst_flip_rate"), 1.5, "matches none"),
+    (("data", "n_test"), "20", "matches none|expected integer"),
+    (("levers",), {"index": 0}, "expected array"),
+])
+def test_the_schema_rejects_a_broken_record(path, value, match, records):
+    import re
+
+    rec = copy.deepcopy(records["rec_a"])
+    node = rec
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    errs = schema_errors(rec, load_schema())
+    assert errs and any(re.search(match, e) for e in errs), errs
+    del rec["models"]
+    assert any("missing 'models'" in e for e in schema_errors(rec, load_schema()))
+
+
+def test_schema_check_refuses_keywords_it_does_not_implement():
+    with pytest.raises(ValueError, match="not supported"):
+        schema_errors(1, {"type": "integer", "multipleOf": 2})
+
+
+# --- summary ------------------------------------------------------------------------------------------------
+
+
+def test_summary_states_the_records_findings(records):
+    rec = records["rec_a"]
+    md = (records["dir"] / "a-summary.md").read_text()
+    assert md.startswith("<!-- verify audit summary -->\n### Malleability audit of `cnn.ts`")
+    assert f"**{rec['risk']['level'].upper()}** risk" in md
+    user = rec["models"]["user"]
+    assert f"{100 * user['worst_flip_rate']:.1f} % ({user['worst_attack'].upper()}" in md
+    lo, hi = stats.binomtest(round(user["worst_flip_rate"] * user["n_selected"]),
+                             user["n_selected"]).proportion_ci(method="wilson")
+    assert f"interval {100 * lo:.1f} % to {100 * hi:.1f} %" in md
+    pan = rec["panels"]
+    assert pan["validity"]["verdict"] in md
+    assert f"breaking budget | {pan['budget']['breaking_label']}" in md
+    if "rankings" in pan["poison"]:
+        po = pan["poison"]
+        assert f"precision at {po['k']} | {100 * po['rankings'][po['headline']]['precision']:.1f} %" in md
+    assert len(md.splitlines()) < 25
+
+
+# --- diff ---------------------------------------------------------------------------------------------------
+
+
+def test_wilson_interval_matches_scipy():
+    for k, n in ((0, 5), (3, 10), (10, 10), (7, 20)):
+        ref = stats.binomtest(k, n).proportion_ci(method="wilson")
+        assert wilson(k / n, n) == pytest.approx((ref.low, ref.high), abs=1e-12)
+
+
+def test_diff_of_a_record_with_itself_moves_nothing(records, capsys):
+    path = str(records["a"].with_suffix(".json"))
+    assert main(["audit", "diff", path, path]) == 0
+    out = capsys.readouterr().out
+    assert "nothing moved" in out and "MOVED " not in out
+
+
+def test_diff_of_two_real_records(records, capsys):
+    a, b = records["rec_a"], records["rec_b"]
+    code = main(["audit", "diff", str(records["a"].with_suffix(".json")), str(records["b"].with_suffix(".json"))])
+    out = capsys.readouterr().out
+    d = diff_records(a, b)
+    rows = {r["name"]: r for r in d["rows"]}
+    n = a["data"]["n_test"]
+    ia = stats.binomtest(round(a["models"]["user"]["test_acc"] * n), n).proportion_ci(method="wilson")
+    ib = stats.binomtest(round(b["models"]["user"]["test_acc"] * n), n).proportion_ci(method="wilson")
+    assert ia.low > ib.high  # the trained CNN beats the untrained one beyond both intervals
+    assert rows["user: test accuracy"]["status"] == "moved"
+    assert rows["risk level"]["status"] == ("moved" if a["risk"]["level"] != b["risk"]["level"] else "same")
+    va, vb = a["panels"]["validity"]["verdict"], b["panels"]["validity"]["verdict"]
+    assert rows["validity verdict"]["status"] == ("moved" if va != vb else "same")
+    assert code == DIFF_MOVED_EXIT and "MOVED" in out and "user: test accuracy" in out
+    assert "model file: changed" in out
+
+
+def _bad_files(d: Path, rec: dict) -> dict[str, tuple[Path, str]]:
+    (d / "p.pkl").write_bytes(pickle.dumps({"experiment": "audit"}))
+    (d / "claims.json").write_text(json.dumps({"experiment": "claims"}))
+    old = copy.deepcopy(rec)
+    del old["schema_version"]
+    (d / "old.json").write_text(json.dumps(old))
+    broken = copy.deepcopy(rec)
+    broken["models"]["user"]["worst_flip_rate"] = "high"
+    (d / "broken.json").write_text(json.dumps(broken))
+    return {"pickle": (d / "p.pkl", "not a JSON file"), "claims": (d / "claims.json", "not an audit record"),
+            "missing": (d / "none.json", "no such file"), "unversioned": (d / "old.json", "schema_version None"),
+            "schema": (d / "broken.json", "does not match the audit schema"), "folder": (d, "no such file")}
+
+
+@pytest.mark.parametrize("case", ["pickle", "claims", "missing", "unversioned", "schema", "folder"])
+def test_diff_of_a_bad_file_is_one_line_exit_2(case, records, tmp_path, capsys):
+    bad, match = _bad_files(tmp_path, records["rec_a"])[case]
+    code = main(["audit", "diff", str(records["a"].with_suffix(".json")), str(bad)])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and match in lines[0] and "NEW" in lines[0], err
+
+
+def test_diff_needs_exactly_two_files(records, capsys):
+    assert main(["audit", "diff", str(records["a"].with_suffix(".json"))]) == 2
+    assert "diff OLD.json NEW.json" in capsys.readouterr().err
+    assert main(["audit", "frob", "x", "y"]) == 2
+    assert "unknown action" in capsys.readouterr().err
+
+
+def test_risk_levels_are_the_schemas():
+    assert load_schema()["properties"]["risk"]["properties"]["level"]["enum"][:3] == list(RISK_LEVELS)

@@ -1,0 +1,294 @@
+"""`verify audit` in a CI pipeline: the `--fail-on` gate, the record's JSON schema, a Markdown summary for a
+pull-request comment, and `verify audit diff OLD.json NEW.json` (what moved beyond its interval).
+
+Exit codes of their own: `FAIL_ON_EXIT` (4) when the risk level reaches `--fail-on` (after every output was
+written); `DIFF_MOVED_EXIT` (5) when `verify audit diff` finds a quantity that moved beyond its interval.
+
+Diff rule (fixed before any comparison): a categorical quantity (risk level, validity verdict, breaking budget)
+moved when its value differs; a numeric one moved when the 95 % intervals of the two records are disjoint.
+Intervals: Wilson score intervals for proportions (flip rates on the k attacked points, test accuracies on the
+test points, poison precision at k), the bootstrap interval the record holds for the LDS. A quantity present in
+only one record, or NaN in one, is listed as not compared and never counts as moved.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from theory.errors import UserInputError
+from verify.audit import NOT_MEASURABLE, RISK_LEVELS, SCHEMA_VERSION, SUMMARY_MARKER, check_record, from_json
+
+FAIL_ON_EXIT = 4
+DIFF_MOVED_EXIT = 5
+FAIL_LEVELS = ("medium", "high")
+_Z95 = 1.959963984540054
+
+
+def schema_path() -> Path:
+    """The JSON Schema of the audit record (packaged with `verify`)."""
+    return Path(__file__).parent / "schemas" / "audit.schema.json"
+
+
+def load_schema() -> dict[str, Any]:
+    return json.loads(schema_path().read_text())
+
+
+def reaches(level: str, threshold: str | None) -> bool:
+    """Whether a risk level reaches the `--fail-on` threshold ("not measurable" reaches none)."""
+    if threshold is None or level not in RISK_LEVELS:
+        return False
+    return RISK_LEVELS.index(level) >= RISK_LEVELS.index(threshold)
+
+
+# --- schema check (the subset of JSON Schema the audit schema uses) -------------------------------------
+
+_TYPES: dict[str, tuple[type, ...]] = {"object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,),
+                                       "null": (type(None),), "integer": (int,), "number": (int, float)}
+_KEYWORDS = {"$schema", "$id", "$defs", "$ref", "title", "description", "type", "properties", "required",
+             "additionalProperties", "items", "enum", "const", "anyOf", "minimum", "maximum", "minItems"}
+
+
+def _is_type(value: Any, name: str) -> bool:
+    if isinstance(value, bool) and name in ("integer", "number"):
+        return False
+    return isinstance(value, _TYPES[name])
+
+
+def schema_errors(value: Any, schema: dict[str, Any], root: dict[str, Any] | None = None,
+                  where: str = "$") -> list[str]:
+    """Where `value` breaks `schema` (empty when it conforms). Supports the keywords in `_KEYWORDS` and
+    refuses any other, so a schema never passes by a keyword being silently ignored."""
+    root = root if root is not None else schema
+    unknown = set(schema) - _KEYWORDS
+    if unknown:
+        raise ValueError(f"schema keyword(s) {sorted(unknown)} at {where} are not supported")
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if not ref.startswith("#/$defs/"):
+            raise ValueError(f"only local #/$defs/ references are supported, got {ref}")
+        return schema_errors(value, root["$defs"][ref.split("/")[-1]], root, where)
+    if "anyOf" in schema:
+        if all(schema_errors(value, s, root, where) for s in schema["anyOf"]):
+            return [f"{where}: matches none of the allowed forms"]
+        return []
+    errs: list[str] = []
+    types = schema.get("type")
+    if types is not None:
+        names = [types] if isinstance(types, str) else types
+        if not any(_is_type(value, t) for t in names):
+            return [f"{where}: expected {' or '.join(names)}, got {type(value).__name__}"]
+    if "enum" in schema and value not in schema["enum"]:
+        errs.append(f"{where}: {value!r} is not one of {schema['enum']}")
+    if "const" in schema and value != schema["const"]:
+        errs.append(f"{where}: expected {schema['const']!r}, got {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errs.append(f"{where}: {value} < minimum {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errs.append(f"{where}: {value} > maximum {schema['maximum']}")
+    if isinstance(value, dict):
+        errs += [f"{where}: missing '{k}'" for k in schema.get("required", []) if k not in value]
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties", True)
+        for k, v in value.items():
+            if k in props:
+                errs += schema_errors(v, props[k], root, f"{where}.{k}")
+            elif extra is False:
+                errs.append(f"{where}: unexpected '{k}'")
+            elif isinstance(extra, dict):
+                errs += schema_errors(v, extra, root, f"{where}.{k}")
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            errs.append(f"{where}: fewer than {schema['minItems']} items")
+        if "items" in schema:
+            for i, v in enumerate(value):
+                errs += schema_errors(v, schema["items"], root, f"{where}[{i}]")
+    return errs
+
+
+def read_record(path: str | Path, what: str) -> dict[str, Any]:
+    """An audit record from a JSON file, checked against the schema; one-line errors naming the fix.
+    Only JSON is parsed: nothing in the file can run code."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UserInputError(f"{what} {p}: no such file (give an audit record written by verify audit --json)")
+    try:
+        raw = json.loads(p.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"{what} {p} is not a JSON file ({str(exc).splitlines()[0]}); give an audit "
+                             "record written by verify audit --json") from None
+    if not isinstance(raw, dict) or raw.get("experiment") != "audit":
+        raise UserInputError(f"{what} {p} is not an audit record (written by verify audit --json)")
+    if raw.get("schema_version") != SCHEMA_VERSION:
+        raise UserInputError(f"{what} {p} has schema_version {raw.get('schema_version')!r}, this version reads "
+                             f"{SCHEMA_VERSION}; rerun the audit with --json")
+    errs = schema_errors(raw, load_schema())
+    if errs:
+        raise UserInputError(f"{what} {p} does not match the audit schema ({errs[0]}"
+                             f"{f' and {len(errs) - 1} more' if len(errs) > 1 else ''}); rerun the audit with --json")
+    rec = from_json(raw)
+    check_record(rec, str(p), what)
+    return rec
+
+
+# --- Markdown summary --------------------------------------------------------------------------------------
+
+
+def _pct(v: float) -> str:
+    return "n/a" if not isinstance(v, (int, float)) or not math.isfinite(v) else f"{100 * v:.1f} %"
+
+
+def wilson(p: float, n: int) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion p observed on n trials."""
+    if n <= 0 or not math.isfinite(p):
+        return (-math.inf, math.inf)
+    z2 = _Z95 ** 2
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = _Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def summary_markdown(rec: dict[str, Any]) -> str:
+    """A short Markdown summary of an audit record for a pull-request comment."""
+    risk, models, user = rec["risk"], rec["models"], rec["models"]["user"]
+    k = user["n_selected"]
+    lo, hi = wilson(user["worst_flip_rate"], k)
+    name = Path(str(rec["model"].get("path", "model"))).name
+    rows = [("worst-case flip rate", f"{_pct(user['worst_flip_rate'])} ({user['worst_attack'].upper()}; 95 % "
+             f"interval {_pct(lo)} to {_pct(hi)}, {k} attacked points)"),
+            ("random noise of the same size", f"{_pct(user['baseline']['mean'])} ± {_pct(user['baseline']['std'])}")]
+    for key in ("relu", "attn"):
+        if key in models:
+            m = models[key]
+            gate = "" if m.get("gate", {}).get("passed", True) else ", below the adequacy gate: left out"
+            rows.append((f"{m['label']} reference", f"{_pct(m['worst_flip_rate'])} (test accuracy "
+                         f"{m['test_acc']:.2f}{gate})"))
+    if "relu" not in models:
+        rows.append(("references", f"paper-reported {_pct(risk['relu_reference'])} (2L-ReLU) / "
+                     f"{_pct(risk['attn_reference'])} (MLP-Attn)"))
+    rows.append(("your model's test accuracy", f"{user['test_acc']:.2f}"))
+    panels = rec.get("panels", {})
+    val = panels.get("validity", {})
+    if val.get("verdict"):
+        lds = val.get("lds", {}).get("ntk")
+        extra = f" (LDS {lds['value']:.2f} [{lds['lo']:.2f}, {lds['hi']:.2f}])" if lds else ""
+        rows.append(("influence against re-fits", f"{val['verdict']}{extra}"))
+    bud = panels.get("budget", {})
+    if bud.get("breaking_label"):
+        rows.append(("breaking budget", str(bud["breaking_label"])))
+    po = panels.get("poison", {})
+    if po.get("rankings"):
+        rows.append((f"planted-poison precision at {po['k']}",
+                     f"{_pct(po['rankings'][po['headline']]['precision'])} (chance {_pct(po['chance'])})"))
+    elif po.get("verdict"):
+        rows.append(("planted-poison self-test", str(po["verdict"])))
+    proj = rec["model"].get("projection")
+    if isinstance(proj, dict) and proj.get("dim"):
+        err = proj.get("error", {})
+        rows.append(("kernel", f"projected to k = {proj['dim']} ({proj['kind']}); kernel relative error "
+                     f"{err.get('kernel_rel_error', float('nan')):.3f}, influence rank correlation "
+                     f"{err.get('influence_spearman', float('nan')):.3f} on {err.get('n', 0)} points"))
+    cfg = rec["config"]
+    lines = [SUMMARY_MARKER, f"### Malleability audit of `{name}`: **{str(risk['level']).upper()}** risk", "",
+             "| | |", "|---|---|"]
+    lines += [f"| {a} | {b} |" for a, b in rows]
+    lines += ["", f"Rule: {risk['rule']}.", ""]
+    if risk.get("reason"):
+        lines += [f"Not measurable: {risk['reason']}.", ""]
+    advice = rec["risk"].get("advice") or []
+    if advice:
+        lines += [f"Next step: {advice[0]}", ""]
+    lines.append(f"<sub>verify audit, schema {rec.get('schema_version', '?')}, {rec['created']}; "
+                 f"{rec['data']['n_train']} training / {rec['data']['n_test']} test points, eps {cfg['eps']:.4g}, "
+                 f"tau {cfg['tau']:g}, seed {cfg['seed']}; model sha256 {str(rec['model'].get('sha256', ''))[:12]}"
+                 "</sub>")
+    return "\n".join(lines) + "\n"
+
+
+# --- diff ---------------------------------------------------------------------------------------------------
+
+
+def _quantities(rec: dict[str, Any]) -> dict[str, tuple[Any, float, float] | str]:
+    """Compared quantities by name: (value, lo, hi) for numbers, a string for categories."""
+    q: dict[str, tuple[Any, float, float] | str] = {"risk level": str(rec["risk"]["level"])}
+    n_test = int(rec["data"]["n_test"])
+    for key, m in rec["models"].items():
+        k = int(m["n_selected"])
+        for a, res in m.get("attacks", {}).items():
+            q[f"{key}: {a.upper()} flip rate"] = (res["flip_rate"], *wilson(res["flip_rate"], k))
+        q[f"{key}: worst-case flip rate"] = (m["worst_flip_rate"], *wilson(m["worst_flip_rate"], k))
+        if isinstance(m.get("test_acc"), (int, float)):
+            q[f"{key}: test accuracy"] = (m["test_acc"], *wilson(m["test_acc"], n_test))
+    panels = rec.get("panels", {})
+    val = panels.get("validity", {})
+    if val.get("verdict"):
+        q["validity verdict"] = str(val["verdict"])
+        lds = val.get("lds", {}).get("ntk")
+        if isinstance(lds, dict):
+            q["validity: LDS (NTK influence)"] = (lds["value"], lds["lo"], lds["hi"])
+    bud = panels.get("budget", {})
+    if bud.get("breaking_label"):
+        q["breaking budget"] = str(bud["breaking_label"])
+    po = panels.get("poison", {})
+    if po.get("rankings"):
+        prec = po["rankings"][po["headline"]]["precision"]
+        q[f"poison precision at k ({po['headline']})"] = (prec, *wilson(prec, int(po["k"])))
+    elif po.get("verdict") == NOT_MEASURABLE:
+        q["poison self-test"] = NOT_MEASURABLE
+    return q
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def diff_records(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Every compared quantity of two audit records and whether it moved (the rule in the module docstring)."""
+    qo, qn = _quantities(old), _quantities(new)
+    rows = []
+    for name in list(qo) + [k for k in qn if k not in qo]:
+        a, b = qo.get(name), qn.get(name)
+        if a is None or b is None:
+            rows.append({"name": name, "old": a, "new": b, "status": "not compared",
+                         "why": f"only in {'OLD' if b is None else 'NEW'}"})
+        elif isinstance(a, str) or isinstance(b, str):
+            rows.append({"name": name, "old": a, "new": b, "status": "moved" if a != b else "same"})
+        elif not (_finite(a[0]) and _finite(b[0])):
+            rows.append({"name": name, "old": a, "new": b, "status": "not compared", "why": "NaN in a record"})
+        else:
+            disjoint = a[2] < b[1] or b[2] < a[1]
+            rows.append({"name": name, "old": a, "new": b, "status": "moved" if disjoint else "within"})
+    settings = [k for k in ("n", "n_test", "eps", "tau", "attacks", "seed", "ref_width", "panels")
+                if old["config"].get(k) != new["config"].get(k)]
+    same_model = old["model"].get("sha256") == new["model"].get("sha256")
+    return {"rows": rows, "moved": [r["name"] for r in rows if r["status"] == "moved"], "settings_differ": settings,
+            "same_model": same_model}
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    return f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
+
+
+def diff_text(d: dict[str, Any], old: str, new: str) -> str:
+    """`verify audit diff`'s report: moved quantities first, then the rest."""
+    lines = [f"verify audit diff {old} -> {new}"]
+    if d["settings_differ"]:
+        lines.append(f"note: the audits ran with different settings ({', '.join(d['settings_differ'])}); moves may "
+                     "come from the settings, not the model")
+    lines.append(f"model file: {'the same' if d['same_model'] else 'changed'} (sha256)")
+    width = max(len(r["name"]) for r in d["rows"])
+    order = {"moved": 0, "within": 1, "same": 1, "not compared": 2}
+    for r in sorted(d["rows"], key=lambda r: order[r["status"]]):
+        tail = f" ({r['why']})" if r.get("why") else ""
+        lines.append(f"  {r['status'].upper():<12} {r['name']:<{width}}  {_show(r['old'])} -> {_show(r['new'])}{tail}")
+    n = len(d["moved"])
+    lines.append(f"{n} quantit{'y' if n == 1 else 'ies'} moved beyond {'its' if n == 1 else 'their'} interval"
+                 + (f" (exit {DIFF_MOVED_EXIT})" if n else "; nothing moved"))
+    return "\n".join(lines) + "\n"
