@@ -27,6 +27,10 @@ For a 784-1024-256-10 MLP (1.07 M parameters) the factored form turns the `n^2 c
 contraction (1e13 flops at n = 1000) into about `n^2 (d_in + c d_out)` per layer (1e10).
 Memory: features of all points are kept when they fit in `max_bytes`; otherwise the kernel is
 assembled block by block, recomputing Jacobians (slower, bounded memory).
+
+`ProjectedJacobian` (below) projects each batch's Jacobians to k dimensions with a seeded Gaussian or
+Rademacher matrix generated in blocks, the approach of TRAK and dattri's projectors: an unbiased kernel
+estimate from n c k numbers instead of n c P.
 """
 
 from __future__ import annotations
@@ -365,3 +369,125 @@ def _factored_gram(aa: torch.Tensor, da: torch.Tensor, ab: torch.Tensor, db: tor
         gram_d = torch.einsum("icse,jcte->ijst", da[sl], db)
         out[sl] = (gram_a * gram_d).sum(dim=(2, 3))
     return out
+
+
+# --- projected empirical NTK ---------------------------------------------------------------------------
+
+PROJECTION_KINDS = ("gaussian", "rademacher")
+_CHUNK_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A random projection R (P x k) of per-example gradients: entries N(0, 1/k) or +-1/sqrt(k), so that
+    E[R R^T] = I and `<R^T g, R^T g'>` is an unbiased estimate of `<g, g'>` (relative error about
+    sqrt(2/k) per entry, Johnson-Lindenstrauss). R is generated in blocks of rows of one parameter at a
+    time, each from its own seed (`seed`, parameter index, block index), so the same R comes out whether
+    blocks are cached or regenerated."""
+
+    dim: int
+    kind: str = "gaussian"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dim < 1 or self.kind not in PROJECTION_KINDS:
+            raise ValueError(f"projection needs dim >= 1 and kind in {PROJECTION_KINDS}")
+
+    def block(self, param: int, index: int, rows: int, cols: int) -> torch.Tensor:
+        """Rows `index * rows ...` of parameter `param`'s part of R, as (rows, cols, k) float32."""
+        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + param) * 1_000_033 + index)
+        shape = (rows, cols, self.dim)
+        if self.kind == "gaussian":
+            return torch.randn(shape, generator=gen) / math.sqrt(self.dim)
+        return (torch.randint(0, 2, shape, generator=gen, dtype=torch.int8).float() * 2 - 1) / math.sqrt(self.dim)
+
+
+class ProjectedJacobian:
+    """Per-example Jacobians projected to k dimensions, `Phi_c(x) = R^T df_c(x)/dtheta` (n, c, k), and the
+    kernel `(1/c) sum_c Phi_c(x) . Phi_c(x')`, an unbiased estimate of `ModelJacobian`'s exact kernel.
+
+    Examples go through in batches whose exact Jacobian features fit `batch_bytes`; each batch is projected
+    and dropped, so no Jacobian of more than one batch is ever held. Factored linear layers are projected
+    from their factors, `sum_s delta_s^T R_W a_s`, materialising the gradient of a block of output rows at a
+    time. Blocks of R are kept for reuse while they fit `cache_bytes`, otherwise regenerated. Same interface
+    as `ModelJacobian` where the audit uses it (`features`, `gram`, `kernel`, `bytes_per_example`, `method`).
+    """
+
+    def __init__(self, jac: ModelJacobian, projection: Projection, batch_bytes: int = 256 << 20,
+                 cache_bytes: int = 1 << 30):
+        self.jac = jac
+        self.projection = projection
+        self.dtype = jac.dtype
+        self.out_dim = jac.out_dim
+        self.batch_bytes = batch_bytes
+        self.cache_bytes = cache_bytes
+        self._cache: dict[tuple[int, int], torch.Tensor] = {}
+        self._cached = 0
+
+    @property
+    def n_params(self) -> int:
+        return self.jac.n_params
+
+    @property
+    def method(self) -> str:
+        p = self.projection
+        return f"{self.jac.method}; projected to k = {p.dim} ({p.kind}, seed {p.seed})"
+
+    def bytes_per_example(self) -> int:
+        return 4 * self.out_dim * self.projection.dim
+
+    def _r(self, param: int, index: int, rows: int, cols: int) -> torch.Tensor:
+        key = (param, index)
+        if key in self._cache:
+            return self._cache[key]
+        r = self.projection.block(param, index, rows, cols)
+        if self._cached + r.numel() * 4 <= self.cache_bytes:
+            self._cache[key] = r
+            self._cached += r.numel() * 4
+        return r
+
+    def _project(self, f: JacobianFeatures) -> torch.Tensor:
+        n, c, k = len(f), self.out_dim, self.projection.dim
+        out = torch.zeros(n, c, k, dtype=torch.float32)
+        pid, col = 0, 0
+        for _, p in self.jac._mat:
+            size = p.numel()
+            g = f.mat[:, :, col:col + size].float()
+            step = max(1, _CHUNK_ELEMENTS // max(1, k))
+            for b, lo in enumerate(range(0, size, step)):
+                hi = min(size, lo + step)
+                out += g[:, :, lo:hi] @ self._r(pid, b, hi - lo, 1)[:, 0]
+            pid, col = pid + 1, col + size
+        for lay, (a, d) in zip(self.jac.layers, f.lin, strict=True):
+            a, d = a.float(), d.float()
+            step = max(1, _CHUNK_ELEMENTS // (lay.d_in * k))
+            for b, lo in enumerate(range(0, lay.d_out, step)):
+                hi = min(lay.d_out, lo + step)
+                r = self._r(pid, b, hi - lo, lay.d_in).reshape(-1, k)
+                ex = max(1, _CHUNK_ELEMENTS // (c * (hi - lo) * lay.d_in))
+                for e in range(0, n, ex):
+                    grad = torch.einsum("ncso,nsi->ncoi", d[e:e + ex, :, :, lo:hi], a[e:e + ex])
+                    out[e:e + ex] += grad.reshape(len(grad), c, -1) @ r
+            pid += 1
+            if lay.bias is not None:
+                out += d.sum(dim=2) @ self._r(pid, 0, lay.d_out, 1)[:, 0]
+                pid += 1
+        return out
+
+    def features(self, x: torch.Tensor, label: str = "jacobians") -> JacobianFeatures:
+        """Projected features of the rows of `x`, as `JacobianFeatures` with `mat` (n, c, k)."""
+        per = max(1, self.jac.bytes_per_example())
+        step = max(1, self.batch_bytes // per)
+        parts = [self._project(self.jac.features(x[i:i + step], label=f"{label} (projected) {i}/{len(x)}"))
+                 for i in range(0, len(x), step)]
+        return JacobianFeatures(torch.cat(parts) if parts else torch.zeros(0, self.out_dim, self.projection.dim))
+
+    def gram(self, fa: JacobianFeatures, fb: JacobianFeatures) -> torch.Tensor:
+        """`(1/c) sum_c Phi_c(a) Phi_c(b)^T` in float64."""
+        ma, mb = fa.mat.reshape(len(fa), -1).double(), fb.mat.reshape(len(fb), -1).double()
+        return ma @ mb.T / self.out_dim
+
+    def kernel(self, x1: torch.Tensor, x2: torch.Tensor | None = None, max_bytes: int = 2 << 30) -> torch.Tensor:
+        """Projected NTK between rows of x1 and x2 (default x1); the features of all points are small."""
+        f1 = self.features(x1)
+        return self.gram(f1, f1 if x2 is None else self.features(x2))

@@ -7,7 +7,9 @@ Pipeline (every number lands in one JSON-ready record; nothing is written until 
 2. For the user's model, and for the paper's two reference networks (2L-ReLU and MLP-Attn, width
    `ref_width`, trained by the suite on the same data, `--no-reference` skips them), measure:
    - the empirical NTK ("mean" reduction) on the training subset and test set: the suite's closed
-     form for its own networks, `empirics.audit_ntk` (exact, memory-bounded) for any other model;
+     form for its own networks, `empirics.audit_ntk` (exact, memory-bounded) for any other model, or
+     its random projection to k dimensions when the Jacobians do not fit memory or `projection_dim` asks
+     (`verify.audit_projection`: the choice, and the error against the exact kernel on a subsample);
    - NTK leave-one-out influence of each training point on the test loss (`empirics.influence`),
      and Gauss-Newton influence on the same kernel via Woodbury (`empirics.gauss_newton`), with
      their Spearman rank correlation;
@@ -55,7 +57,7 @@ import torch
 from scipy import stats
 
 from empirics.attacks import ATTACKS, AttackConfig, attack
-from empirics.audit_ntk import JacobianFeatures, ModelJacobian
+from empirics.audit_ntk import PROJECTION_KINDS, JacobianFeatures, ModelJacobian, ProjectedJacobian, Projection
 from empirics.common import Tensors, train_network
 from empirics.gauss_newton import gn_influence_mean, loss_residuals
 from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_from_kernels, model_kernels
@@ -72,6 +74,7 @@ from theory.errors import UserInputError
 from theory.paper import PAPER_AUDIT_REFERENCE
 from verify.audit_budget import REALISTIC_EPS, REALISTIC_REASON, budget_curves, eps_label
 from verify.audit_outcome import outcome_curves, outcome_panel, poison_panel
+from verify.audit_projection import choose_projection, projection_error
 from verify.audit_refit import RefitConfig, Refitter, load_train_fn
 from verify.audit_validity import validity_panel
 from verify.modelio import (
@@ -138,6 +141,8 @@ class AuditConfig:
     target_test: int | None = None
     poison_fraction: float = 0.05
     curve_attack: str = "pgd"
+    projection_dim: int | None = None
+    projection_kind: str = "gaussian"
 
     def refit_config(self) -> RefitConfig:
         return RefitConfig(self.refit_epochs, self.refit_lr, self.refit_batch, self.train_fn)
@@ -171,6 +176,9 @@ class AuditConfig:
              f"--target-test must be an index into the {self.n_test} test points, got {self.target_test}"),
             (0.0 < self.poison_fraction <= 0.5, f"--poison-fraction must be in (0, 0.5], got {self.poison_fraction}"),
             (self.curve_attack in AUDIT_ATTACKS, f"--curve-attack must be one of {', '.join(AUDIT_ATTACKS)}"),
+            (self.projection_dim is None or self.projection_dim >= 0,
+             f"--projection-dim must be >= 0 (0: the exact kernel), got {self.projection_dim}"),
+            (self.projection_kind in PROJECTION_KINDS, f"--projection must be one of {', '.join(PROJECTION_KINDS)}"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -202,7 +210,7 @@ class GenericKernels:
     """Kernels of any model from per-example Jacobians; on modified data only the rows and columns of
     the modified points are recomputed (a user model has no training-set context)."""
 
-    def __init__(self, jac: ModelJacobian, max_bytes: int):
+    def __init__(self, jac: ModelJacobian | ProjectedJacobian, max_bytes: int):
         self.jac = jac
         self.max_bytes = max_bytes
         self._train: JacobianFeatures | None = None
@@ -210,6 +218,8 @@ class GenericKernels:
 
     @property
     def method(self) -> str:
+        if isinstance(self.jac, ProjectedJacobian):
+            return f"{self.jac.method}, float64 kernel"
         return f"{self.jac.method}; exact, {self.jac.dtype} Jacobians, float64 kernel"
 
     def clean(self, x: torch.Tensor, xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -616,8 +626,12 @@ def _panels(cfg: AuditConfig, st: _Stage, ctx: dict[str, Any], t: Tensors, model
                                 cfg.refit_seeds, cfg.seed, cfg.outcome_targets, out_dim)
     if "poison" in cfg.panels:
         if rcfg.train_fn:
+            proj = provider.jac.projection if isinstance(provider, GenericKernels) and isinstance(
+                provider.jac, ProjectedJacobian) else None
+
             def kernels(net: torch.nn.Module) -> GenericKernels:
-                return GenericKernels(ModelJacobian(net, input_shape), max_bytes)
+                jac = ModelJacobian(net, input_shape)
+                return GenericKernels(jac if proj is None else _projected(jac, proj, max_bytes), max_bytes)
         elif isinstance(provider, SuiteKernels):
             def kernels(net: torch.nn.Module) -> SuiteKernels:
                 return SuiteKernels(loaded.module)
@@ -629,6 +643,11 @@ def _panels(cfg: AuditConfig, st: _Stage, ctx: dict[str, Any], t: Tensors, model
     out["refit"]["count"] = refit.count
     out["refit"]["seconds"] = refit.seconds
     return out
+
+
+def _projected(jac: ModelJacobian, proj: Projection, max_bytes: int) -> ProjectedJacobian:
+    """A projected kernel within the memory budget: a quarter for a batch's exact Jacobians, half for R."""
+    return ProjectedJacobian(jac, proj, batch_bytes=max(1, max_bytes // 4), cache_bytes=max_bytes // 2)
 
 
 def run_audit(cfg: AuditConfig) -> dict[str, Any]:
@@ -660,12 +679,24 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         graph = st.run("bind", fx_graph_for, loaded, model, train.x)
         jac = ModelJacobian(model if graph is None else graph, input_shape, graph=graph,
                             static_batch=loaded.static_batch if graph is not None else None)
-        provider = GenericKernels(jac, max_bytes)
+        proj, proj_reason = choose_projection(jac, len(train.x) + len(test.x), cfg.projection_dim,
+                                              cfg.projection_kind, cfg.seed, max_bytes)
+        log(f"audit: kernel {proj_reason}")
+        provider = GenericKernels(jac if proj is None else _projected(jac, proj, max_bytes), max_bytes)
         fit_module = loaded.module if graph is None else graph
         refit_net = model if graph is None else FlatInput(graph, input_shape, loaded.static_batch)
     models: dict[str, Any] = {}
     models["user"] = st.run("your model", measure_network, "your model", model, provider, t, cfg,
                             loaded.n_params, loaded.widest_layer())
+    projection: dict[str, Any] | None = None
+    if isinstance(provider, GenericKernels) and isinstance(provider.jac, ProjectedJacobian):
+        p = provider.jac.projection
+        Y, Yt = targets(t.y_train, out_dim, torch.float64).numpy(), targets(t.y_test, out_dim, torch.float64).numpy()
+        err = st.run("projection error", projection_error, provider.jac.jac, provider.jac, t.x_train, t.x_test, Y, Yt,
+                     t.y_test.numpy(), cfg.seed, cfg.ridge_rel, max_bytes)
+        projection = {"dim": p.dim, "kind": p.kind, "seed": p.seed, "reason": proj_reason, "error": err}
+    elif isinstance(provider, GenericKernels):
+        projection = {"dim": 0, "kind": "exact", "reason": proj_reason}
     if cfg.reference:
         for kind in ("relu", "attn"):
             label = f"{REF_LABELS[kind]} (m={cfg.ref_width})"
@@ -712,6 +743,8 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     diag = _diagnostics(train.x, cfg, models)
     desc = loaded.describe()
     desc.update({"input_shape": list(input_shape), "outputs": out_dim, "kernel_method": provider.method})
+    if projection is not None:
+        desc["projection"] = projection
     return {
         "experiment": "audit",
         "schema_version": SCHEMA_VERSION,
@@ -831,6 +864,9 @@ def report_context(result: dict[str, Any], figures: dict[str, str]) -> dict[str,
     bud = panels.get("budget", {})
     if bud.get("by_eps"):
         summary.append(f"Breaking budget (the attack first exceeds random noise): {bud['breaking_label']}.")
+    note = projection_note(result["model"].get("projection"))
+    if note:
+        summary.append(note)
     key_rows, sharp_rows = [], []
     for key, m in models.items():
         gate = m.get("gate")
@@ -867,7 +903,22 @@ def report_context(result: dict[str, Any], figures: dict[str, str]) -> dict[str,
         "settings_rows": _flat_rows(cfg), "env_rows": _flat_rows(env),
         "panels": panels, "eps_label": eps_label(cfg["eps"]), "realistic_reason": REALISTIC_REASON,
         "outcome_rows": _outcome_rows(panels.get("outcome", {})),
+        "projection_note": note,
     }
+
+
+def projection_note(proj: dict[str, Any] | None) -> str:
+    """One sentence on a projected kernel and its measured error (empty for the exact kernel)."""
+    if not proj or not proj.get("dim"):
+        return ""
+    e = proj.get("error", {})
+    return (f"Your model's kernel is a random projection of its per-example gradients to k = {proj['dim']} dimensions "
+            f"({proj['kind']}, seed {proj['seed']}; {proj['reason']}). Against the exact kernel on {e.get('n')} "
+            f"training and {e.get('n_test')} test points its entries differ by "
+            f"{_pct(e.get('kernel_rel_error', math.nan))} (train) and "
+            f"{_pct(e.get('test_kernel_rel_error', math.nan))} (test-train), relative Frobenius error, "
+            f"and it ranks influence with Spearman rho {e.get('influence_spearman', math.nan):.2f} against the exact "
+            "ranking: read every influence-based number with that in mind.")
 
 
 OUTCOME_LABELS = {"acc_change": "test accuracy change", "target_flip": "targeted predictions changed",

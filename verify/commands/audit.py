@@ -17,10 +17,12 @@ from pathlib import Path
 
 import jinja2
 
+from empirics.audit_ntk import PROJECTION_KINDS
 from theory.errors import UserInputError
 from verify.audit import PANELS, AuditConfig, check_record, load_record, run_audit, summary_name, write_outputs
 from verify.audit_budget import REALISTIC_EPS
 from verify.audit_ci import DIFF_MOVED_EXIT, FAIL_LEVELS, FAIL_ON_EXIT, diff_records, diff_text, reaches, read_record
+from verify.audit_projection import AUTO_DIM
 from verify.outputs import check_output_dir
 from verify.presets import parse_choices
 
@@ -71,6 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of subsets, attacks and references (default: %(default)s)")
     p.add_argument("--max-memory-gb", type=float, default=2.0, help="memory budget for Jacobians "
                    "(default: %(default)s)")
+    p.add_argument("--projection-dim", type=int, default=None, metavar="K", help="project per-example gradients to "
+                   "K dimensions (0: the exact kernel; default: exact while all Jacobians fit --max-memory-gb, else "
+                   f"{AUTO_DIM})")
+    p.add_argument("--projection", default="gaussian", choices=PROJECTION_KINDS, help="entries of the random "
+                   "projection (default: %(default)s)")
     p.add_argument("--data-dir", default=None, help="where the built-in data sets are found (default: automatic)")
     p.add_argument("--skip", default="", help="panels to leave out, comma-separated: budget, poison, validity, "
                    "outcome (default: none)")
@@ -120,6 +127,7 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
         refit_lr=args.refit_lr, refit_batch=args.refit_batch, train_fn=args.train_fn, lds_subsets=args.lds_subsets,
         lds_fraction=args.lds_fraction, refit_seeds=args.refit_seeds, outcome_targets=args.outcome_targets,
         target_test=args.target_test, poison_fraction=args.poison_fraction, curve_attack=args.curve_attack,
+        projection_dim=args.projection_dim, projection_kind=args.projection,
     )
 
 

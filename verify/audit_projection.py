@@ -1,0 +1,75 @@
+"""Which kernel `verify audit` uses for a model outside the suite, exact or projected, and what the projection
+costs in accuracy, measured against the exact kernel on a subsample.
+
+Choice (`choose_projection`): `--projection-dim 0` exact; `--projection-dim K` projected to K; by default
+exact while the Jacobian features of all audited points fit `--max-memory-gb` (then the exact kernel is cheap),
+else projected to `AUTO_DIM` when that is fewer dimensions than there are points (below that the projection
+saves nothing over the exact kernel assembled in blocks). The features a model needs per point, c outputs x
+P parameters, are how model size enters.
+
+Error (`projection_error`): on a seeded subsample of `ERROR_TRAIN` training and `ERROR_TEST` test points, the
+exact kernel (`empirics.audit_ntk.ModelJacobian`) against the projected one: relative Frobenius error of the
+training and test-train kernel entries, and the Spearman correlation of the NTK leave-one-out influence each
+gives on that subsample.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+
+from empirics.audit_ntk import ModelJacobian, ProjectedJacobian, Projection
+from empirics.influence import influence_from_kernels
+from empirics.progress import log
+
+AUTO_DIM = 512
+ERROR_TRAIN, ERROR_TEST = 48, 24
+
+
+def choose_projection(jac: ModelJacobian, n_points: int, dim: int | None, kind: str, seed: int,
+                      max_bytes: int) -> tuple[Projection | None, str]:
+    """The projection to use (None: exact) and why, by the rule in the module docstring."""
+    need = jac.bytes_per_example() * n_points
+    gib = f"{need / 2**30:.2f} GiB"
+    if dim == 0:
+        return None, "exact (--projection-dim 0)"
+    if dim is not None:
+        return Projection(dim, kind, seed), f"projected as asked (--projection-dim {dim})"
+    if need <= max_bytes:
+        return None, f"exact: the Jacobians of all {n_points} points take {gib}, within --max-memory-gb"
+    if AUTO_DIM >= n_points:
+        return None, (f"exact, in blocks: the Jacobians need {gib} > --max-memory-gb, but a projection to "
+                      f"{AUTO_DIM} dimensions would not be smaller than the {n_points} points")
+    return Projection(AUTO_DIM, kind, seed), (f"projected automatically: the Jacobians of all {n_points} points "
+                                              f"need {gib} > --max-memory-gb")
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def projection_error(exact: ModelJacobian, proj: ProjectedJacobian, x: torch.Tensor, xt: torch.Tensor,
+                     Y: np.ndarray, Yt: np.ndarray, yt: np.ndarray, seed: int, ridge_rel: float,
+                     max_bytes: int) -> dict[str, Any]:
+    """The projected kernel's error against the exact one on a seeded subsample (module docstring)."""
+    tic = time.perf_counter()
+    rng = np.random.default_rng(seed + 4099)
+    m, mt = min(len(x), ERROR_TRAIN), min(len(xt), ERROR_TEST)
+    sub = np.sort(rng.choice(len(x), m, replace=False))
+    subt = np.sort(rng.choice(len(xt), mt, replace=False))
+    log(f"audit: projection error against the exact kernel on {m} + {mt} points")
+    xs, xts = x[torch.as_tensor(sub)], xt[torch.as_tensor(subt)]
+    ke, ket = exact.kernel(xs, max_bytes=max_bytes).numpy(), exact.kernel(xts, xs, max_bytes=max_bytes).numpy()
+    fs, fts = proj.features(xs), proj.features(xts)
+    kp, kpt = proj.gram(fs, fs).numpy(), proj.gram(fts, fs).numpy()
+    ie = influence_from_kernels(ke, ket, Y[sub], Yt[subt], yt[subt], ridge=None, ridge_rel=ridge_rel)
+    ip = influence_from_kernels(kp, kpt, Y[sub], Yt[subt], yt[subt], ridge=None, ridge_rel=ridge_rel)
+    rho = float(stats.spearmanr(ie.total, ip.total).statistic) if np.ptp(ie.total) > 0 else float("nan")
+    return {"n": int(m), "n_test": int(mt), "kernel_rel_error": _rel(kp, ke), "test_kernel_rel_error": _rel(kpt, ket),
+            "influence_spearman": rho, "wall_s": time.perf_counter() - tic,
+            "what": "relative Frobenius error of the kernel entries, and Spearman correlation of NTK leave-one-out "
+                    f"influence, projected against exact, on {m} training and {mt} test points (seeded subsample)"}
