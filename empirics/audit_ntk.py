@@ -408,9 +408,10 @@ class ProjectedJacobian:
 
     Examples go through in batches whose exact Jacobian features fit `batch_bytes`; each batch is projected
     and dropped, so no Jacobian of more than one batch is ever held. Factored linear layers are projected
-    from their factors, `sum_s delta_s^T R_W a_s`, materialising the gradient of a block of output rows at a
-    time. Blocks of R are kept for reuse while they fit `cache_bytes`, otherwise regenerated. Same interface
-    as `ModelJacobian` where the audit uses it (`features`, `gram`, `kernel`, `bytes_per_example`, `method`).
+    from their factors, `sum_s delta_s^T R_W a_s`: through the factors (`a R_W` first) or by materialising
+    the gradient of a block of output rows, whichever takes fewer operations. Blocks of R are kept for reuse
+    while they fit `cache_bytes`, otherwise regenerated. Same interface as `ModelJacobian` where the audit
+    uses it (`features`, `gram`, `kernel`, `bytes_per_example`, `method`).
     """
 
     def __init__(self, jac: ModelJacobian, projection: Projection, batch_bytes: int = 256 << 20,
@@ -463,11 +464,18 @@ class ProjectedJacobian:
             step = max(1, _CHUNK_ELEMENTS // (lay.d_in * k))
             for b, lo in enumerate(range(0, lay.d_out, step)):
                 hi = min(lay.d_out, lo + step)
-                r = self._r(pid, b, hi - lo, lay.d_in).reshape(-1, k)
-                ex = max(1, _CHUNK_ELEMENTS // (c * (hi - lo) * lay.d_in))
+                r = self._r(pid, b, hi - lo, lay.d_in)
+                s_rows, o = lay.rows, hi - lo
+                through_factors = s_rows * lay.d_in * k + c * s_rows * k < c * lay.d_in * (s_rows + k)
+                per = s_rows * o * k if through_factors else c * o * lay.d_in
+                ex = max(1, _CHUNK_ELEMENTS // per)
                 for e in range(0, n, ex):
-                    grad = torch.einsum("ncso,nsi->ncoi", d[e:e + ex, :, :, lo:hi], a[e:e + ex])
-                    out[e:e + ex] += grad.reshape(len(grad), c, -1) @ r
+                    de, ae = d[e:e + ex, :, :, lo:hi], a[e:e + ex]
+                    if through_factors:
+                        out[e:e + ex] += torch.einsum("ncso,nsok->nck", de, torch.einsum("nsi,oik->nsok", ae, r))
+                    else:
+                        grad = torch.einsum("ncso,nsi->ncoi", de, ae).reshape(len(de), c, -1)
+                        out[e:e + ex] += grad @ r.reshape(-1, k)
             pid += 1
             if lay.bias is not None:
                 out += d.sum(dim=2) @ self._r(pid, 0, lay.d_out, 1)[:, 0]
