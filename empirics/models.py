@@ -59,6 +59,9 @@ class ModelSpec:
     qkv_dim: int = 64
 
     def __post_init__(self) -> None:
+        if self.kind == "relu":  # no context: the attention options mean nothing, so equal networks get equal specs
+            for name, default in (("attn_layers", 1), ("attn_rank", None), ("attn_centre", False)):
+                object.__setattr__(self, name, default)
         if self.kind not in MODEL_KINDS:
             raise UserInputError(f"unknown model '{self.kind}'; choose one of {', '.join(MODEL_KINDS)}")
         if self.parameterization not in PARAMETERIZATIONS:

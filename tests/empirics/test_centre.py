@@ -121,3 +121,11 @@ def test_cli_runs_the_centred_variant_and_records_it(tmp_path, capsys):
     assert "centred (variant" in capsys.readouterr().out
     rec = json.loads(out.read_text())
     assert rec["config"]["attn_centre"] is True
+
+
+def test_relu_spec_ignores_the_attention_options():
+    """2L-ReLU has no context: a sweep run with --centre (or a rank) trains the very same 2L-ReLU networks, so the
+    training memo shares them with the paper-model sweep instead of training them again."""
+    plain = ModelSpec("relu", 9, 8, 3, seed=1)
+    assert ModelSpec("relu", 9, 8, 3, seed=1, attn_centre=True, attn_rank=4, attn_layers=2) == plain
+    assert ModelSpec("attn", 9, 8, 3, seed=1, attn_centre=True) != ModelSpec("attn", 9, 8, 3, seed=1)
