@@ -77,7 +77,8 @@ def cluster():
     c.shutdown()
 
 
-def test_ray_gives_the_local_numbers(local_run, cluster, tmp_path, capsys):
+def test_ray_gives_the_local_numbers(local_run, cluster, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("NTKM_PROGRESS", "1")  # the progress lines are what this test reads (CI silences them)
     cluster.add_node(num_cpus=1)
     cluster.add_node(num_cpus=1)
     out = tmp_path / "ray"
