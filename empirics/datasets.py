@@ -355,7 +355,8 @@ def _open(src: DataSource) -> _Opened:
         return _OPEN_CACHE[key]
     if src.kind == "idx":
         raw = [idx.read_idx_bytes(f) for f in src.files]
-        content: dict[str, str] = {str(f): hashlib.sha256(b).hexdigest() for f, b in zip(src.files, raw, strict=True)}
+        content: dict[str, str] = {  # keyed by the resolved path, like the cache: a file found by another spelling
+            str(f.resolve()): hashlib.sha256(b).hexdigest() for f, b in zip(src.files, raw, strict=True)}
         xtr, ytr, xte, yte = (
             idx.read_idx_images(src.files[0], raw[0]),
             idx.read_idx_labels(src.files[1], raw[1]),
@@ -554,7 +555,7 @@ def _load_source(src: DataSource, task: str, sample: str, seed: int, n_train: in
         fetch_info.update({f"{split}_{k}": v for k, v in info.items()})
     formats = set(fetch_info.get("train_image_formats", [])) | set(fetch_info.get("test_image_formats", []))
     jpeg = src.kind in ("image-folder", "image-tarball") and "JPEG" in formats
-    files = [_file_record(f, opened.content_sha256.get(str(f))) for f in src.files]
+    files = [_file_record(f, opened.content_sha256.get(str(f.resolve()))) for f in src.files]
     published = [f["matches_published_checksum"] for f in files]
     provenance: dict[str, Any] = {
         "dataset": name,

@@ -265,3 +265,18 @@ def test_ntk_distance_and_landscape_take_a_path(tmp_path: Path, image_folder):
     assert nd["data"]["source"] == "image-folder" and nd["data"]["all_classes"] == CLASSES3
     land = _run(tmp_path, "land", ["landscape", "--dataset", str(root), "--model", "relu", "--width", "8", *TOY])
     assert land["data"]["user_data"] is True and land["config"]["dataset"] == str(root)
+
+
+def test_provenance_is_the_same_whichever_spelling_found_the_files(idx_folder, tmp_path: Path):
+    """The opened-data cache is keyed by resolved paths; the per-file content digests must be looked up the same way,
+    or a second spelling of the same folder (a symlink, `..`) loses them within one process."""
+    from empirics.datasets import load_dataset
+
+    root = idx_folder.parent if idx_folder.name == "mnist" else idx_folder
+    link = tmp_path / "link"
+    link.symlink_to(root, target_is_directory=True)
+    recs = [load_dataset("mnist", n_train=20, n_test=10, seed=0, data_dir=d, source="full").provenance
+            for d in (root, link, root / ".." / root.name)]
+    digests = [[f.get("content_sha256") for f in r["files"]] for r in recs]
+    assert all(d == digests[0] for d in digests) and all(digests[0])
+    assert len({r["published_checksums"] for r in recs}) == 1
