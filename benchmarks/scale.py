@@ -9,7 +9,8 @@ the paper's sizes and adds them up per unit from the unit's own config (`verify.
 
 - a training epoch of each network (model, data set width d, n, width m), timed with the suite's own
   `empirics.train.train` on inputs of the right shape (the cost depends only on the shapes) as the
-  difference of a 2-epoch and a 1-epoch call after a warm-up; an adversarial-training epoch counts as
+  difference of a longer (2 to 51 epochs, about 5 s) and a 1-epoch call after a warm-up, per extra epoch; an
+  adversarial-training epoch counts as
   `adv_steps + 1` epochs;
 - an empirical NTK of `n` points (closed form, float64) per width, and a float64 Cholesky solve of the
   training kernel (what influence and the NTK predictor cost);
@@ -65,15 +66,18 @@ def epoch_seconds(kind: str, d: int, n: int, m: int, device: str) -> float:
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(n, d, generator=gen).to(device)
     y = torch.randint(0, 10, (n,), generator=gen).to(device)
-    wall = {}
-    for e in (0, 1, 2):  # 0: warm-up; the difference 2 - 1 removes a call's setup and final evaluation
+    def call(epochs: int) -> float:
         model = build_model(ModelSpec(kind, d, m, 10, seed=0), x, device=device)
         _sync(device)
         t0 = time.perf_counter()
-        train(model, x, y, protocol_config(PAPER, max(e, 1)), x[:200], y[:200])
+        train(model, x, y, protocol_config(PAPER, epochs), x[:200], y[:200])
         _sync(device)
-        wall[e] = time.perf_counter() - t0
-    return max(wall[2] - wall[1], 1e-6)
+        return time.perf_counter() - t0
+
+    call(1)  # warm-up
+    one = call(1)
+    many = 2 if one > 2.0 else min(51, max(2, int(5.0 / max(one, 1e-3))))  # about 5 s of epochs, at least 2
+    return max((call(many) - one) / (many - 1), 1e-6)  # the difference removes a call's setup and final evaluation
 
 
 def ntk_seconds(d: int, n: int, m: int, device: str) -> float:
