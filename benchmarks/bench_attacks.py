@@ -56,7 +56,7 @@ class AttackBenchConfig:
 def _loss(model: Any, x: Any, y: Any) -> float:
     import torch
 
-    from empirics.train import loss_fn
+    from empirics.losses import loss_fn
 
     with torch.no_grad():
         out = model(x)
@@ -130,8 +130,8 @@ def _flip_rows(c: AttackBenchConfig, model: Any, t: Any, data: dict[str, Any], l
 
     from empirics.attacks import AttackConfig, attack
     from empirics.influence import influence_scores, model_kernels, resolve_ridge
+    from empirics.losses import targets
     from empirics.malleability import MalleabilityConfig, compare, measure_model, n_top, top_by_abs
-    from empirics.train import targets
     from theory.krr import loo_influence
 
     n = t.x_train.shape[0]

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from empirics.datasets import load_dataset
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 from verify.cli import main as verify_main
 
 

@@ -51,11 +51,11 @@ def kernels(x: np.ndarray, m: int) -> np.ndarray:
     import torch
 
     from empirics.models import ModelSpec, build_model
-    from empirics.ntk import ntk_two_layer
+    from empirics.ntk import empirical_ntk
 
     xt = torch.as_tensor(x, dtype=torch.float64)
     model = build_model(ModelSpec("relu", x.shape[1], m, 10, seed=0), xt, dtype=torch.float64)
-    return ntk_two_layer(model, xt).numpy()
+    return empirical_ntk(model, xt).numpy()
 
 
 def brute_influence(K: np.ndarray, Y: np.ndarray, lam: float, Kt: np.ndarray, Yt: np.ndarray) -> np.ndarray:

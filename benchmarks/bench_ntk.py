@@ -2,11 +2,15 @@
 
 Paths (all give the per-output "mean" kernel of the paper's networks, d = 784, 10 outputs):
 
-- `closed`: `empirics.ntk.ntk_two_layer`, two matrix products (DESIGN.md, "Fast paths that matter").
-- `generic`: `empirics.ntk.ntk_generic`, per-example Jacobians with `torch.func.jacrev` + `vmap`,
-  chunked to 1 GiB of Jacobians.
-- `vjp`: `benchmarks.ntk_paths.ntk_vjp_jvp`, NTK-vector products (vmapped vjp then jvp), chunked.
-- `loop`: `benchmarks.ntk_paths.ntk_autograd_loop`, one `torch.autograd.grad` per example and output.
+- `closed`: `empirics.ntk.empirical_ntk(..., implementation="closed_form")`, two matrix products (docs/DESIGN.md,
+  "Fast paths that matter").
+- `generic`: `empirics.ntk.empirical_ntk(..., implementation="torch_func")`, per-example Jacobians with
+  `torch.func.jacrev` + `vmap`, chunked to 1 GiB of Jacobians.
+- `vjp`: `benchmarks.ntk_paths.empirical_ntk_vjp_jvp`, NTK-vector products (vmapped vjp then jvp), chunked.
+- `loop`: `benchmarks.ntk_paths.empirical_ntk_autograd_loop`, one `torch.autograd.grad` per example and output.
+
+`empirical_ntk` returns float64; a float32 case computes in float32 and its timing includes the exact conversion
+of the (n, n) result (under 2 % of the closed form's time at n = 1000).
 
 Each measured case runs in a fresh Python process (`python -m benchmarks.bench_ntk --case JSON`) so
 that its peak resident memory (VmHWM from /proc/self/status, minus the RSS once inputs and model are
@@ -15,7 +19,7 @@ is measured at a small probe n, then at growing n (probe x 4, x 16, ... and the 
 the time predicted from the last measurement (t proportional to n^2) fits the cap; larger targets are
 extrapolated from the largest measured n and marked so. Every measured case checks, in the same
 process after its timing, (1) the algorithm in float64 on its first few points against the other
-side (a slow path against the closed form, the closed form against `ntk_generic`; tolerance 1e-9)
+side (a slow path against the closed form, the closed form against `torch_func`; tolerance 1e-9)
 and (2) its float32 kernel at full size (see `agreement`).
 """
 
@@ -56,8 +60,8 @@ SECTION = "1. Empirical NTK (2L-ReLU unless noted; d = 784, 10 outputs, float32)
 SCALING = "4. Scaling"
 SLOW_PATHS = ("generic", "vjp", "loop")
 PATH_LABEL = {
-    "closed": "closed form (ntk_two_layer)",
-    "generic": "generic: jacrev + vmap (ntk_generic)",
+    "closed": "closed form (empirical_ntk closed_form)",
+    "generic": "generic: jacrev + vmap (empirical_ntk torch_func)",
     "vjp": "generic: vjp/jvp NTK-vector products",
     "loop": "generic: autograd.grad loop, J J^T",
 }
@@ -102,14 +106,14 @@ def _sync(device: str) -> None:
 
 def _path_fn(path: str, model: Any) -> Callable[[Any], Any]:
     """The kernel function of one path ("closed", "generic", "vjp", "loop") for `model`, "mean" reduction."""
-    from benchmarks.ntk_paths import ntk_autograd_loop, ntk_vjp_jvp
-    from empirics.ntk import ntk_generic, ntk_two_layer
+    from benchmarks.ntk_paths import empirical_ntk_autograd_loop, empirical_ntk_vjp_jvp
+    from empirics.ntk import empirical_ntk
 
     fns: dict[str, Callable[[Any], Any]] = {
-        "closed": lambda xx: ntk_two_layer(model, xx),
-        "generic": lambda xx: ntk_generic(model, xx, max_bytes=MAX_BYTES),
-        "vjp": lambda xx: ntk_vjp_jvp(model, xx, max_bytes=MAX_BYTES),
-        "loop": lambda xx: ntk_autograd_loop(model, xx),
+        "closed": lambda xx: empirical_ntk(model, xx, implementation="closed_form"),
+        "generic": lambda xx: empirical_ntk(model, xx, implementation="torch_func", max_bytes=MAX_BYTES),
+        "vjp": lambda xx: empirical_ntk_vjp_jvp(model, xx, max_bytes=MAX_BYTES),
+        "loop": lambda xx: empirical_ntk_autograd_loop(model, xx),
     }
     return fns[path]
 
@@ -118,7 +122,7 @@ def agreement(path: str, model: Any, x: Any, K: Any, check_n: int) -> list[dict[
     """The checks of one case, computed after its timing (so they do not count in time or peak memory).
 
     1. Algorithmic agreement, strict: the two sides in float64 on the first `check_n` points (a slow
-       path against the closed form; the closed form against `ntk_generic`), tolerance 1e-9.
+       path against the closed form; the closed form against `torch_func`), tolerance 1e-9.
     2. The timed (float32) kernel at full size against the closed form: against float32 for a slow
        path (tolerance 1e-2: a float32 contraction over c m d terms loses about that much, see
        benchmarks/README.md), against float64 for the closed form itself (tolerance 1e-4).
@@ -127,24 +131,24 @@ def agreement(path: str, model: Any, x: Any, K: Any, check_n: int) -> list[dict[
 
     import torch
 
-    from empirics.ntk import ntk_generic, ntk_two_layer
+    from empirics.ntk import empirical_ntk
 
     k = min(x.shape[0], check_n)
     m64 = copy.deepcopy(model).double()
     x64 = x[:k].double()
-    ref64 = ntk_two_layer(m64, x64)
-    other = ntk_generic(m64, x64, max_bytes=MAX_BYTES) if path == "closed" else _path_fn(path, m64)(x64)
-    against = "ntk_generic" if path == "closed" else "closed form"
+    ref64 = empirical_ntk(m64, x64, implementation="closed_form")
+    other = _path_fn("generic" if path == "closed" else path, m64)(x64)
+    against = "torch_func" if path == "closed" else "closed form"
     out = [{"label": f"float64 max rel diff vs {against} (first {k} points)",
             "value": max_rel_diff(other.cpu().numpy(), ref64.cpu().numpy()), "threshold": 1e-9}]
-    if K.dtype == torch.float64:
+    if x.dtype == torch.float64:
         return out
     if path == "closed":
-        full = ntk_two_layer(copy.deepcopy(model).double(), x.double())
+        full = empirical_ntk(copy.deepcopy(model).double(), x.double(), implementation="closed_form")
         out.append({"label": "float32 max rel diff vs float64 closed form", "threshold": 1e-4,
                     "value": max_rel_diff(K.cpu().numpy(), full.cpu().numpy())})
     else:
-        ref = ntk_two_layer(model, x)
+        ref = empirical_ntk(model, x, implementation="closed_form")
         out.append({"label": "float32 max rel diff vs closed form, same n", "threshold": 1e-2,
                     "value": max_rel_diff(K.cpu().numpy(), ref.cpu().numpy())})
     return out
@@ -467,7 +471,7 @@ def scaling_rows(cfg: NtkConfig, data: dict[str, Any]) -> list[Row]:
             e = fit_exponent(ms, [same_n[m].t for m in ms])
             note = "measured probes"
             if path == "generic":
-                note += ("; ntk_generic's chunk shrinks as m grows (1 GiB / (2 c m d x 4 B) examples), so it "
+                note += ("; torch_func's chunk shrinks as m grows (1 GiB / (2 c m d x 4 B) examples), so it "
                          "recomputes more Jacobians per kernel block and grows faster than m")
             rows.append(Row(SCALING, f"NTK {PATH_LABEL[path]}: time vs m", f"n={n0}, m={','.join(map(str, ms))}",
                             value=f"exponent {e:.2f}", ratio="theory 1 (2 c m d n^2)", status="info", note=note))
@@ -524,7 +528,7 @@ def _memory_limit_rows(cfg: NtkConfig, data: dict[str, Any]) -> list[Row]:
         rows.append(Row(SCALING, f"largest n in {cfg.memory_limit_gib:g} GiB (memory model)", f"m={m}, float32",
                         value=f"generic (1 GiB chunks): n = {n_gen:,}; autograd loop (all of J): n = {n_loop:,}",
                         status="info",
-                        note="n^2 kernel + inputs + Jacobian chunks (ntk_generic sizes 2 chunks to max_bytes=1 GiB); "
+                        note="n^2 kernel + inputs + Jacobian chunks (torch_func sizes 2 chunks to max_bytes=1 GiB); "
                              f"loop: n c m d floats; {calib}{t_txt}",
                         data={"n_generic": n_gen, "n_loop": n_loop, "copies": copies, "est_s": est_s}))
     return rows

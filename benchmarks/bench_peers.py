@@ -140,7 +140,7 @@ def _if_inputs(cfg: PeersConfig, case: IFCase, x: np.ndarray, y: np.ndarray, d: 
 
     from empirics.common import Tensors, train_network
     from empirics.models import ModelSpec
-    from empirics.ntk import ntk_two_layer
+    from empirics.ntk import empirical_ntk
     from empirics.train import TrainConfig
 
     n, nt = case.n, case.n_test
@@ -155,13 +155,13 @@ def _if_inputs(cfg: PeersConfig, case: IFCase, x: np.ndarray, y: np.ndarray, d: 
     Y = eye[yi]
     with torch.no_grad():
         resid = net(x64).numpy() - Y
-    Kf = ntk_two_layer(net, x64, reduction="full").numpy()
+    Kf = empirical_ntk(net, x64, reduction="full").numpy()
     lam_max = float(np.linalg.eigvalsh(2.0 * _flat(Kf[:n, :n]))[-1]) if n * 10 <= 2500 else \
         float(_power_top(2.0 * _flat(Kf[:n, :n])))
     rho = lam_max / 50.0
 
     def ours() -> None:
-        kf = ntk_two_layer(net, x64, reduction="full").numpy()
+        kf = empirical_ntk(net, x64, reduction="full").numpy()
         hold[case.key] = woodbury_if(kf, resid[:n], resid[n:], rho)
 
     timing = time_call(ours, repeats=cfg.repeats, max_total_s=cfg.max_total_s)
@@ -198,8 +198,10 @@ def _cnn_inputs(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, log: Any) -> tup
     from benchmarks.peers.run_peers import make_cnn
     from empirics.gauss_newton import gn_influence_mean, loss_residuals
     from empirics.influence import influence_from_kernels
-    from empirics.train import targets
-    from verify.audit import AuditConfig, GenericKernels, load_inputs
+    from empirics.losses import targets
+    from verify.audit import load_inputs
+    from verify.audit_config import AuditConfig
+    from verify.audit_measure import GenericKernels
     from verify.modelio import bind_input, fx_graph_for, parse_shape
 
     torch.manual_seed(0)
@@ -262,7 +264,7 @@ def prepare(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, path: Path, threads:
     import torch
 
     from empirics.attacks import AttackConfig, attack
-    from empirics.ntk import ntk_two_layer
+    from empirics.ntk import empirical_ntk
 
     wanted = set(cfg.only.split(","))
     ours: dict[str, Any] = {}
@@ -281,11 +283,11 @@ def prepare(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, path: Path, threads:
             for n_k, m_k in [*cfg.nt_sizes, cfg.nt_grid]:
                 if m_k != m:
                     continue
-                K64 = ntk_two_layer(net64, x64[:n_k]).numpy()
+                K64 = empirical_ntk(net64, x64[:n_k]).numpy()
                 arrays[f"nt_K64_{n_k}_{m}"] = K64
                 if (n_k, m_k) == tuple(cfg.nt_grid) and (n_k, m_k) not in cfg.nt_sizes:
                     continue
-                t = time_call(lambda n_k=n_k, net=net: hold.__setitem__("K", ntk_two_layer(net, xn[:n_k])),
+                t = time_call(lambda n_k=n_k, net=net: hold.__setitem__("K", empirical_ntk(net, xn[:n_k])),
                               repeats=cfg.repeats)
                 ours[f"ntk/{n_k}/{m}"] = {"timing": t, "f32_err": max_rel_diff(hold["K"].numpy(), K64)}
         arrays.update(nt_x=xn.numpy(), nt_sizes=np.array(cfg.nt_sizes, dtype=int), nt_grid_n=cfg.nt_grid[0],
@@ -436,7 +438,7 @@ def nt_rows(nt: dict[str, Any], ours: dict[str, Any], ver: dict[str, str]) -> li
         rows.append(Row(SECTION, label, case, t, ratio=_ratio(t.median, st.median),
                         checks=[Check("max rel diff vs suite float64 kernel", float(s["max_rel_diff"]), NT_TOL),
                                 Check("suite float32 max rel diff vs float64", float(suite["f32_err"]))],
-                        note=f"{vtxt}; same estimand; suite side: ntk_two_layer float32 {fmt_time(st.median)} "
+                        note=f"{vtxt}; same estimand; suite side: empirical_ntk float32 {fmt_time(st.median)} "
                              f"(median of {st.repeats})",
                         data={"peer_s": t.median, "suite_s": st.median, "ratio": t.median / st.median,
                               "config": conf}))

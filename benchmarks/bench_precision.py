@@ -42,7 +42,7 @@ def bench_precision(cfg: PrecisionConfig, x: np.ndarray, y: np.ndarray, log: Cal
     from empirics.common import Tensors, train_network
     from empirics.influence import model_kernels
     from empirics.models import ModelSpec
-    from empirics.ntk import ntk_two_layer
+    from empirics.ntk import empirical_ntk
     from empirics.train import TrainConfig
 
     rows: list[Row] = []
@@ -59,8 +59,8 @@ def bench_precision(cfg: PrecisionConfig, x: np.ndarray, y: np.ndarray, log: Cal
         x64 = xs.double()
         if hasattr(net64, "set_context"):
             net64.set_context(x64)
-        t32, k32 = time_result(ntk_two_layer, net32, xs, repeats=cfg.repeats)
-        t64, k64 = time_result(ntk_two_layer, net64, x64, repeats=cfg.repeats)
+        t32, k32 = time_result(empirical_ntk, net32, xs, repeats=cfg.repeats)
+        t64, k64 = time_result(empirical_ntk, net64, x64, repeats=cfg.repeats)
         K32, K64 = k32.double().numpy(), k64.numpy()
         err = max_rel_diff(K32, K64)
         with torch.no_grad():

@@ -95,9 +95,10 @@ def bench_stages(cfg: StagesConfig, x: np.ndarray, y: np.ndarray, log: Callable[
     from empirics.attacks import AttackConfig, attack
     from empirics.common import Tensors, train_network
     from empirics.influence import influence_from_kernels, model_kernels
+    from empirics.losses import targets
     from empirics.malleability import n_top, top_by_abs
     from empirics.models import ModelSpec
-    from empirics.train import TrainConfig, targets
+    from empirics.train import TrainConfig
     from verify.presets import preset
 
     rates = gemm_rates()

@@ -1,11 +1,11 @@
-"""Alternative empirical-NTK paths that the benchmarks compare with `empirics.ntk`.
+"""Alternative empirical-NTK paths that the benchmarks compare with `empirics.ntk.empirical_ntk`.
 
-- `ntk_vjp_jvp`: NTK-vector products (the torch.func NTK tutorial's second method). For each basis
+- `empirical_ntk_vjp_jvp`: NTK-vector products (the torch.func NTK tutorial's second method). For each basis
   cotangent `e_(i,c)` one vjp through the whole first batch gives `J(x1)^T e_(i,c)`, and one jvp through
   the second batch gives the kernel column `J(x2) J(x1)^T e_(i,c)`; basis vectors are vmapped in chunks
   so that the parameter-shaped intermediates stay within `max_bytes`. Cost about `2 c n^2 P` (P = m d
   parameters), like a Jacobian contraction, but no per-example Jacobian is stored.
-- `ntk_autograd_loop`: the textbook loop, one `torch.autograd.grad` per example and output, the rows
+- `empirical_ntk_autograd_loop`: the textbook loop, one `torch.autograd.grad` per example and output, the rows
   stacked into J (n c x P), then `J J^T`. Memory `n c P` floats: it materialises every Jacobian.
 
 Also the cost models used for FLOP rates, extrapolation and the memory limit.
@@ -34,8 +34,8 @@ def _reduce(block: torch.Tensor, reduction: str) -> torch.Tensor:
     return diag / block.shape[1] if reduction == "mean" else diag
 
 
-def ntk_vjp_jvp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, reduction: str = "mean",
-                max_bytes: int = 1 << 30) -> torch.Tensor:
+def empirical_ntk_vjp_jvp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
+                          reduction: str = "mean", max_bytes: int = 1 << 30) -> torch.Tensor:
     """Empirical NTK by vmapped vjp / jvp products (see the module docstring). Any module, any reduction."""
     from torch.func import functional_call, jvp, vjp, vmap
 
@@ -64,7 +64,7 @@ def ntk_vjp_jvp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
     return _reduce(block, reduction).detach()
 
 
-def ntk_autograd_loop(model: nn.Module, x: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+def empirical_ntk_autograd_loop(model: nn.Module, x: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Empirical NTK from a plain loop of `torch.autograd.grad` (one backward per example and output)."""
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
@@ -86,7 +86,7 @@ def ntk_autograd_loop(model: nn.Module, x: torch.Tensor, reduction: str = "mean"
 
 
 def closed_form_flops(n: int, m: int, d: int, c: int = 10, attn: bool = False) -> float:
-    """Floating-point operations of `ntk_two_layer(..., "mean")` on n points (one kernel).
+    """Floating-point operations of the closed-form `empirical_ntk(..., "mean")` on n points (one kernel).
 
     Matrix products: pre-activations `X~ W^T` (2 n m d), Gram `X~ X~^T` (2 n^2 d), `(D diag(s)) D^T`
     (2 n^2 m); elementwise work (`O(n m + n^2)`, plus `||a_r||^2` over c outputs) is counted too. For
@@ -103,9 +103,10 @@ def generic_flops(n: int, m: int, d: int, c: int = 10) -> float:
 
 def generic_peak_bytes(n: int, m: int, d: int, c: int = 10, itemsize: int = 4, max_bytes: int = 1 << 30,
                        base_bytes: float = 0.0, jacobian_copies: float = 2.0) -> float:
-    """Memory model of `empirics.ntk.ntk_generic` (chunked per-example Jacobians).
+    """Memory model of `empirics.ntk.empirical_ntk(..., implementation="torch_func")` (chunked per-example
+    Jacobians).
 
-    The output kernel (n^2 items), the inputs and W, and the Jacobian chunks: `ntk_generic` sizes a
+    The output kernel (n^2 items), the inputs and W, and the Jacobian chunks: `torch_func` sizes a
     chunk so that two chunks `j1`, `j2` (c P items per example each) hold at most `max_bytes`;
     `jacobian_copies` counts how many such pairs are alive at the peak (jacrev's per-parameter
     result plus the concatenated copy: about 2, calibrated against measured peak RSS by the runner).

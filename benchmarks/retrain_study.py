@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from empirics.influence import RetrainConfig, retrain_study
-from empirics.records import write_json
+from ntkm.codec import write_json
 
 
 def main(argv: list[str] | None = None) -> int:

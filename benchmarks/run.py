@@ -53,7 +53,7 @@ def load_inputs(n_pool: int, n_test: int) -> tuple[np.ndarray, np.ndarray, str]:
     to the sizes asked for (the cost of every benchmark depends only on the shapes).
     """
     from empirics.datasets import load_dataset
-    from theory.errors import UserInputError
+    from ntkm.errors import UserInputError
 
     try:
         ds = load_dataset("mnist", n_train=n_pool, n_test=n_test, sample="balanced", seed=0, source="full")
@@ -125,7 +125,7 @@ def headline(data: dict[str, Any], cfgs: dict[str, Any]) -> list[str]:
     ntk = data.get("ntk")
     if ntk and ntk.get("headline", {}).get("closed_s"):
         h = ntk["headline"]
-        labels = {"generic": "generic path (jacrev + vmap, ntk_generic)", "vjp": "vjp/jvp NTK-vector products",
+        labels = {"generic": "generic path (jacrev + vmap, torch_func)", "vjp": "vjp/jvp NTK-vector products",
                   "loop": "autograd.grad loop"}
         for path, label in labels.items():
             g = h.get(path)
@@ -325,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         "data": {k: _public(v) for k, v in data.items()},
         "config": {k: _public(v.__dict__) for k, v in cfgs.items()},
     }
-    from empirics.records import atomic_write_text, write_json
+    from ntkm.codec import write_json
+    from ntkm.io import atomic_write_text
 
     if a.json:
         write_json(a.json, record)

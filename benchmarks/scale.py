@@ -83,14 +83,14 @@ def epoch_seconds(kind: str, d: int, n: int, m: int, device: str) -> float:
 def ntk_seconds(d: int, n: int, m: int, device: str) -> float:
     """One closed-form empirical NTK of n points in float64 (2L-ReLU; MLP-Attn adds a d x d product)."""
     from empirics.models import ModelSpec, build_model
-    from empirics.ntk import ntk_two_layer
+    from empirics.ntk import empirical_ntk
 
     x = torch.rand(n, d, dtype=torch.float64, device=device)
     model = build_model(ModelSpec("relu", d, m, 10, seed=0), x, dtype=torch.float64, device=device)
-    ntk_two_layer(model, x[:64])
+    empirical_ntk(model, x[:64])
     _sync(device)
     t0 = time.perf_counter()
-    ntk_two_layer(model, x)
+    empirical_ntk(model, x)
     _sync(device)
     return time.perf_counter() - t0
 
@@ -239,12 +239,12 @@ def agreement(device: str) -> dict[str, Any]:
     cpu = run_ntk_distance(DistanceConfig(**cfg, device="cpu"))
     gpu = run_ntk_distance(DistanceConfig(**cfg, device=device))
     worst = 0.0
-    for kind in cpu["models"]:
-        for a, b in zip(cpu["models"][kind]["runs"], gpu["models"][kind]["runs"], strict=True):
+    for kind in cpu.models:
+        for a, b in zip(cpu.models[kind].runs, gpu.models[kind].runs, strict=True):
             for metric in METRICS:
                 worst = max(worst, abs(a[metric] - b[metric]) / max(abs(a[metric]), 1e-12))
     return {"max_rel_difference": worst, "tolerance": 1e-2, "passed": worst <= 1e-2,
-            "cpu_wall_s": cpu["wall_s"], "device_wall_s": gpu["wall_s"]}
+            "cpu_wall_s": cpu.wall_s, "device_wall_s": gpu.wall_s}
 
 
 def validate(prim: Primitives, device: str) -> dict[str, Any]:
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(rec)
     print(text)
     if args.json:
-        from empirics.records import write_json
+        from ntkm.codec import write_json
 
         write_json(args.json, rec)
     if args.markdown:

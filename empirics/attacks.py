@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from empirics.train import loss_fn
-from theory.errors import UserInputError
+from empirics.losses import loss_fn
+from empirics.vocab import ATTACKS
+from ntkm.errors import UserInputError
 
-ATTACKS = ("fgsm", "pgd", "mim", "random")
 CONTEXT_MODES = ("fixed", "recomputed")
 
 

@@ -36,7 +36,7 @@ estimate from n c k numbers instead of n c P.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -116,12 +116,9 @@ def trainable(module: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def linear_candidates(gm: torch.fx.GraphModule) -> dict[str, tuple[str, str | None]]:
-    """`aten.linear` nodes whose weight (and bias) are parameters used by nothing else.
-
-    Returns node name -> (weight name, bias name or None); a bias that is shared or not a
-    parameter stays materialised.
-    """
+def sole_use(gm: torch.fx.GraphModule) -> Callable[[object], str | None]:
+    """`own(arg)`: the name of the trainable parameter that node argument `arg` reads, if that read is the
+    parameter's only use in the graph (so its gradient comes from that one node), else None."""
     params = trainable(gm)
     uses: dict[str, int] = {}
     for node in gm.graph.nodes:
@@ -132,6 +129,16 @@ def linear_candidates(gm: torch.fx.GraphModule) -> dict[str, tuple[str, str | No
         ok = isinstance(arg, torch.fx.Node) and arg.op == "get_attr" and arg.target in params
         return str(arg.target) if ok and uses[arg.target] == 1 else None
 
+    return own
+
+
+def linear_candidates(gm: torch.fx.GraphModule) -> dict[str, tuple[str, str | None]]:
+    """`aten.linear` nodes whose weight (and bias) are parameters used by nothing else.
+
+    Returns node name -> (weight name, bias name or None); a bias that is shared or not a
+    parameter stays materialised.
+    """
+    own = sole_use(gm)
     out: dict[str, tuple[str, str | None]] = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is _LINEAR and len(node.args) >= 2:

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 
 CIFAR10_CLASSES = [
     "airplane",

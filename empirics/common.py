@@ -14,8 +14,8 @@ import torch
 
 from empirics.models import ModelSpec, TwoLayerNet, build_model
 from empirics.protocols import adequacy, chance_accuracy
-from empirics.records import stable_hash
 from empirics.train import TrainConfig, TrainRecord, train
+from ntkm.codec import stable_hash
 
 
 @dataclass

@@ -72,9 +72,9 @@ from empirics.download import (
     MNIST_CONTENT,
     file_checksums,
 )
-from theory.errors import UserInputError
+from empirics.vocab import DATASETS
+from ntkm.errors import UserInputError
 
-DATASETS = ("mnist", "cifar10")
 TASKS = ("10class", "binary")
 SAMPLES = ("first", "balanced")
 SOURCES = ("auto", "full", "bundled")
@@ -663,7 +663,7 @@ def preprocess(x: np.ndarray, mode: str, reference: np.ndarray | None = None) ->
 
 def write_npz(path: str | Path, arrays: dict[str, np.ndarray]) -> None:
     """A compressed .npz with fixed zip timestamps, so the same arrays give the same bytes."""
-    from empirics.records import atomic_write_bytes
+    from ntkm.io import atomic_write_bytes
 
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as zf:

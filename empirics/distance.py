@@ -1,4 +1,4 @@
-"""NTK distance against width (PAPER.md, "NTK distance vs width").
+"""NTK distance against width (docs/PAPER.md, "NTK distance vs width").
 
 The paper does not define its distance. We measure four, each on the same runs:
 
@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from scipy import stats
 
+from empirics import fieldhelp as H
 from empirics.common import (
     SeedMap,
     Tensors,
@@ -51,11 +52,14 @@ from empirics.common import (
     subset_provenance,
     train_network,
 )
+from empirics.losses import targets
 from empirics.mc_reference import mc_reference_kernel, predictor_jackknife_se
 from empirics.models import ModelSpec, SuiteNet, TwoLayerNet, build_model
 from empirics.ntk import empirical_ntk
 from empirics.records import device_info, library_versions
-from empirics.train import TrainConfig, targets
+from empirics.train import TrainConfig
+from ntkm import tables
+from ntkm.codec import Record, encode
 from theory import gram, kernels, krr
 
 METRICS = ("function_abs", "function_rel", "function_lin", "kernel_drift", "kernel_distance", "init_vs_analytic",
@@ -67,19 +71,19 @@ class DistanceConfig:
     dataset: str = "mnist"
     task: str = "10class"
     classes: tuple[str, ...] | None = None
-    models: tuple[str, ...] = ("relu", "attn")
-    widths: tuple[int, ...] = (16, 64, 256, 1024, 4096)
+    models: tuple[str, ...] = H.helped(("relu", "attn"), H.MODELS, flag="--model")
+    widths: tuple[int, ...] = H.helped((16, 64, 256, 1024, 4096), "comma-separated widths")
     seeds: tuple[int, ...] = (0, 1, 2)
-    n_train: int = 500
-    n_test: int = 200
+    n_train: int = H.helped(500, H.N_TRAIN)
+    n_test: int = H.helped(200, H.N_TEST)
     sample: str = "balanced"
     data_seed: int = 0
     per_seed_data: bool = True
     train: TrainConfig = field(default_factory=TrainConfig)
-    parameterization: str = "ntk"
-    attn_layers: int = 1
-    attn_rank: int | None = None
-    attn_centre: bool = False
+    parameterization: str = H.helped("ntk", H.PARAMETERIZATION)
+    attn_layers: int = H.helped(1, H.ATTN_LAYERS)
+    attn_rank: int | None = H.helped(None, H.ATTN_RANK)
+    attn_centre: bool = H.centre_field()
     reference_draws: int = 16
     reference_width: int = 512
     data_dir: str | None = None
@@ -237,7 +241,7 @@ def reference_kernels(cfg: DistanceConfig, spec: ModelSpec, x_tr: np.ndarray, x_
         f_te = kernels.softmax_attention_features(x_tr, x_te, spec.temperature)
     else:
         f_tr, f_te = x_tr, x_te
-    return kernels.ntk_two_layer(f_tr, f_tr), kernels.ntk_two_layer(f_te, f_tr), None
+    return kernels.analytic_ntk_two_layer(f_tr, f_tr), kernels.analytic_ntk_two_layer(f_te, f_tr), None
 
 
 def distance_seed(cfg: DistanceConfig, dataset: Any | None, seed: int) -> dict[str, Any]:
@@ -270,8 +274,65 @@ def distance_seed(cfg: DistanceConfig, dataset: Any | None, seed: int) -> dict[s
             "device": device}
 
 
-def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None, seed_map: SeedMap = local_map) -> dict[str, Any]:
-    """The width sweep. Returns a JSON-ready record with per-run values, spreads, trends and slope intervals.
+@dataclass(frozen=True)
+class Trend(Record):
+    """Direction of one metric against width (`trend` of the seed means), how many seeds agree with it, and the
+    bootstrap interval of its log-log slope (`slope_interval`)."""
+
+    verdict: str
+    spearman: float
+    loglog_slope: float
+    seeds_agreeing: int
+    seeds: int
+    slope_interval: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DistanceModel(Record):
+    """One model's block of a distance record: its runs (one dict per width and seed, `one_run`), the spread over
+    seeds (`empirics.common.spread`) of every metric per width (keyed by the width as a string), the trends, the
+    reference kernel of each seed and the NTK predictor's norm and test accuracy."""
+
+    runs: list[dict[str, Any]]
+    per_width: dict[str, dict[str, dict[str, Any]]]
+    trends: dict[str, Trend]
+    reference: list[dict[str, Any]]
+    ntk_predictor_norm: float
+    ntk_predictor_test_acc: dict[str, Any]
+
+    def spread(self, width: int, metric: str) -> dict[str, Any]:
+        """The spread over seeds of `metric` at `width` (`ntkm.tables.at_width`, the one reader of the table)."""
+        return tables.at_width(self.per_width, width, metric)
+
+    def mean(self, width: int, metric: str) -> float:
+        """The mean over seeds of `metric` at `width`."""
+        return self.spread(width, metric)["mean"]
+
+    def widths(self) -> list[int]:
+        """The widths of the sweep, ascending."""
+        return tables.widths(self.per_width)
+
+
+@dataclass(frozen=True)
+class DistanceRecord(Record):
+    """The result of `run_ntk_distance`, stored as the unit cache's payload and in claims.json."""
+
+    models: dict[str, DistanceModel]
+    experiment: str
+    config: dict[str, Any]
+    ridge: float
+    ridge_rule: str
+    parameterization: str
+    data: dict[str, Any]
+    versions: dict[str, Any]
+    device: dict[str, Any]
+    wall_s: float
+
+
+def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None,
+                     seed_map: SeedMap = local_map) -> DistanceRecord:
+    """The width sweep: a record with per-run values, spreads, trends and slope intervals (its values as the cache
+    reads them back: lists, not tuples).
 
     With `per_seed_data` every seed draws its own data subset; the analytic-NTK predictor is fitted on
     that seed's subset. `seed_map` runs the seeds (`distance_seed`), here or elsewhere.
@@ -292,7 +353,7 @@ def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None, seed_map: 
                                      for k in METRICS + ("train_acc", "test_acc", "epochs_run", "rel_weight_change")}
         trends = {}
         for metric in METRICS:
-            means = [per_width[str(w)][metric]["mean"] for w in cfg.widths]
+            means = [tables.at_width(per_width, w, metric)["mean"] for w in cfg.widths]
             tr = trend(list(cfg.widths), means)
             seed_verdicts = [trend(list(cfg.widths), [r[metric] for r in rk if r["seed"] == s])["verdict"]
                              for s in cfg.seeds]
@@ -315,7 +376,7 @@ def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None, seed_map: 
         "device": {**device_info(), "used": device},
         "wall_s": time.perf_counter() - t0,
     })
-    return results
+    return DistanceRecord.from_dict(encode(results))
 
 
 def _acc(f: np.ndarray, y: np.ndarray) -> float:

@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 
 #: Uncompressed content of the four MNIST files (md5s are the published ones; sha256 computed from them).
 MNIST_CONTENT = {

@@ -32,7 +32,7 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 
 
 def loss_residuals(out: torch.Tensor, y: torch.Tensor) -> np.ndarray:

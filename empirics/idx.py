@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049

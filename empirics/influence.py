@@ -1,4 +1,4 @@
-"""NTK leave-one-out influence with the trained network's empirical kernel (PAPER.md, "Influence
+"""NTK leave-one-out influence with the trained network's empirical kernel (docs/PAPER.md, "Influence
 malleability").
 
 Definitions (fixed here; the paper leaves them open):
@@ -8,7 +8,7 @@ Definitions (fixed here; the paper leaves them open):
   in float64 from the training inputs passed in (so clean and perturbed training sets are treated the
   same way, and a perturbed training set changes the features of every train and test point).
 - Predictor: kernel ridge regression with `K_m` on the training targets (one-hot for 10 classes, +-1
-  for the binary tasks, `empirics.train.targets`): `f(x) = k(x)^T (K_m + lambda I)^-1 Y`.
+  for the binary tasks, `empirics.losses.targets`): `f(x) = k(x)^T (K_m + lambda I)^-1 Y`.
 - Ridge `lambda`: by default relative, `lambda = ridge_rel * trace(K_m) / n` with `ridge_rel = 1e-3`,
   i.e. 0.1 % of the average kernel diagonal. A relative ridge is scale-free: 2L-ReLU kernels on raw
   pixels have diagonals of order `||x||^2` (tens to hundreds) while MLP-Attn features are unit
@@ -44,9 +44,10 @@ import torch
 from scipy import stats
 from torch import nn
 
+from empirics.losses import predict_labels, targets
 from empirics.ntk import empirical_ntk
-from empirics.train import predict_labels, targets
-from theory.errors import UserInputError
+from ntkm.codec import Record, encode
+from ntkm.errors import UserInputError
 
 RIDGE_REL_DEFAULT = 1e-3
 RIDGE_FLOOR = 1e-12
@@ -364,8 +365,29 @@ def _bootstrap_corr(pred: np.ndarray, act: np.ndarray, n_boot: int = 2000, seed:
     return out
 
 
-def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> dict[str, Any]:
-    """Predicted NTK-LOO influence against actual leave-one-out retraining under a training protocol."""
+@dataclass(frozen=True)
+class RetrainRecord(Record):
+    """The result of `protocol_retrain_study`: the network's training and gate, the correlation of predicted
+    influence with the actual change of the test loss after retraining (`value` and bootstrap `ci` of each), and
+    the removed points."""
+
+    experiment: str
+    config: dict[str, Any]
+    model: str
+    training: dict[str, Any]
+    pearson: dict[str, Any]
+    spearman: dict[str, Any]
+    sign_agreement: float
+    points: list[dict[str, Any]]
+    data: dict[str, Any]
+    versions: dict[str, Any]
+    device: dict[str, Any]
+    wall_s: float
+
+
+def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
+    """Predicted NTK-LOO influence against actual leave-one-out retraining under a training protocol (its values
+    as the cache reads them back)."""
     from empirics.common import dataset_tensors
     from empirics.datasets import load_dataset
     from empirics.models import ModelSpec, build_model
@@ -402,7 +424,7 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> dict[str, Any]:
     picks = order[np.unique(np.linspace(0, n - 1, min(cfg.n_remove, n)).round().astype(int))]
     act = np.array([test_loss(fit(np.setdiff1d(np.arange(n), [i]))[0]) - base for i in picks])
     pred = infl.total[picks]
-    return {
+    return RetrainRecord.from_dict(encode({
         "experiment": "influence-retrain-protocol",
         "config": asdict(cfg),
         "model": cfg.model,
@@ -417,4 +439,4 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> dict[str, Any]:
         "versions": library_versions(),
         "device": {**device_info(), "used": device},
         "wall_s": time.perf_counter() - t0,
-    }
+    }))

@@ -1,4 +1,4 @@
-"""Loss landscape and sharpness of the trained networks (PAPER.md, "Loss landscape").
+"""Loss landscape and sharpness of the trained networks (docs/PAPER.md, "Loss landscape").
 
 The paper claims 2L-ReLU converges to a sharp, narrow minimum and MLP-Attn to a broad, flat basin,
 without defining either word. We measure, for each trained network and w.r.t. the trained weights
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from empirics import fieldhelp as H
 from empirics.common import (
     SeedMap,
     Tensors,
@@ -47,10 +48,13 @@ from empirics.common import (
     subset_provenance,
     train_network,
 )
+from empirics.losses import loss_fn, predict_labels
 from empirics.models import ModelSpec, TwoLayerNet
 from empirics.records import device_info, library_versions
-from empirics.train import TrainConfig, loss_fn, predict_labels
-from theory.errors import UserInputError
+from empirics.train import TrainConfig
+from empirics.vocab import LandscapeVerdict
+from ntkm.codec import Record, encode, optional
+from ntkm.errors import UserInputError
 
 LossFn = Callable[[torch.Tensor], torch.Tensor]
 HVP = Callable[[torch.Tensor], torch.Tensor]
@@ -71,26 +75,27 @@ class LandscapeConfig:
     dataset: str = "mnist"
     task: str = "10class"
     classes: tuple[str, ...] | None = None
-    models: tuple[str, ...] = ("relu", "attn")
-    width: int = 1024
+    models: tuple[str, ...] = H.helped(("relu", "attn"), "comma-separated: relu, attn", flag="--model")
+    width: int = H.helped(1024, H.WIDTH)
     seeds: tuple[int, ...] = (0, 1, 2)
-    n_train: int = 500
-    n_test: int = 200
+    n_train: int = H.helped(500, H.N_TRAIN)
+    n_test: int = H.helped(200, H.N_TEST)
     sample: str = "balanced"
     data_seed: int = 0
     per_seed_data: bool = True
     train: TrainConfig = field(default_factory=TrainConfig)
-    parameterization: str = "ntk"
-    attn_layers: int = 1
-    attn_rank: int | None = None
-    attn_centre: bool = False
+    parameterization: str = H.helped("ntk", H.PARAMETERIZATION)
+    attn_layers: int = H.helped(1, H.ATTN_LAYERS)
+    attn_rank: int | None = H.helped(None, H.ATTN_RANK)
+    attn_centre: bool = H.centre_field()
     interp_range: tuple[float, float] = (-0.5, 1.5)
     slice_range: float = 1.0
     points: int = 21
     grid: int = 11
     hessian_iters: int = 20
     hutchinson_samples: int = 10
-    flat_step: float = 0.5
+    flat_step: float = H.helped(0.5, "relative filter-normalised step of the flatness number "
+                                "(default: %(default)s)")
     flat_directions: int = 4
     data_dir: str | None = None
     data_source: str = "auto"
@@ -430,10 +435,52 @@ def landscape_seed(cfg: LandscapeConfig, dataset: Any | None, seed: int) -> dict
     return {"seed": seed, "runs": runs, "provenance": ds.provenance, "device": device}
 
 
-def run_landscape(cfg: LandscapeConfig, dataset: Any | None = None, seed_map: SeedMap = local_map) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LandscapeJudgement(Record):
+    """The landscape experiment's own verdict (`landscape_verdict`): a `LandscapeVerdict` word and what it rests
+    on. Which fields are present depends on how far the rule got (absent fields are None and left out of the
+    stored dict): `reason` when not measurable, the paired `intervals` and their counts when judged."""
+
+    verdict: str
+    reason: str | None = optional()
+    gate: str | None = optional()
+    seeds: int | None = optional()
+    caveats: list[str] | None = optional()
+    criteria_above: list[str] | None = optional()
+    intervals: dict[str, dict[str, Any]] | None = optional()
+    relu_sharper_seeds: dict[str, int] | None = optional()
+
+
+@dataclass(frozen=True)
+class LandscapeModel(Record):
+    """One model's block of a landscape record: its runs (one dict per seed, `measure` and the training summary)
+    and the spread over seeds of each of `SUMMARY_METRICS`."""
+
+    runs: list[dict[str, Any]]
+    summary: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class LandscapeRecord(Record):
+    """The result of `run_landscape`, stored as the unit cache's payload and in claims.json."""
+
+    models: dict[str, LandscapeModel]
+    verdict: LandscapeJudgement
+    experiment: str
+    config: dict[str, Any]
+    parameterization: str
+    loss: str
+    weight_decay_shift: dict[str, Any]
+    data: dict[str, Any]
+    versions: dict[str, Any]
+    device: dict[str, Any]
+    wall_s: float
+
+
+def run_landscape(cfg: LandscapeConfig, dataset: Any | None = None, seed_map: SeedMap = local_map) -> LandscapeRecord:
     """Train each model for each seed (each seed its own data subset with `per_seed_data`) and measure its
-    landscape. Returns a JSON-ready record; every run carries its training summary and gate. `seed_map` runs
-    the seeds (`landscape_seed`), here or elsewhere."""
+    landscape. Returns its record (values as the cache reads them back); every run carries its training summary
+    and gate. `seed_map` runs the seeds (`landscape_seed`), here or elsewhere."""
     t0 = time.perf_counter()
     results: dict[str, Any] = {"models": {}}
     parts = seed_map(partial(landscape_seed, cfg, dataset), cfg.seeds)
@@ -455,7 +502,7 @@ def run_landscape(cfg: LandscapeConfig, dataset: Any | None = None, seed_map: Se
         "device": {**device_info(), "used": device},
         "wall_s": time.perf_counter() - t0,
     })
-    return results
+    return LandscapeRecord.from_dict(encode(results))
 
 
 #: Criteria of the landscape rule: scale-free flatness and input-scale-normalised sharpness.
@@ -485,7 +532,7 @@ def not_a_minimum(run: dict[str, Any], tol: float = 0.01) -> bool:
     return bool(beyond) and min(beyond) < (1 - tol) * at_one
 
 
-def landscape_verdict(result: dict[str, Any]) -> dict[str, Any]:
+def landscape_verdict(result: dict[str, Any]) -> LandscapeJudgement:
     """Does 2L-ReLU sit in a sharper minimum than MLP-Attn? Rule fixed before any measurement.
 
     Not measurable when a network failed the adequacy gate, or when a trained point is not a minimum
@@ -501,7 +548,7 @@ def landscape_verdict(result: dict[str, Any]) -> dict[str, Any]:
 
     models = result.get("models", {})
     if "relu" not in models or "attn" not in models:
-        return {"verdict": "not measurable", "reason": "needs both relu and attn"}
+        return LandscapeJudgement(LandscapeVerdict.NA.value, reason="needs both relu and attn")
     relu = {r["seed"]: r for r in models["relu"]["runs"]}
     attn = {r["seed"]: r for r in models["attn"]["runs"]}
     seeds = sorted(set(relu) & set(attn))
@@ -509,24 +556,25 @@ def landscape_verdict(result: dict[str, Any]) -> dict[str, Any]:
     failed = [f"{r['model']} seed {r['seed']}: {r['gate']['reason']}" for r in (*relu.values(), *attn.values())
               if not r.get("gate", {}).get("passed")]
     if failed:
-        return {"verdict": "not measurable", "reason": "below the adequacy gate: " + "; ".join(failed),
-                "gate": GATE_TEXT, "seeds": len(seeds), "caveats": caveats}
+        return LandscapeJudgement(LandscapeVerdict.NA.value, reason="below the adequacy gate: " + "; ".join(failed),
+                                  gate=GATE_TEXT, seeds=len(seeds), caveats=caveats)
     off = [f"{r['model']} seed {r['seed']}" for r in (*relu.values(), *attn.values()) if not_a_minimum(r)]
     if off:
-        return {"verdict": "not measurable", "gate": GATE_TEXT,
-                "reason": "not a minimum along the init-to-trained line: " + ", ".join(off), "seeds": len(seeds),
-                "caveats": caveats}
+        return LandscapeJudgement(LandscapeVerdict.NA.value, gate=GATE_TEXT,
+                                  reason="not a minimum along the init-to-trained line: " + ", ".join(off),
+                                  seeds=len(seeds), caveats=caveats)
     values = [run[m] for s in seeds for run in (relu[s], attn[s]) for m in LANDSCAPE_CRITERIA]
     if not seeds or not all(math.isfinite(v) and v > 0 for v in values):
-        return {"verdict": "not measurable", "reason": "non-finite or non-positive flatness or sharpness",
-                "seeds": len(seeds), "caveats": caveats}
+        return LandscapeJudgement(LandscapeVerdict.NA.value, reason="non-finite or non-positive flatness or sharpness",
+                                  seeds=len(seeds), caveats=caveats)
     intervals = {m: paired_log_ratio_interval([relu[s][m] for s in seeds], [attn[s][m] for s in seeds])
                  for m in LANDSCAPE_CRITERIA + ("top_eigenvalue", "trace")}
     counts = {m: sum(relu[s][m] > attn[s][m] for s in seeds) for m in intervals}
     above = [m for m in LANDSCAPE_CRITERIA if intervals[m]["ci"][0] > 0]
-    verdict = "holds" if len(above) == 2 else "partly" if above else "does not hold"
-    return {"verdict": verdict, "criteria_above": above, "intervals": intervals, "seeds": len(seeds),
-            "relu_sharper_seeds": counts, "gate": GATE_TEXT, "caveats": caveats}
+    verdict = (LandscapeVerdict.HOLDS if len(above) == 2 else LandscapeVerdict.PARTLY if above
+               else LandscapeVerdict.NOT).value
+    return LandscapeJudgement(verdict, criteria_above=above, intervals=intervals, seeds=len(seeds),
+                              relu_sharper_seeds=counts, gate=GATE_TEXT, caveats=caveats)
 
 
 def landscape_caveats(result: dict[str, Any], min_train_acc: float = 0.5, max_cosine: float = 0.99) -> list[str]:

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from empirics import datasets as D
-from empirics.records import atomic_write_text, sha256_file
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
+from ntkm.io import atomic_write_text, sha256_file
 
 PER_CLASS = {"train": 60, "test": 20}
 LICENCES = {

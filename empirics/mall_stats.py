@@ -22,20 +22,22 @@ Infinite bounds appear where a ratio's denominator can reach zero (see `ratio_va
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import stats
 
 from empirics.common import spread
+from empirics.vocab import PAPER_ATTACKS, Attack
+from ntkm.codec import Record, encode, optional
 from theory.paper import PAPER_ADV, PAPER_FLIP
 
 if TYPE_CHECKING:
     from empirics.malleability import MalleabilityConfig
 
-MALL_ATTACKS = ("fgsm", "pgd", "mim")
 INTERVENTIONS = ("transformed", "curated", "adversarial")
-BASELINE = "random"
+BASELINE = Attack.RANDOM.value
 #: Bootstrap settings: resamples, generator seed, level.
 N_BOOT = 2000
 BOOT_SEED = 20_260_313
@@ -53,7 +55,7 @@ def paper_ratio_range(dataset: str, task: str) -> tuple[float, float] | None:
     p = PAPER_FLIP.get((dataset, task))
     if p is None:
         return None
-    r = [p["attn"][a] / p["relu"][a] for a in MALL_ATTACKS]
+    r = [p["attn"][a] / p["relu"][a] for a in PAPER_ATTACKS]
     return min(r), max(r)
 
 
@@ -124,6 +126,14 @@ def ratio_ci(num_est: float, den_est: float, num: np.ndarray, den: np.ndarray) -
     return percentile_ci(float(ratio_values(num_est, den_est)), ratio_values(num, den))
 
 
+def pooled(est: np.ndarray, reps: np.ndarray, n_attacks: int) -> tuple[float, np.ndarray]:
+    """The flip rate pooled over the attacks: the mean over columns 1..`n_attacks` (column 0 is the noise) of
+    the estimates `(K,)` and of the replicates `(n_boot, K)`. The one definition of "pooled" that the flip
+    tables, the adversarial-training rows and so every rule reading them use."""
+    cols = slice(1, n_attacks + 1)
+    return est[cols].mean(), reps[:, cols].mean(axis=1)
+
+
 # ---- reading the runs ----------------------------------------------------------------------------
 
 def _measurement(run: dict[str, Any], intervention: str, attack: str, eps: float | None) -> dict[str, Any] | None:
@@ -167,9 +177,34 @@ def _counts(matrices: list[np.ndarray]) -> dict[str, Any]:
 
 # ---- the summary ---------------------------------------------------------------------------------
 
-def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig) -> dict[str, Any]:
+@dataclass(frozen=True)
+class MallSummary(Record):
+    """The statistics of one malleability experiment (`summarise`), one list of rows per table. Each row is a dict
+    naming its setting (training, intervention, eps, model, attack) and its intervals (`percentile_ci`,
+    `t_interval`); `find` picks one. `adv_train` is present only when adversarial training ran."""
+
+    bootstrap: dict[str, Any]
+    rows: list[dict[str, Any]]
+    pooled: list[dict[str, Any]]
+    comparisons: list[dict[str, Any]]
+    ratios: list[dict[str, Any]]
+    curated: list[dict[str, Any]]
+    curated_diff: list[dict[str, Any]]
+    seed_baseline: list[dict[str, Any]]
+    adv_train: list[dict[str, Any]] | None = optional()
+
+    def find(self, block: str, **where: Any) -> dict[str, Any] | None:
+        """The first row of table `block` whose fields equal `where` (None when absent)."""
+        for r in getattr(self, block) or []:
+            if all(r.get(k) == v for k, v in where.items()):
+                return r
+        return None
+
+
+def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig) -> MallSummary:
     """Spreads over seeds, flip rates, excess over noise, Attn/ReLU differences and ratios, the
-    seed-to-seed baseline, curated removal and adversarial training, each with its 95 % interval."""
+    seed-to-seed baseline, curated removal and adversarial training, each with its 95 % interval (its values
+    as the cache reads them back)."""
     trainings = ["standard"] + (["adversarial"] if cfg.adv_train else [])
     attacks = tuple(cfg.attacks)
     out: dict[str, Any] = {
@@ -200,7 +235,7 @@ def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig) -> dict[str, 
                 "rho_all_ci": t_interval([r["seed_baseline"]["rho_all"] for r in have]), **_counts(mats)})
     if cfg.adv_train:
         out["adv_train"] = _adv_block(runs, cfg, attacks)
-    return out
+    return MallSummary.from_dict(encode(out))
 
 
 def _flip_block(out: dict[str, Any], runs: list[dict[str, Any]], cfg: MalleabilityConfig, training: str,
@@ -230,8 +265,9 @@ def _flip_block(out: dict[str, Any], runs: list[dict[str, Any]], cfg: Malleabili
         for j, a in enumerate(attacks, start=1):
             d[f"flip:{a}"] = (e[j], r[:, j])
             d[f"excess:{a}"] = (e[j] - e[0], r[:, j] - r[:, 0])
-        d[f"flip:{POOLED}"] = (e[1:na + 1].mean(), r[:, 1:na + 1].mean(axis=1))
-        d[f"excess:{POOLED}"] = (e[1:na + 1].mean() - e[0], r[:, 1:na + 1].mean(axis=1) - r[:, 0])
+        pe, pr = pooled(e, r, na)
+        d[f"flip:{POOLED}"] = (pe, pr)
+        d[f"excess:{POOLED}"] = (pe - e[0], pr - r[:, 0])
         derived[m] = d
         base = {k: vals(BASELINE, k) for k in ("flip_rate", "rho_all", "rho_top")}
         for j, a in enumerate(attacks, start=1):
@@ -250,17 +286,16 @@ def _flip_block(out: dict[str, Any], runs: list[dict[str, Any]], cfg: Malleabili
         rho_att = [float(np.mean([_measurement(x, intervention, a, eps)["rho_all"] for a in attacks]))
                    for x in runs_m]
         rho[m] = rho_att
-        pooled = {**where, "model": m, "attacks": list(attacks), "flip_ci": percentile_ci(*d[f"flip:{POOLED}"]),
-                  "baseline_ci": percentile_ci(*d["noise"]), "excess_ci": percentile_ci(*d[f"excess:{POOLED}"]),
-                  "per_seed_rho_all": rho_att, "per_seed_baseline_rho_all": base["rho_all"],
-                  "rho_all_ci": t_interval(rho_att), "baseline_rho_all_ci": t_interval(base["rho_all"]),
-                  "rho_drop_ci": t_interval([b - x for b, x in zip(base["rho_all"], rho_att, strict=True)]),
-                  **_counts(mats[m])}
+        pooled_row = {**where, "model": m, "attacks": list(attacks), "flip_ci": percentile_ci(*d[f"flip:{POOLED}"]),
+                      "baseline_ci": percentile_ci(*d["noise"]), "excess_ci": percentile_ci(*d[f"excess:{POOLED}"]),
+                      "per_seed_rho_all": rho_att, "per_seed_baseline_rho_all": base["rho_all"],
+                      "rho_all_ci": t_interval(rho_att), "baseline_rho_all_ci": t_interval(base["rho_all"]),
+                      "rho_drop_ci": t_interval([b - x for b, x in zip(base["rho_all"], rho_att, strict=True)]),
+                      **_counts(mats[m])}
         if with_seed:
-            pooled["seed_baseline_ci"] = percentile_ci(e[-1], r[:, -1])
-            pooled["excess_over_seed_ci"] = percentile_ci(e[1:na + 1].mean() - e[-1],
-                                                          r[:, 1:na + 1].mean(axis=1) - r[:, -1])
-        out["pooled"].append(pooled)
+            pooled_row["seed_baseline_ci"] = percentile_ci(e[-1], r[:, -1])
+            pooled_row["excess_over_seed_ci"] = percentile_ci(pe - e[-1], pr - r[:, -1])
+        out["pooled"].append(pooled_row)
     if not both:
         return
     for a in (*attacks, POOLED):
@@ -324,8 +359,8 @@ def _adv_block(runs: list[dict[str, Any]], cfg: MalleabilityConfig, attacks: tup
         mats = {t: [_flip_matrix(by[t][s], "transformed", eps, attacks, False) for s in seeds] for t in by}
         est, reps = hierarchical_bootstrap(mats)
         for j, a in [(j, a) for j, a in enumerate(attacks, start=1)] + [(0, POOLED)]:
-            cols = slice(j, j + 1) if j else slice(1, na + 1)
-            f = {t: (est[t][cols].mean(), reps[t][:, cols].mean(axis=1)) for t in by}
+            f = {t: (est[t][j:j + 1].mean(), reps[t][:, j:j + 1].mean(axis=1)) if j else pooled(est[t], reps[t], na)
+                 for t in by}
             x = {t: (f[t][0] - est[t][0], f[t][1] - reps[t][:, 0]) for t in by}
             row: dict[str, Any] = {
                 "model": model, "attack": a,
@@ -361,11 +396,3 @@ def ratio(attn: list[float], relu: list[float]) -> dict[str, Any]:
         "attn_mean": ma, "relu_mean": mr,
         "note": "" if mr > 0 else "undefined: 2L-ReLU flipped no point (ratio of zero)",
     }
-
-
-def find(summary: dict[str, Any], block: str, **where: Any) -> dict[str, Any] | None:
-    """The first entry of `summary[block]` whose fields equal `where` (None when absent)."""
-    for r in summary.get(block, []):
-        if all(r.get(k) == v for k, v in where.items()):
-            return r
-    return None

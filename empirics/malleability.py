@@ -1,6 +1,6 @@
 """Influence malleability: how often a small perturbation of training data flips influence signs.
 
-Protocol (PAPER.md, "Influence malleability"; choices the paper leaves open are fixed here):
+Protocol (docs/PAPER.md, "Influence malleability"; choices the paper leaves open are fixed here):
 
 1. Train each network once per seed (Adam, the preset's epochs; `adv_train` adds a PGD-trained copy
    with the same seed). Every attack and eps value reuses that trained network.
@@ -46,15 +46,18 @@ import numpy as np
 import torch
 from scipy import stats
 
+from empirics import fieldhelp as H
 from empirics.attacks import CONTEXT_MODES, AttackConfig, attack
 from empirics.common import SeedMap, Tensors, experiment_data, local_map, subset_provenance, train_network
 from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_scores
-from empirics.mall_stats import BASELINE, INTERVENTIONS, MALL_ATTACKS, paper_ratio_range, summarise
-from empirics.models import MODEL_KINDS, ModelSpec, TwoLayerNet
+from empirics.mall_stats import BASELINE, INTERVENTIONS, MallSummary, paper_ratio_range, summarise
+from empirics.models import ModelSpec, TwoLayerNet
 from empirics.progress import log
 from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig
-from theory.errors import UserInputError
+from empirics.vocab import MODEL_KINDS, PAPER_ATTACKS
+from ntkm.codec import Record, encode
+from ntkm.errors import UserInputError
 from theory.paper import PAPER_FLIP
 
 
@@ -69,40 +72,44 @@ class MalleabilityConfig:
     dataset: str = "mnist"
     task: str = "10class"
     classes: tuple[str, ...] | None = None
-    models: tuple[str, ...] = ("relu", "attn")
-    attacks: tuple[str, ...] = MALL_ATTACKS
-    eps: float = 0.3
-    eps_sweep: tuple[float, ...] = ()
-    tau: float = 0.1
+    models: tuple[str, ...] = H.helped(("relu", "attn"), H.MODELS, flag="--model")
+    attacks: tuple[str, ...] = H.helped(PAPER_ATTACKS, "comma-separated: fgsm, pgd, mim (random noise of the same eps "
+                                        "always runs as the baseline)", flag="--attack")
+    eps: float = H.helped(0.3, "L-infinity budget in pixel units, in [0, 1] (default: %(default)s)")
+    eps_sweep: tuple[float, ...] = H.helped((), "more eps values, e.g. 0.1,0.2,0.3,0.5")
+    tau: float = H.helped(0.1, "fraction of training points selected by |influence|, in (0, 1]")
     seeds: tuple[int, ...] = (0, 1, 2)
-    interventions: tuple[str, ...] = INTERVENTIONS
-    width: int = 1024
-    n_train: int = 500
-    n_test: int = 200
+    interventions: tuple[str, ...] = H.helped(INTERVENTIONS, "comma-separated: transformed (headline), curated, "
+                                              "adversarial", flag="--intervention")
+    width: int = H.helped(1024, H.WIDTH)
+    n_train: int = H.helped(500, H.N_TRAIN)
+    n_test: int = H.helped(200, H.N_TEST)
     sample: str = "balanced"
     data_seed: int = 0
     per_seed_data: bool = True
     train: TrainConfig = field(default_factory=TrainConfig)
     seed_baseline: bool = False
-    adv_train: bool = False
+    adv_train: bool = H.helped(False, "also train with PGD (at --eps) and compare flip rates before and after")
     adv_max_epochs: int | None = None
-    adv_steps: int = 7
-    attack_steps: int = 10
-    attack_context: str = "fixed"
-    ridge: float | None = None
-    ridge_rel: float = RIDGE_REL_DEFAULT
-    parameterization: str = "ntk"
-    attn_layers: int = 1
-    attn_rank: int | None = None
-    attn_centre: bool = False
+    adv_steps: int = H.helped(7, "PGD steps inside adversarial training")
+    attack_steps: int = H.helped(10, "PGD / MIM steps")
+    attack_context: str = H.helped("fixed", "MLP-Attn attacks see the clean context (fixed) or their own "
+                                   "perturbation (recomputed)")
+    ridge: float | None = H.helped(None, "absolute KRR ridge (default: relative, below)")
+    ridge_rel: float = H.helped(RIDGE_REL_DEFAULT, "ridge = RIDGE_REL * trace(K_m) / n when --ridge is not given "
+                                "(default: %(default)s)")
+    parameterization: str = H.helped("ntk", H.PARAMETERIZATION)
+    attn_layers: int = H.helped(1, H.ATTN_LAYERS)
+    attn_rank: int | None = H.helped(None, H.ATTN_RANK)
+    attn_centre: bool = H.centre_field()
     data_dir: str | None = None
     data_source: str = "auto"
     device: str = "auto"
 
     def __post_init__(self) -> None:
         for a in self.attacks:
-            if a not in MALL_ATTACKS:
-                raise UserInputError(f"unknown attack '{a}'; choose from {', '.join(MALL_ATTACKS)} "
+            if a not in PAPER_ATTACKS:
+                raise UserInputError(f"unknown attack '{a}'; choose from {', '.join(PAPER_ATTACKS)} "
                                      "(random noise is always run as the baseline)")
         for m in self.models:
             if m not in MODEL_KINDS:
@@ -186,7 +193,7 @@ def _attack_cfg(name: str, eps: float, cfg: MalleabilityConfig, seed: int) -> At
 
 
 def _attack_seed(seed: int, eps_idx: int, name: str, intervention: str) -> int:
-    code = ("random",) + MALL_ATTACKS
+    code = (BASELINE,) + PAPER_ATTACKS
     return 1_000_003 * seed + 10_007 * eps_idx + 101 * code.index(name) + INTERVENTIONS.index(intervention)
 
 
@@ -294,9 +301,29 @@ def malleability_seed(cfg: MalleabilityConfig, dataset: Any | None, seed: int) -
     return {"seed": seed, "runs": runs, "provenance": ds.provenance, "device": device}
 
 
+@dataclass(frozen=True)
+class MalleabilityRecord(Record):
+    """The result of `run_malleability`: its config, the per-run measurements (one dict per model, seed and
+    training, each with its per-example records) and their statistics (`summary`)."""
+
+    experiment: str
+    config: dict[str, Any]
+    eps_values: list[float]
+    n_selected: int
+    definitions: dict[str, str]
+    paper: dict[str, Any]
+    runs: list[dict[str, Any]]
+    summary: MallSummary
+    data: dict[str, Any]
+    versions: dict[str, Any]
+    device: dict[str, Any]
+    wall_s: float
+
+
 def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None,
-                     seed_map: SeedMap = local_map) -> dict[str, Any]:
-    """The whole experiment: returns a JSON-ready record (config, per-run measurements, summary).
+                     seed_map: SeedMap = local_map) -> MalleabilityRecord:
+    """The whole experiment: a record of the config, per-run measurements and summary (its values as the cache
+    reads them back).
 
     With `per_seed_data` each seed draws its own training and test subset, so spreads and intervals
     over seeds are over data subsets and initialisations together. Every run records its training
@@ -306,7 +333,7 @@ def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None,
     parts = seed_map(partial(malleability_seed, cfg, dataset), cfg.seeds)
     runs = [r for part in parts for r in part["runs"]]
     device = parts[-1]["device"]
-    return {
+    return MalleabilityRecord.from_dict(encode({
         "experiment": "malleability",
         "config": asdict(cfg),
         "eps_values": list(cfg.eps_values),
@@ -332,4 +359,4 @@ def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None,
         "versions": library_versions(),
         "device": {**device_info(), "used": device},
         "wall_s": time.perf_counter() - t0,
-    }
+    }))

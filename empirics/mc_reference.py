@@ -24,8 +24,8 @@ import torch
 
 from empirics.models import ModelSpec, build_model
 from empirics.ntk import empirical_ntk
+from ntkm.errors import UserInputError
 from theory import krr
-from theory.errors import UserInputError
 
 #: Offset of the initialisation seeds of the Monte Carlo draws (disjoint from the trained networks' seeds).
 MC_SEED_OFFSET = 1_000_000

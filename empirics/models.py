@@ -1,4 +1,4 @@
-"""The paper's two networks, 2L-ReLU and MLP-Attn (PAPER.md, "Objects"), and two attention variants.
+"""The paper's two networks, 2L-ReLU and MLP-Attn (docs/PAPER.md, "Objects"), and two attention variants.
 
 Both compute `f(x) = m^-1/2 * A^T relu(W x~)` with `A` (m x c) fixed random signs and only `W`
 (m x d) trained. 2L-ReLU uses the raw input, `x~ = x`; MLP-Attn uses linearized attention over
@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from theory.errors import UserInputError
+from empirics.vocab import MODEL_KINDS
+from ntkm.errors import UserInputError
 
-MODEL_KINDS = ("relu", "attn", "softmax", "qkv")
 #: Kinds whose features depend on the training set (an attention context).
 CONTEXT_KINDS = ("attn", "softmax", "qkv")
 PARAMETERIZATIONS = ("ntk", "standard")
@@ -282,7 +282,7 @@ def save_model(model: SuiteNet, path: str | Path) -> tuple[Path, Path]:
     """
     from safetensors.torch import save_file
 
-    from empirics.records import atomic_write_bytes, atomic_write_text
+    from ntkm.io import atomic_write_bytes, atomic_write_text
 
     path = Path(path)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}

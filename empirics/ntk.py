@@ -1,49 +1,117 @@
-"""Empirical neural tangent kernels.
+"""Empirical neural tangent kernels: one entry point, `empirical_ntk`, with a choice of implementation.
 
-Fast path (DESIGN.md): for the paper's two networks only `W` is trained and
-`d f_c / d w_r = m^-1/2 a_rc relu'(w_r . x~) x~`, so
+Implementations (`NtkImpl`, modelled on neural-tangents' `empirical_ntk_fn(implementation=...)`; every pair is
+compared in `tests/empirics/test_ntk_implementations.py`):
 
-    Theta_cc'(x, x') = (1/m) <x~, x~'> * sum_r a_rc a_rc' D[x, r] D[x', r]
+- `closed_form`: the suite's own networks only. For the paper's two networks only `W` is trained and
+  `d f_c / d w_r = m^-1/2 a_rc relu'(w_r . x~) x~`, so
 
-i.e. `(1/m) (X~ X~'^T) o (D diag(a_c o a_c') D'^T)`: two matrix products per output pair instead of
-a contraction of per-example Jacobians. The generic path works for any `nn.Module` with
-`torch.func` (per-example Jacobians with vmap, chunked to bound memory). Each is tested and
-benchmarked against the other.
+      Theta_cc'(x, x') = (1/m) <x~, x~'> * sum_r a_rc a_rc' D[x, r] D[x', r]
 
-The trainable-attention variant (`QKVAttentionNet`, `x~ = u / |u|`, `u = (x Q) M`, `M = K^T C V`) has a
-closed form too (`ntk_qkv`): the W block above on its features plus, per output c, with
-`h_c = (I - x~ x~^T) g_c / |u|` and `g_c = m^-1/2 W^T (a_c o relu'(W x~))` (the gradient of f_c in u),
-`alpha^2 [ <x, x'> h_c M^T M h'_c + <q, q'> h_c (CV)^T (CV) h'_c + q (CK)^T (CK) q' <h_c, h'_c> ]`
-for the Q, K and V blocks (`q = x Q`): Gram products in the k-dimensional attention space instead of
-Jacobians with 3 d k columns.
+  i.e. `(1/m) (X~ X~'^T) o (D diag(a_c o a_c') D'^T)`: two matrix products per output pair instead of a
+  contraction of per-example Jacobians (docs/DESIGN.md). The trainable-attention variant (`QKVAttentionNet`,
+  `x~ = u / |u|`, `u = (x Q) M`, `M = K^T C V`) adds, per output c, with `h_c = (I - x~ x~^T) g_c / |u|` and
+  `g_c = m^-1/2 W^T (a_c o relu'(W x~))` (the gradient of f_c in u),
+  `alpha^2 [ <x, x'> h_c M^T M h'_c + <q, q'> h_c (CV)^T (CV) h'_c + q (CK)^T (CK) q' <h_c, h'_c> ]`
+  for the Q, K and V blocks (`q = x Q`): Gram products in the k-dimensional attention space instead of
+  Jacobians with 3 d k columns.
+- `torch_func`: any eager `nn.Module`, per-example Jacobians with `torch.func.jacrev` + `vmap`, chunked to bound
+  memory.
+- `autograd_factored`: `empirics.audit_ntk.ModelJacobian`, plain autograd one example (or one batch) at a time,
+  with the linear layers of an FX graph (a `torch.export` program's `.module()`) factored; the one path that
+  takes TorchScript modules and exported programs, which `torch.func` refuses. "mean" reduction only, on CPU.
+- `auto`: `closed_form` for the suite's networks, `autograd_factored` for TorchScript modules and FX graphs,
+  `torch_func` for any other module.
 
-Kernel `reduction`: "mean" gives `(1/c) sum_c Theta_cc` (the per-output kernel that the analytic
-NTK of Thm 4.2 predicts; the one influence uses), "trace" the sum, "full" the (n1, n2, c, c) block.
+The trained parameters are the model's own (`W` for `TwoLayerNet`; `W`, `W_Q`, `W_K`, `W_V` for
+`QKVAttentionNet`) in the closed form, and those that require grad in the Jacobian paths.
+
+Kernel `reduction`: "mean" gives `(1/c) sum_c Theta_cc` (the per-output kernel that the analytic NTK of Thm 4.2,
+`theory.kernels.analytic_ntk_two_layer`, predicts; the one influence uses), "trace" the sum, "full" the
+(n1, n2, c, c) block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from enum import Enum
 
 import torch
 from torch import nn
 
+from empirics.audit_ntk import ModelJacobian
 from empirics.models import QKVAttentionNet, TwoLayerNet
+from ntkm.errors import UserInputError
 
 REDUCTIONS = ("mean", "trace", "full")
 
 
+class NtkImpl(str, Enum):
+    """How `empirical_ntk` computes the kernel (module docstring); the plain strings are accepted too."""
+
+    AUTO = "auto"
+    CLOSED_FORM = "closed_form"
+    TORCH_FUNC = "torch_func"
+    AUTOGRAD_FACTORED = "autograd_factored"
+
+
 def _check_reduction(reduction: str) -> None:
     if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        raise UserInputError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+def resolve_implementation(model: nn.Module, implementation: NtkImpl | str = NtkImpl.AUTO) -> NtkImpl:
+    """The implementation `empirical_ntk` uses for `model`: `implementation` itself, or the choice of "auto"."""
+    try:
+        impl = NtkImpl(implementation)
+    except ValueError:
+        names = ", ".join(repr(i.value) for i in NtkImpl)
+        raise UserInputError(f"unknown empirical-NTK implementation {implementation!r}; "
+                             f"choose one of {names}") from None
+    if impl is not NtkImpl.AUTO:
+        return impl
+    if isinstance(model, (TwoLayerNet, QKVAttentionNet)):
+        return NtkImpl.CLOSED_FORM
+    if isinstance(model, (torch.jit.ScriptModule, torch.fx.GraphModule)):
+        return NtkImpl.AUTOGRAD_FACTORED
+    return NtkImpl.TORCH_FUNC
+
+
+def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, reduction: str = "mean",
+                  implementation: NtkImpl | str = NtkImpl.AUTO, *, max_bytes: int | None = None,
+                  static_batch: int | None = None) -> torch.Tensor:
+    """Empirical NTK of `model` between the rows of `x1` and `x2` (default `x1`), as a float64 tensor.
+
+    The model is called on batches of rows of `x1` (its own input shape after the batch axis). The result is
+    (n1, n2) for "mean" and "trace", (n1, n2, c, c) for "full"; float64 whatever the model's dtype (a float32
+    kernel is computed in float32 and converted exactly, so timings and precision are those of the model's
+    dtype), on `x1`'s device (on CPU for `autograd_factored`). `max_bytes` bounds the Jacobians held at once
+    by the two Jacobian paths (default: 1 GiB for `torch_func`, 2 GiB for `autograd_factored`); `static_batch`
+    is the batch size a program was exported with (`autograd_factored` only).
+    """
+    _check_reduction(reduction)
+    impl = resolve_implementation(model, implementation)
+    if static_batch is not None and impl is not NtkImpl.AUTOGRAD_FACTORED:
+        raise UserInputError(f"static_batch applies to the autograd_factored implementation only, not {impl.value}")
+    if impl is NtkImpl.CLOSED_FORM:
+        if isinstance(model, QKVAttentionNet):
+            k = _closed_form_qkv(model, x1, x2, reduction)
+        elif isinstance(model, TwoLayerNet):
+            k = _closed_form_head(model, x1, x2, reduction)
+        else:
+            raise UserInputError("the closed-form NTK applies only to the suite's TwoLayerNet and QKVAttentionNet; "
+                                 f"use implementation 'torch_func' or 'autograd_factored' for {type(model).__name__}")
+    elif impl is NtkImpl.TORCH_FUNC:
+        k = _torch_func(model, x1, x2, reduction, 1 << 30 if max_bytes is None else max_bytes)
+    else:
+        k = _autograd_factored(model, x1, x2, reduction, 2 << 30 if max_bytes is None else max_bytes, static_batch)
+    return k.to(torch.float64)
 
 
 @torch.no_grad()
-def ntk_two_layer(model: TwoLayerNet, x1: torch.Tensor, x2: torch.Tensor | None = None,
-                  reduction: str = "mean", weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Closed-form empirical NTK of a `TwoLayerNet` (only W trained). `weights` overrides W."""
-    _check_reduction(reduction)
-    W = model.W if weights is None else weights
+def _closed_form_head(model: TwoLayerNet | QKVAttentionNet, x1: torch.Tensor, x2: torch.Tensor | None,
+                      reduction: str) -> torch.Tensor:
+    """The W block in closed form (module docstring): the whole kernel of a `TwoLayerNet`."""
+    W = model.W
     m = W.shape[0]
     f1 = model.features(x1)
     f2 = f1 if x2 is None else model.features(x2)
@@ -74,8 +142,8 @@ def _pair_sum(p1: torch.Tensor, p2: torch.Tensor, reduction: str) -> torch.Tenso
 
 
 def _qkv_parts(model: QKVAttentionNet, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-point factors of `ntk_qkv`: `q = x Q` and, per output, `h_c` (the gradient of f_c in x~ projected and
-    divided by |u|)."""
+    """Per-point factors of the Q, K, V blocks: `q = x Q` and, per output, `h_c` (the gradient of f_c in x~
+    projected and divided by |u|)."""
     q = x @ (model.alpha * model.W_Q)
     u = q @ model.mixing()
     norm = u.norm(dim=1, keepdim=True).clamp_min(1e-30)
@@ -87,11 +155,10 @@ def _qkv_parts(model: QKVAttentionNet, x: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 @torch.no_grad()
-def ntk_qkv(model: QKVAttentionNet, x1: torch.Tensor, x2: torch.Tensor | None = None,
-            reduction: str = "mean") -> torch.Tensor:
-    """Closed-form empirical NTK of `QKVAttentionNet`: the W block plus the Q, K and V blocks (module docstring)."""
-    _check_reduction(reduction)
-    k_w = ntk_two_layer(model, x1, x2, reduction)  # the head block only needs features, W and A
+def _closed_form_qkv(model: QKVAttentionNet, x1: torch.Tensor, x2: torch.Tensor | None,
+                     reduction: str) -> torch.Tensor:
+    """The kernel of `QKVAttentionNet` in closed form: the W block plus the Q, K and V blocks (module docstring)."""
+    k_w = _closed_form_head(model, x1, x2, reduction)  # the head block only needs features, W and A
     q1, h1 = _qkv_parts(model, x1)
     q2, h2 = (q1, h1) if x2 is None else _qkv_parts(model, x2)
     xx2 = x1 if x2 is None else x2
@@ -111,19 +178,13 @@ def _chunks(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def ntk_generic(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, reduction: str = "mean",
-                params: dict[str, torch.Tensor] | None = None, max_bytes: int = 1 << 30,
-                forward: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
-    """Empirical NTK of any module from per-example Jacobians (`torch.func.jacrev` + `vmap`).
-
-    The kernel is accumulated over chunks of examples so that at most about `max_bytes` of Jacobian
-    is alive at once. `params` selects the trained parameters (default: all with requires_grad).
-    """
+def _torch_func(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, reduction: str,
+                max_bytes: int) -> torch.Tensor:
+    """The kernel from per-example Jacobians (`torch.func.jacrev` + `vmap`) of the parameters that require grad,
+    accumulated over chunks of examples so that at most about `max_bytes` of Jacobian is alive at once."""
     from torch.func import functional_call, jacrev, vmap
 
-    _check_reduction(reduction)
-    if params is None:
-        params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
     buffers = {k: v.detach() for k, v in model.named_buffers()}
     n_params = sum(p.numel() for p in params.values())
 
@@ -146,8 +207,7 @@ def ntk_generic(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
     n1, n2 = x1.shape[0], x2.shape[0]
     shape = (n1, n2, c, c) if reduction == "full" else (n1, n2)
     out = torch.zeros(shape, dtype=x1.dtype, device=x1.device)
-    s1_list = _chunks(n1, chunk)
-    for s1 in s1_list:
+    for s1 in _chunks(n1, chunk):
         j1 = jac(x1[s1])
         for s2 in _chunks(n2, chunk):
             if sym and s2.start < s1.start:
@@ -165,15 +225,12 @@ def ntk_generic(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
     return out.detach()
 
 
-def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, reduction: str = "mean",
-                  method: str = "auto") -> torch.Tensor:
-    """Dispatch: the closed form for the suite's networks, the generic path otherwise."""
-    if method == "auto":
-        method = "closed" if isinstance(model, (TwoLayerNet, QKVAttentionNet)) else "generic"
-    if method == "closed":
-        if isinstance(model, QKVAttentionNet):
-            return ntk_qkv(model, x1, x2, reduction)
-        if not isinstance(model, TwoLayerNet):
-            raise ValueError("the closed-form NTK applies only to the suite's TwoLayerNet and QKVAttentionNet")
-        return ntk_two_layer(model, x1, x2, reduction)
-    return ntk_generic(model, x1, x2, reduction)
+def _autograd_factored(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, reduction: str,
+                       max_bytes: int, static_batch: int | None) -> torch.Tensor:
+    """`ModelJacobian(...).kernel`: factored linear layers when `model` is an FX graph, plain autograd otherwise."""
+    if reduction != "mean":
+        raise UserInputError(f"the autograd_factored implementation computes the 'mean' reduction only, "
+                             f"not {reduction!r}; use implementation 'torch_func' for it")
+    graph = model if isinstance(model, torch.fx.GraphModule) else None
+    jac = ModelJacobian(model, tuple(x1.shape[1:]), graph=graph, static_batch=static_batch)
+    return jac.kernel(x1.cpu(), None if x2 is None else x2.cpu(), max_bytes=max_bytes)

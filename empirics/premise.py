@@ -22,11 +22,11 @@ import torch
 
 from empirics.datasets import load_dataset
 from empirics.models import ModelSpec, build_model
-from empirics.ntk import ntk_two_layer as empirical_ntk
+from empirics.ntk import empirical_ntk
+from ntkm.errors import UserInputError
 from theory.conditioning import condition_numbers, kernel_spectrum, log10_kappa_power
-from theory.errors import UserInputError
 from theory.gram import attention_features
-from theory.kernels import ntk_two_layer
+from theory.kernels import analytic_ntk_two_layer
 
 MODELS = ("relu", "attn")
 #: Output width of the networks whose empirical NTK is measured (the 10-class heads; with `a = +-1` and
@@ -52,7 +52,7 @@ def premise_row(X: np.ndarray, widths: tuple[int, ...] | list[int], seed: int = 
         for m in widths:
             model = build_model(ModelSpec(kind, A.shape[1], int(m), OUT_DIM, seed=seed), x_t, dtype=torch.float64)
             emp.append({"width": int(m), **kernel_spectrum(empirical_ntk(model, x_t).numpy())})
-        ntk[kind] = {"analytic": kernel_spectrum(ntk_two_layer(feats)), "empirical": emp}
+        ntk[kind] = {"analytic": kernel_spectrum(analytic_ntk_two_layer(feats)), "empirical": emp}
     return {
         "n": cn["n"], "d": cn["d"], "rank": cn["rank"], "kappa_G": cn["kappa"], "log10_kappa_G": cn["log10_kappa"],
         "lambda_min_G": float(cn["sigma_min"]) ** 2 if cn["n"] <= cn["d"] else 0.0,

@@ -1,6 +1,6 @@
 """Named training protocols and the adequacy gate (fixed before any run, printed with every rule).
 
-The paper reports one training setup (PAPER.md, "Training setup reported in one secondary summary"):
+The paper reports one training setup (docs/PAPER.md, "Training setup reported in one secondary summary"):
 Adam lr 1e-3 with L2 weight decay 1e-3, batch 128, 500 epochs. In torch's `Adam(weight_decay=...)` that
 decay is *coupled*: `1e-3 * W` is added to the gradient, and with `W ~ N(0, 1)` (NTK parameterisation)
 its norm grows like `sqrt(m d)` while the loss gradient is O(1), so Adam's normalised steps mostly shrink
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from empirics.train import TrainConfig, TrainRecord
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 
 PAPER, PROPER, DECOUPLED, GD_MSE = "paper", "width-consistent", "decoupled", "gd-mse"
 PROTOCOL_NAMES = (PAPER, PROPER, DECOUPLED, GD_MSE)

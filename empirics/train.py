@@ -7,9 +7,10 @@ step of Adam the same at every width in NTK parameterisation. `plateau=True` tra
 improving (see `plateau_reached`) or `epochs` (the maximum) is reached; every record says whether
 the plateau was reached, whatever the stopping rule.
 
-Losses (`loss="auto"`): cross-entropy for 10 classes; MSE against +-1 targets for binary tasks (one
-output), as PAPER.md's training summary reports. `loss="mse"` uses squared error against one-hot
-targets for 10 classes too (the setting in which NTK theory's kernel-regression limit is exact).
+Losses (`loss="auto"`, defined in `empirics.losses`): cross-entropy for 10 classes; MSE against +-1
+targets for binary tasks (one output), as docs/PAPER.md's training summary reports. `loss="mse"` uses squared
+error against one-hot targets for 10 classes too (the setting in which NTK theory's kernel-regression limit
+is exact).
 Optional PGD adversarial training (Madry et al. 2018): each
 batch is replaced by its PGD adversarial version before the step. Everything is seeded.
 """
@@ -18,15 +19,15 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
 
+from empirics.losses import loss_fn, predict_labels
 from empirics.models import TwoLayerNet
 from empirics.progress import Progress
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 
 OPTIMIZERS = ("adam", "gd")
 DECAYS = ("coupled", "decoupled")
@@ -102,10 +103,10 @@ def gd_learning_rate(model: TwoLayerNet, x: torch.Tensor) -> float:
     """`n / lambda_max(Theta_0)` (closed-form empirical NTK at the current weights, float64): with this step,
     gradient descent on the mean squared loss moves the top kernel mode of the function by a step of 1 (stable
     below 2) at every width, which makes the protocol width-consistent."""
-    from empirics.ntk import ntk_two_layer
+    from empirics.ntk import empirical_ntk
 
     m64 = copy.deepcopy(model).double()
-    theta = ntk_two_layer(m64, x.double())
+    theta = empirical_ntk(m64, x.double())
     top = float(torch.linalg.eigvalsh(theta)[-1])
     return x.shape[0] / top if top > 0 else 1.0
 
@@ -126,40 +127,9 @@ def plateau_reached(losses: list[float], epochs: list[int], window: int, tol: fl
     return gain < tol * min(before) or gain < tol / 4 * losses[0]
 
 
-def loss_fn(out_dim: int, loss: str = "auto") -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Per-example loss: cross-entropy (c > 1) or MSE to +-1 targets (one output); `loss="mse"`
-    gives half the squared error to one-hot targets for c > 1."""
-    if out_dim > 1 and loss == "mse":
-        def mse_onehot(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return 0.5 * ((out - nn.functional.one_hot(y, out_dim).to(out.dtype)) ** 2).sum(dim=1)
-
-        return mse_onehot
-    if out_dim == 1:
-        def mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return 0.5 * (out[:, 0] - (2.0 * y.to(out.dtype) - 1.0)) ** 2
-
-        return mse
-
-    def ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(out, y, reduction="none")
-
-    return ce
-
-
-def predict_labels(out: torch.Tensor) -> torch.Tensor:
-    return (out[:, 0] > 0).long() if out.shape[1] == 1 else out.argmax(dim=1)
-
-
 @torch.no_grad()
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((predict_labels(model(x)) == y).float().mean()) if len(y) else float("nan")
-
-
-def targets(y: torch.Tensor, out_dim: int, dtype: torch.dtype) -> torch.Tensor:
-    """Regression targets that match the training loss: one-hot (10 classes) or +-1 (binary)."""
-    if out_dim == 1:
-        return (2.0 * y.to(dtype) - 1.0)[:, None]
-    return nn.functional.one_hot(y, out_dim).to(dtype)
 
 
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,

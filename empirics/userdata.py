@@ -53,7 +53,7 @@ from empirics.datasets import (
     select_indices,
     to_unit,
 )
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 
 USER_FORMATS = "an IDX folder, CIFAR-style python batches, an image folder train/<class>/*, test/<class>/*, or a .npz"
 USER_NOTE = "user-supplied data set (not MNIST or CIFAR-10 as the paper used them); results are not the paper's"

@@ -6,11 +6,12 @@ without recomputing anything.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from empirics.records import atomic_write_text
+from ntkm.io import atomic_write_text
 from reports import figures
 from reports.render import PdfUnavailable, image_data_uri, render_html, write_html, write_pdf
 from reports.text import fmt, markdown_table
@@ -96,7 +97,8 @@ def _runs_of(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _span(vals: list[float], digits: int = 2) -> str:
-    vals = [v for v in vals if isinstance(v, (int, float))]
+    """'mean [min-max]' of the finite numbers among `vals` ("-" when there are none)."""
+    vals = [v for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
     if not vals:
         return "-"
     mean = sum(vals) / len(vals)

@@ -11,7 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from empirics.records import atomic_write_bytes  # noqa: E402
+from ntkm.io import atomic_write_bytes  # noqa: E402
+from ntkm.tables import at_width, widths  # noqa: E402
 
 MODEL_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
 MODEL_COLORS = {"relu": "#1f77b4", "attn": "#d62728"}
@@ -34,11 +35,11 @@ def distance_vs_width(result: dict[str, Any], path: str | Path,
     data = result.get("config", {}).get("dataset", "")
     for ax, metric in zip(axes[0], metrics, strict=True):
         for kind, res in result["models"].items():
-            ws = sorted(int(w) for w in res["per_width"])
+            ws = widths(res["per_width"])
             if metric not in res["per_width"][str(ws[0])]:
                 continue
-            mean = [res["per_width"][str(w)][metric]["mean"] for w in ws]
-            std = [res["per_width"][str(w)][metric]["std"] for w in ws]
+            mean = [at_width(res["per_width"], w, metric)["mean"] for w in ws]
+            std = [at_width(res["per_width"], w, metric)["std"] for w in ws]
             si = res.get("trends", {}).get(metric, {}).get("slope_interval")
             label = MODEL_LABELS.get(kind, kind) + (
                 f" (slope {si['slope']:.2f} [{si['ci'][0]:.2f}, {si['ci'][1]:.2f}])" if si else "")

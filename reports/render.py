@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from empirics.records import atomic_write_bytes, atomic_write_text
+from ntkm.io import atomic_write_bytes, atomic_write_text
 from reports.text import fmt, mean_pm
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"

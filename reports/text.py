@@ -1,4 +1,4 @@
-"""Plain-text and Markdown tables for the terminal and for claims.md."""
+"""Plain-text and Markdown tables for the terminal and for claims.md, and the number formats the reports share."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ def fmt(v: Any, digits: int = 3) -> str:
             return f"{v:.{digits - 1}e}"
         return f"{v:.{digits}g}"
     return str(v)
+
+
+def eps_label(eps: float) -> str:
+    """A perturbation budget as text: 8/255 for multiples of 1/255, else the number."""
+    k = eps * 255
+    return f"{round(k)}/255" if abs(k - round(k)) < 1e-6 else f"{eps:g}"
 
 
 def mean_pm(s: dict[str, Any] | None, digits: int = 3, scale: float = 1.0, unit: str = "") -> str:

@@ -7,7 +7,7 @@ import numbers
 
 import numpy as np
 
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 
 
 def as_matrix(X: object, name: str = "X") -> np.ndarray:

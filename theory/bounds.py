@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ntkm.errors import UserInputError
 from theory._validate import positive_float, positive_int
-from theory.errors import UserInputError
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from theory.conditioning import (
     matrix_with_singular_values,
 )
 from theory.gram import attention_features, gram, gram_power, stacked_kernel, truncate
-from theory.kernels import empirical_ntk_two_layer, ntk_two_layer, sample_first_layer
+from theory.kernels import analytic_ntk_two_layer, empirical_ntk_two_layer, sample_first_layer
 from theory.krr import loo_brute_force, loo_predictions, loo_residuals
 from theory.sensitivity import (
     attention_output_change,
@@ -138,7 +138,7 @@ def ntk_convergence(
     rng = np.random.default_rng(seed)
     X_train = rng.uniform(0.0, 1.0, (40, 8))
     F = attention_features(X_train, X_train[:n_points])
-    analytic = ntk_two_layer(F)
+    analytic = analytic_ntk_two_layer(F)
     errors = []
     for m in widths:
         sq = []
@@ -451,7 +451,7 @@ def check_loo(seed: int = 0) -> CheckResult:
     Y = rng.standard_normal((20, 3))
     cases = {}
     for name, (K, Kt, ridge) in {
-        "ntk": (ntk_two_layer(X), ntk_two_layer(Xt, X), 1e-2),
+        "ntk": (analytic_ntk_two_layer(X), analytic_ntk_two_layer(Xt, X), 1e-2),
         "attention_G3": (
             gram_power(X, 3),
             (Xt @ X.T) @ gram(X) @ gram(X),

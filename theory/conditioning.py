@@ -20,8 +20,8 @@ from typing import Any
 import mpmath
 import numpy as np
 
+from ntkm.errors import UserInputError
 from theory._validate import as_matrix, positive_float
-from theory.errors import UserInputError
 
 EPS = float(np.finfo(np.float64).eps)
 

@@ -18,8 +18,8 @@ from typing import Literal
 
 import numpy as np
 
+from ntkm.errors import UserInputError
 from theory._validate import as_matrix, positive_int
-from theory.errors import UserInputError
 
 StackMode = Literal["fixed", "self"]
 

@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
+from ntkm.errors import UserInputError
 from theory._validate import as_matrix, positive_int
-from theory.errors import UserInputError
 from theory.gram import attention_features
 
 
@@ -64,13 +64,13 @@ def arccos1(X1: np.ndarray, X2: np.ndarray | None = None) -> np.ndarray:
     return norms * (np.sin(theta) + (math.pi - theta) * np.cos(theta)) / (2 * math.pi)
 
 
-def ntk_two_layer(X1: np.ndarray, X2: np.ndarray | None = None) -> np.ndarray:
+def analytic_ntk_two_layer(X1: np.ndarray, X2: np.ndarray | None = None) -> np.ndarray:
     """Infinite-width NTK of 2L-ReLU with only W trained: `<x, y> (pi - theta) / (2 pi)` (Thm 4.2)."""
     theta, inner, nonzero = angles(X1, X2)
     return np.where(nonzero, inner * (math.pi - theta) / (2 * math.pi), 0.0)
 
 
-def ntk_mlp_attn(
+def analytic_ntk_mlp_attn(
     X_train: np.ndarray,
     X1: np.ndarray,
     X2: np.ndarray | None = None,
@@ -78,7 +78,7 @@ def ntk_mlp_attn(
     rank: int | None = None,
     centre: bool = False,
 ) -> np.ndarray:
-    """Infinite-width NTK of MLP-Attn (Thm 4.2): `ntk_two_layer` on `normalise(C^k x)`.
+    """Infinite-width NTK of MLP-Attn (Thm 4.2): `analytic_ntk_two_layer` on `normalise(C^k x)`.
 
     `C = X_train^T X_train` (top-`rank` truncation if given); the same `C` serves training and
     test points, so every kernel entry depends on the whole training set. `centre`: the centred
@@ -86,7 +86,7 @@ def ntk_mlp_attn(
     """
     F1 = attention_features(X_train, X1, k=k, normalize=True, rank=rank, centre=centre)
     F2 = F1 if X2 is None else attention_features(X_train, X2, k=k, normalize=True, rank=rank, centre=centre)
-    return ntk_two_layer(F1, F2)
+    return analytic_ntk_two_layer(F1, F2)
 
 
 def sample_first_layer(m: int, d: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -104,7 +104,7 @@ def empirical_ntk_two_layer(
     """Finite-width NTK of `f(x) = m^-1/2 a^T relu(W x)` w.r.t. W: `(1/m) (X1 X2^T) o (D1 diag(a^2) D2^T)`.
 
     `D[i, r] = relu'(w_r . x_i)` with `relu'(0) = 0`. Two matrix products instead of a Jacobian
-    contraction; converges to `ntk_two_layer` at rate `m^-1/2` (Thm 4.2).
+    contraction; converges to `analytic_ntk_two_layer` at rate `m^-1/2` (Thm 4.2).
     """
     A, B = _pair(X1, X2)
     Wm = as_matrix(W, "W")
@@ -132,10 +132,10 @@ def softmax_attention_features(X_train: np.ndarray, X: np.ndarray, temperature: 
     return h / np.maximum(np.linalg.norm(h, axis=1, keepdims=True), 1e-300)
 
 
-def ntk_softmax_attn(X_train: np.ndarray, X1: np.ndarray, X2: np.ndarray | None = None,
+def analytic_ntk_softmax_attn(X_train: np.ndarray, X1: np.ndarray, X2: np.ndarray | None = None,
                      temperature: float = 1.0) -> np.ndarray:
     """Infinite-width NTK of the softmax-attention variant: attention has no parameters, so Thm 4.2 applies to its
-    features, `ntk_two_layer(softmax_attention_features(...))`."""
+    features, `analytic_ntk_two_layer(softmax_attention_features(...))`."""
     F1 = softmax_attention_features(X_train, X1, temperature)
     F2 = F1 if X2 is None else softmax_attention_features(X_train, X2, temperature)
-    return ntk_two_layer(F1, F2)
+    return analytic_ntk_two_layer(F1, F2)

@@ -9,7 +9,7 @@ Derivation (checked symbolically in tests/theory): by the block-inverse (Schur c
 `(A_{-i,-i})^-1 = M_{-i,-i} - M_{-i,i} M_{i,-i} / M_ii`; applying it to `Y_{-i}` and using
 `alpha_{-i} = M_{-i,-i} Y_{-i} + M_{-i,i} Y_i`, `alpha_i = M_{i,-i} Y_{-i} + M_ii Y_i` gives the
 refitted coefficients `alpha_{-i} - M_{-i,i} alpha_i / M_ii`, i.e. `beta = alpha - M[:, i] alpha_i / M_ii`
-with `beta_i = 0`, so `f_-i(x) = k(x)^T beta`: the DESIGN.md form is correct as written.
+with `beta_i = 0`, so `f_-i(x) = k(x)^T beta`: the docs/DESIGN.md form is correct as written.
 At a training point this is the classical `y_i - f_-i(x_i) = alpha_i / M_ii`.
 
 Solves use a Cholesky factorisation of `K + ridge I` (never `inv`); `M` is formed by Cholesky solves
@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
+from ntkm.errors import UserInputError
 from theory._validate import as_matrix, as_targets, positive_float
-from theory.errors import UserInputError
 
 
 def _kernel(K: np.ndarray) -> np.ndarray:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ntkm.errors import UserInputError
 from theory._validate import as_matrix, positive_float
-from theory.errors import UserInputError
 
 
 def _index(X: np.ndarray, j: int) -> int:

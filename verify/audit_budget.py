@@ -3,7 +3,7 @@
 For each budget on a grid (eps in pixel units; k = how many of the top-|influence| training points are
 perturbed) the attack (`curve_attack`, PGD by default) and random signs of the same size
 (`baseline_seeds` seeds) are applied, the kernel rows of the perturbed points recomputed, and influence
-recomputed (the flip-rate protocol of `verify.audit`). Each point of a curve records the attack's flip
+recomputed (the flip-rate protocol of `verify.audit_measure`). Each point of a curve records the attack's flip
 rate, the noise ceiling at that budget (noise mean + 2 std over seeds), the excess of the attack over
 the ceiling, and an outcome without re-fitting: the change of the kernel predictor's test accuracy
 (attack and noise). The re-fitted outcome is measured at the default budget (`verify.audit_outcome`).
@@ -31,6 +31,7 @@ from scipy import stats
 from empirics.influence import InfluenceResult
 from empirics.malleability import n_top, top_by_abs
 from empirics.progress import log
+from reports.text import eps_label
 
 REALISTIC_EPS = 8 / 255
 REALISTIC_REASON = ("8/255 changes each 8-bit pixel by at most 8 grey levels: the L-infinity budget of the "
@@ -46,12 +47,6 @@ BREAKING_RULE = ("breaking budget: the smallest eps on the grid at which the att
 
 #: probe(selected indices, attack name, eps, seed) -> (flip-rate metrics, influence after the perturbation)
 Probe = Callable[[np.ndarray, str, float, int], tuple[dict[str, Any], InfluenceResult]]
-
-
-def eps_label(eps: float) -> str:
-    """8/255 for multiples of 1/255, else the number."""
-    k = eps * 255
-    return f"{round(k)}/255" if abs(k - round(k)) < 1e-6 else f"{eps:g}"
 
 
 def _point(probe: Probe, sel: np.ndarray, attack: str, eps: float, seeds: list[int],

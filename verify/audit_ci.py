@@ -1,4 +1,5 @@
-"""`verify audit` in a CI pipeline: the `--fail-on` gate, the record's JSON schema, a Markdown summary for a
+"""`verify audit` in a CI pipeline: the `--fail-on` gate, the record's JSON schema and the check that a saved
+record is one this version can draw (`check_record`, also used by `--render`), a Markdown summary for a
 pull-request comment, and `verify audit diff OLD.json NEW.json` (what moved beyond its interval).
 
 Exit codes of their own: `FAIL_ON_EXIT` (4) when the risk level reaches `--fail-on` (after every output was
@@ -18,8 +19,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from theory.errors import UserInputError
-from verify.audit import NOT_MEASURABLE, RISK_LEVELS, SCHEMA_VERSION, SUMMARY_MARKER, check_record, from_json
+from ntkm.codec import decode
+from ntkm.errors import UserInputError
+from verify.audit_config import SCHEMA_VERSION, SUMMARY_MARKER
+from verify.audit_risk import NOT_MEASURABLE, RISK_LEVELS
 
 FAIL_ON_EXIT = 4
 DIFF_MOVED_EXIT = 5
@@ -109,6 +112,32 @@ def schema_errors(value: Any, schema: dict[str, Any], root: dict[str, Any] | Non
     return errs
 
 
+_RECORD_SHAPE: dict[str, type | tuple[type, ...]] = {
+    "config": dict, "model": dict, "data": dict, "models": dict, "risk": dict, "levers": list,
+    "diagnostics": dict, "definitions": dict, "versions": dict, "device": dict, "timings": dict, "created": str,
+}
+_NUMBER = (int, float)
+
+
+def check_record(rec: dict[str, Any], where: str, option: str = "--render") -> None:
+    """Refuse (one line) a saved audit record whose structure this version cannot draw."""
+    bad = [k for k, t in _RECORD_SHAPE.items() if not isinstance(rec.get(k), t)]
+    user = rec.get("models", {}).get("user") if isinstance(rec.get("models"), dict) else None
+    if not bad and not isinstance(user, dict):
+        bad = ["models.user"]
+    if not bad:
+        need = {"worst_flip_rate": _NUMBER, "worst_attack": str, "baseline": dict, "n_selected": int}
+        bad = [f"models.user.{k}" for k, t in need.items() if not isinstance(user.get(k), t)]
+        risk = rec["risk"]
+        if not bad and risk.get("level") not in (*RISK_LEVELS, NOT_MEASURABLE):
+            bad = ["risk.level"]
+        if not bad and not all(isinstance(risk.get(k), _NUMBER) for k in ("relu_reference", "attn_reference")):
+            bad = ["risk.relu_reference / risk.attn_reference"]
+    if bad:
+        raise UserInputError(f"{option} {where} is not an audit record this version can draw (missing or malformed: "
+                             f"{', '.join(bad[:4])}); rerun the audit with --json")
+
+
 def read_record(path: str | Path, what: str) -> dict[str, Any]:
     """An audit record from a JSON file, checked against the schema; one-line errors naming the fix.
     Only JSON is parsed: nothing in the file can run code."""
@@ -129,7 +158,7 @@ def read_record(path: str | Path, what: str) -> dict[str, Any]:
     if errs:
         raise UserInputError(f"{what} {p} does not match the audit schema ({errs[0]}"
                              f"{f' and {len(errs) - 1} more' if len(errs) > 1 else ''}); rerun the audit with --json")
-    rec = from_json(raw)
+    rec = decode(raw)
     check_record(rec, str(p), what)
     return rec
 

@@ -32,9 +32,9 @@ from torch import nn
 from empirics.attacks import AttackConfig, attack
 from empirics.gauss_newton import gn_influence_mean, loss_residuals
 from empirics.influence import influence_from_kernels
+from empirics.losses import targets
 from empirics.mall_stats import t_interval
 from empirics.progress import log
-from empirics.train import targets
 from verify.audit_refit import Refitter, labels_of, per_example_loss
 
 OUTCOME_RULE = ("the levers move an outcome beyond random points when the 95 % t-interval over seeds of the paired "

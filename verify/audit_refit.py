@@ -42,9 +42,9 @@ import torch
 from torch import nn
 
 from empirics.audit_ntk import trainable
+from empirics.losses import loss_fn, predict_labels
 from empirics.protocols import GATE_TEST, GATE_TRAIN, chance_accuracy
-from empirics.train import loss_fn, predict_labels
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 
 WARM, TRAIN_FN = "warm start", "train function"
 #: How far (in accuracy) a warm-start control re-fit may fall below the saved model and still count.

@@ -1,7 +1,8 @@
 """Entry point of the `verify` command.
 
 Each subcommand lives in its own module under `verify/commands/` and exposes `NAME`, `HELP`,
-`ORDER`, `add_arguments(parser)` and `run(args) -> int`. Errors the user can fix
+`ORDER`, `OPTIONS` (its options, generated from dataclass fields by `verify.commands.options`) and
+`run(args) -> int`. Errors the user can fix
 (`UserInputError`), and numeric options that are not finite numbers, become one line on stderr
 and exit code 2, never a traceback.
 
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 from types import FrameType, ModuleType
 
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,6 +44,8 @@ def _command_modules() -> list[ModuleType]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from verify.commands.options import add_options
+
     parser = _Parser(
         prog="verify",
         description="Verify the claims of arXiv:2603.13085 and audit models for influence malleability.",
@@ -50,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for mod in _command_modules():
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP))
-        mod.add_arguments(p)
+        add_options(p, mod.OPTIONS)
         p.set_defaults(_run=mod.run)
     return parser
 

@@ -23,11 +23,11 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from theory.errors import UserInputError
-from verify.runner import Cache, Unit, input_error
+from ntkm.errors import UserInputError
+from verify.runner import Cache, Unit, UnitResult, input_error
 
 EXECUTORS = ("local", "ray")
 Log = Callable[[str], None]
@@ -37,11 +37,17 @@ Log = Callable[[str], None]
 class ExecutorConfig:
     """`name`: local or ray. `address`: an existing Ray cluster (HOST:PORT, `auto`, or ray://HOST:PORT);
     None starts a local Ray runtime on this machine. `cpus_per_unit` / `gpus_per_unit`: the resources of
-    each unit's task. `max_retries`: how often Ray reruns a task whose worker or node died."""
+    each unit's task. `max_retries`: how often Ray reruns a task whose worker or node died. The fields' metadata
+    are the command-line options (`verify.commands.options.EXECUTOR`)."""
 
-    name: str = "local"
-    address: str | None = None
-    cpus_per_unit: float = 1.0
+    name: str = field(default="local", metadata={
+        "flag": "--executor", "help": "where experiment units run: local (this process, one after another; default) "
+        "or ray (one Ray task per unit; pip install -e '.[ray]')"})
+    address: str | None = field(default=None, metadata={
+        "flag": "--ray-address", "metavar": "ADDR", "help": "an existing Ray cluster (HOST:PORT as printed by 'ray "
+        "start --head', or auto); without it --executor ray starts a local Ray runtime"})
+    cpus_per_unit: float = field(default=1.0, metadata={
+        "help": "CPUs each unit's Ray task reserves (torch uses that many threads in it; default: %(default)s)"})
     gpus_per_unit: float = 0.0
     max_retries: int = 3
 
@@ -54,25 +60,13 @@ class ExecutorConfig:
             raise UserInputError("--cpus-per-unit must be > 0 (and GPUs per unit and retries >= 0)")
 
 
-def add_executor_args(p: Any) -> None:
-    """`--executor`, `--ray-address`, `--cpus-per-unit` for a command that runs experiment units."""
-    p.add_argument("--executor", default="local",
-                   help="where experiment units run: local (this process, one after another; default) or ray "
-                   "(one Ray task per unit; pip install -e '.[ray]')")
-    p.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="an existing Ray cluster (HOST:PORT as printed by 'ray start --head', or auto); without it "
-                   "--executor ray starts a local Ray runtime")
-    p.add_argument("--cpus-per-unit", type=float, default=1.0,
-                   help="CPUs each unit's Ray task reserves (torch uses that many threads in it; default: %(default)s)")
-
-
 def executor_from_args(args: Any, device: str | None = None) -> ExecutorConfig:
     """The executor that the command-line options describe; a cuda device reserves one GPU per unit."""
     gpus = 1.0 if (device or "").startswith("cuda") and args.executor == "ray" else 0.0
     return ExecutorConfig(args.executor, args.ray_address, args.cpus_per_unit, gpus)
 
 
-def run_units(units: list[Unit], cache: Cache, log: Log, ex: ExecutorConfig) -> dict[str, tuple[dict[str, Any], bool]]:
+def run_units(units: list[Unit], cache: Cache, log: Log, ex: ExecutorConfig) -> dict[str, tuple[UnitResult, bool]]:
     """(result, was_cached) for every unit, in the order given, computed where `ex` says."""
     if ex.name == "local":
         out = {}
@@ -155,9 +149,9 @@ def _cause(exc: BaseException) -> BaseException | None:
     return cause if isinstance(cause, BaseException) else None
 
 
-def _run_ray(units: list[Unit], cache: Cache, log: Log, ex: ExecutorConfig) -> dict[str, tuple[dict[str, Any], bool]]:
+def _run_ray(units: list[Unit], cache: Cache, log: Log, ex: ExecutorConfig) -> dict[str, tuple[UnitResult, bool]]:
     ray = _import_ray()
-    out: dict[str, tuple[dict[str, Any], bool]] = {}
+    out: dict[str, tuple[UnitResult, bool]] = {}
     todo = []
     for u in units:
         hit = cache.get(u)
@@ -175,8 +169,8 @@ def _run_ray(units: list[Unit], cache: Cache, log: Log, ex: ExecutorConfig) -> d
 
 
 def _submit_and_collect(ray: Any, todo: list[Unit], cache: Cache, log: Log,
-                        ex: ExecutorConfig) -> dict[str, tuple[dict[str, Any], bool]]:
-    out: dict[str, tuple[dict[str, Any], bool]] = {}
+                        ex: ExecutorConfig) -> dict[str, tuple[UnitResult, bool]]:
+    out: dict[str, tuple[UnitResult, bool]] = {}
     task = _task(ray, execute_unit, ex)
     pending: dict[Any, str] = {}
     by_name = {u.name: u for u in todo}

@@ -7,25 +7,33 @@ commands use) with plain, JSON-serialisable arguments, so that its config is its
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from verify.presets import n_train_for, preset
-from verify.runner import Unit
+from empirics.vocab import DATASETS
+from ntkm.codec import encode
+from verify.claims import units as names
+from verify.presets import PresetSizes, n_train_for, preset
+from verify.records import KappaRecord, TheoryRecord
+from verify.runner import Unit, config_kwargs
 
-DATASETS = ("mnist", "cifar10")
+if TYPE_CHECKING:
+    from empirics.distance import DistanceRecord
+    from empirics.influence import RetrainRecord
+    from empirics.landscape import LandscapeRecord
+    from empirics.malleability import MalleabilityRecord
 
 
-def theory_unit(seed: int) -> dict[str, Any]:
+def theory_unit(seed: int) -> TheoryRecord:
     from theory.checks import run_all_checks
 
-    return {"checks": [asdict(c) for c in run_all_checks(seed=seed)]}
+    return TheoryRecord.from_dict({"checks": [asdict(c) for c in run_all_checks(seed=seed)]})
 
 
 def kappa_unit(dataset: str, ns: list[int], sample: str, preprocessing: str, eps: float,
-               data_dir: str | None) -> dict[str, Any]:
+               data_dir: str | None) -> KappaRecord:
     """kappa(G) against n; sizes that the available data cannot provide are recorded as such."""
-    from theory.errors import UserInputError
-    from verify.commands.kappa import kappa_rows
+    from empirics.kappa import kappa_rows
+    from ntkm.errors import UserInputError
 
     rows, missing = [], []
     for n in ns:
@@ -36,39 +44,29 @@ def kappa_unit(dataset: str, ns: list[int], sample: str, preprocessing: str, eps
             missing.append({"n": n, "reason": str(exc)})
             if not rows and n == ns[-1]:
                 raise  # no size could be loaded at all: a data problem, not a result (never cached)
-    return {"dataset": dataset, "sample": sample, "preprocessing": preprocessing, "rows": rows,
-            "missing": missing}
+    return KappaRecord.from_dict(encode({"dataset": dataset, "sample": sample, "preprocessing": preprocessing,
+                                         "rows": rows, "missing": missing}))
 
 
-def distance_unit(**kwargs: Any) -> dict[str, Any]:
+def distance_unit(**kwargs: Any) -> DistanceRecord:
     from empirics.distance import DistanceConfig, run_ntk_distance
 
-    return run_ntk_distance(DistanceConfig(**_typed(kwargs)))
+    return run_ntk_distance(DistanceConfig(**config_kwargs(kwargs)))
 
 
-def _typed(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """JSON-style unit config -> dataclass arguments (lists become tuples, `train` a TrainConfig)."""
-    from empirics.train import TrainConfig
-
-    out = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
-    if isinstance(out.get("train"), dict):
-        out["train"] = TrainConfig(**out["train"])
-    return out
-
-
-def malleability_unit(**kwargs: Any) -> dict[str, Any]:
+def malleability_unit(**kwargs: Any) -> MalleabilityRecord:
     from empirics.malleability import MalleabilityConfig, run_malleability
 
-    return run_malleability(MalleabilityConfig(**_typed(kwargs)))
+    return run_malleability(MalleabilityConfig(**config_kwargs(kwargs)))
 
 
-def landscape_unit(**kwargs: Any) -> dict[str, Any]:
+def landscape_unit(**kwargs: Any) -> LandscapeRecord:
     from empirics.landscape import LandscapeConfig, run_landscape
 
-    return run_landscape(LandscapeConfig(**_typed(kwargs)))
+    return run_landscape(LandscapeConfig(**config_kwargs(kwargs)))
 
 
-def protocol_train(p: dict[str, Any], protocol: str) -> dict[str, Any]:
+def protocol_train(p: PresetSizes, protocol: str) -> dict[str, Any]:
     """The training config (as a dict) of claims protocol `protocol` ("paper" or "proper") at preset `p`:
     the paper's setup for `paper_epochs`, or the width-consistent protocol up to `epochs`."""
     from empirics.protocols import PAPER, PROPER, protocol_config
@@ -78,7 +76,7 @@ def protocol_train(p: dict[str, Any], protocol: str) -> dict[str, Any]:
     return asdict(protocol_config(PROPER, p["epochs"]))
 
 
-def retrain_unit(train: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+def retrain_unit(train: dict[str, Any], **kwargs: Any) -> RetrainRecord:
     """The leave-one-out retraining check under the unit's protocol (`empirics.influence`)."""
     from empirics.influence import ProtocolRetrainConfig, protocol_retrain_study
 
@@ -89,6 +87,10 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     """Every unit the claims registry may need, keyed by unit name. Units that train networks exist once
     per claims protocol, named `base@protocol` (see `verify.claims.base.PROTOCOLS`). `device` (cpu, cuda),
     when given, goes into the config of every unit that trains networks (and so into its cache key)."""
+    from empirics.distance import DistanceRecord
+    from empirics.influence import RetrainRecord
+    from empirics.landscape import LandscapeRecord
+    from empirics.malleability import MalleabilityRecord
     from verify.claims.base import PROTOCOLS
     from verify.claims.influence import retrain_unit_configs
     from verify.claims.kappa import kappa_extra_units
@@ -98,25 +100,27 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
 
     p = preset(preset_name)
     seeds = list(p["seeds"])
-    units: dict[str, Unit] = {"theory": Unit("theory", {"seed": 0}, theory_unit)}
+    units: dict[str, Unit] = {names.THEORY: Unit(names.THEORY, {"seed": 0}, theory_unit, TheoryRecord)}
     for ds in DATASETS:
-        units[f"kappa:{ds}"] = Unit(f"kappa:{ds}", {
+        units[names.kappa(ds)] = Unit(names.kappa(ds), {
             "dataset": ds, "ns": list(p["kappa_ns"]), "sample": "first", "preprocessing": "raw", "eps": 0.1,
-            "data_dir": data_dir}, kappa_unit)
+            "data_dir": data_dir}, kappa_unit, KappaRecord)
     units.update(kappa_extra_units(p, data_dir))
-    empirical: dict[str, tuple[dict[str, Any], Any]] = {}
+    empirical: dict[str, tuple[dict[str, Any], Any, Any]] = {}
+    distance = (distance_unit, DistanceRecord)
+    malleability = (malleability_unit, MalleabilityRecord)
     for ds in DATASETS:
-        empirical[f"ntk-distance:{ds}"] = ({
+        empirical[names.ntk_distance(ds)] = ({
             "dataset": ds, "widths": list(p["widths"]), "seeds": seeds, "n_train": n_train_for(p, ds),
-            "n_test": p["n_test"], "data_dir": data_dir}, distance_unit)
-    empirical.update({k: (v, malleability_unit) for k, v in malleability_unit_configs(p, data_dir).items()})
-    empirical.update({k: (v, landscape_unit) for k, v in landscape_unit_configs(p, data_dir).items()})
-    empirical.update({k: (v, retrain_unit) for k, v in retrain_unit_configs(p, data_dir).items()})
-    kinds = {"distance": distance_unit, "malleability": malleability_unit}
-    empirical.update({k: (v, kinds[kind]) for k, (kind, v) in variant_unit_configs(p, data_dir).items()})
+            "n_test": p["n_test"], "data_dir": data_dir}, *distance)
+    empirical.update({k: (v, *malleability) for k, v in malleability_unit_configs(p, data_dir).items()})
+    empirical.update({k: (v, landscape_unit, LandscapeRecord) for k, v in landscape_unit_configs(p, data_dir).items()})
+    empirical.update({k: (v, retrain_unit, RetrainRecord) for k, v in retrain_unit_configs(p, data_dir).items()})
+    kinds = {"distance": distance, "malleability": malleability}
+    empirical.update({k: (v, *kinds[kind]) for k, (kind, v) in variant_unit_configs(p, data_dir).items()})
     for protocol in PROTOCOLS:
         train = protocol_train(p, protocol)
-        for base, (cfg, fn) in empirical.items():
-            name = f"{base}@{protocol}"
-            units[name] = Unit(name, {**cfg, "train": train, **({"device": device} if device else {})}, fn)
+        for base, (cfg, fn, record) in empirical.items():
+            name = names.at(base, protocol)
+            units[name] = Unit(name, {**cfg, "train": train, **({"device": device} if device else {})}, fn, record)
     return units

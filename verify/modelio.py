@@ -53,12 +53,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from empirics.records import sha256_file
 from empirics.userdata import Split, sniff_format
 from empirics.userdata import check_labels as check_labels
 from empirics.userdata import first_line as _first_line
 from empirics.userdata import load_split as load_split
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
+from ntkm.io import sha256_file
 
 MODEL_FORMATS = ("torchscript", "export", "safetensors", "state-dict")
 SPEC_FORMAT = "ntk-malleability-suite/two-layer"

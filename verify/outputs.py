@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 
 #: File system types whose files are not real storage.
 VIRTUAL_FS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",

@@ -10,13 +10,41 @@ Every experiment reads its sizes from here, so one table documents the scale of 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NotRequired, TypedDict
 
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 
 PRESET_NAMES = ("smoke", "quick", "paper")
 
-PRESETS: dict[str, dict[str, Any]] = {
+
+class PresetSizes(TypedDict):
+    """The size table of one preset: every key an experiment may read, defined here once (a key that is
+    not declared here is a type error for the checker, not a silent `KeyError` at run time)."""
+
+    n_train: int
+    n_test: int
+    widths: tuple[int, ...]
+    seeds: tuple[int, ...]
+    epochs: int
+    paper_epochs: int
+    mall_width: int
+    mall_n_train: int
+    mall_n_test: int
+    attack_steps: int
+    adv_max_epochs: int
+    landscape_points: int
+    landscape_grid: int
+    hessian_iters: int
+    hutchinson_samples: int
+    kappa_ns: tuple[int, ...]
+    n_train_by_dataset: dict[str, int]
+    #: Sweeps of the premise units (`verify.claims.kappa.kappa_extra_units`), where they differ from its defaults.
+    premise_ns: NotRequired[tuple[int, ...]]
+    premise_widths: NotRequired[tuple[int, ...]]
+    binary_kappa_ns: NotRequired[tuple[int, ...]]
+
+
+PRESETS: dict[str, PresetSizes] = {
     "smoke": {
         "n_train": 100, "n_test": 40, "widths": (16, 64, 256), "seeds": (0, 1), "epochs": 20, "paper_epochs": 20,
         "mall_width": 128, "mall_n_train": 100, "mall_n_test": 40, "attack_steps": 3, "adv_max_epochs": 5,
@@ -49,16 +77,16 @@ PRESET_KEYS = {
 }
 
 
-def n_train_for(p: dict[str, Any], dataset: str, key: str = "n_train") -> int:
+def n_train_for(p: PresetSizes, dataset: str, key: str = "n_train") -> int:
     """Training-set size of `dataset` at preset `p` (`key` is n_train or mall_n_train)."""
     return int(p.get("n_train_by_dataset", {}).get(dataset, p[key]))
 
 
-def preset(name: str) -> dict[str, Any]:
+def preset(name: str) -> PresetSizes:
     """The size table of a preset (a copy)."""
     if name not in PRESETS:
         raise UserInputError(f"unknown preset '{name}'; choose one of {', '.join(PRESET_NAMES)}")
-    return dict(PRESETS[name])
+    return PresetSizes(**PRESETS[name])
 
 
 def parse_int_list(text: str, what: str, minimum: int = 1) -> tuple[int, ...]:
@@ -89,33 +117,3 @@ def parse_choices(text: str, what: str, allowed: tuple[str, ...]) -> tuple[str, 
         raise UserInputError(f"unknown {what} '{','.join(bad) or text}'; choose from {', '.join(allowed)}")
     return vals
 
-
-def add_protocol_args(p: Any, what: str = "training") -> None:
-    """`--protocol` and the overrides on top of it, for every command that trains networks."""
-    from empirics.protocols import PROPER, PROTOCOL_NAMES
-
-    p.add_argument("--protocol", default=PROPER,
-                   help=f"{what} protocol: {', '.join(PROTOCOL_NAMES)} (default: %(default)s; 'paper' is the paper's "
-                        "reported Adam with coupled L2 1e-3; see README, 'Training protocols')")
-    p.add_argument("--epochs", type=int, default=None,
-                   help="epochs (fixed for 'paper', the maximum for the plateau-trained protocols; default: the "
-                        "preset's)")
-    p.add_argument("--lr", type=float, default=None, help="override the protocol's learning rate")
-    p.add_argument("--optimizer", default=None, help="override the protocol's optimizer: adam or gd (full batch)")
-    p.add_argument("--loss", default=None, help="override the loss: auto (cross-entropy; MSE for binary) or mse")
-
-
-def train_config_from_args(args: Any, pre: dict[str, Any]) -> Any:
-    """The `TrainConfig` that `--protocol`, `--epochs`, `--lr`, `--optimizer` and `--loss` describe."""
-    import math
-
-    from empirics.protocols import PAPER, protocol_config
-
-    if args.epochs is not None and args.epochs < 0:
-        raise UserInputError(f"--epochs must be >= 0, got {args.epochs}")
-    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
-        raise UserInputError(f"--lr must be a finite number > 0, got {args.lr}")
-    epochs = args.epochs if args.epochs is not None else pre["paper_epochs" if args.protocol == PAPER else "epochs"]
-    overrides = {k: v for k, v in (("lr", args.lr), ("optimizer", args.optimizer), ("loss", args.loss))
-                 if v is not None}
-    return protocol_config(args.protocol, epochs, **overrides)

@@ -10,7 +10,9 @@ Integrity: a unit that fails because of its input or environment (`UserInputErro
 corrupt data, no CUDA, ...) is never cached; the run stops with that one-line error (exit 2) so a
 later `--resume` computes the unit once the problem is fixed. A cache file that is not valid JSON
 or fails the schema (a dict naming this unit, its config and the code version, whose result fields
-match the `result_sha256` stored with them) is ignored and recomputed. Each unit
+match the `result_sha256` stored with them and read back as the unit's typed record, `Unit.record`)
+is ignored and recomputed. A finished unit is held as a `UnitResult`: the cache's metadata and the
+unit's record, stored flat in one JSON object. Each unit
 is claimed with an exclusive `fcntl` lock on `.<unit>-<key>.lock` while it runs; a second run on
 the same folder waits for it and then reuses its result instead of computing it again.
 """
@@ -22,13 +24,13 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from empirics.records import stable_hash, write_json
-from theory.errors import UserInputError
+from ntkm.codec import Record, read_json, stable_hash, write_json
+from ntkm.errors import UserInputError
 from verify.outputs import disk_error
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,14 +57,47 @@ def _digest(entry: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Unit:
-    """One cached experiment run: `fn(**config)` returns a JSON-ready dict."""
+    """One cached experiment run: `fn(**config)` returns its typed result, a `record` (or, for a unit without a
+    record type, a JSON-ready dict)."""
 
     name: str
     config: dict[str, Any]
-    fn: Callable[..., dict[str, Any]]
+    fn: Callable[..., Any]
+    record: type[Record] | None = None
 
     def key(self, version: str) -> str:
         return stable_hash({"unit": self.name, "config": self.config, "code": version})
+
+
+@dataclass(frozen=True)
+class UnitResult:
+    """A finished unit as the cache holds it: the metadata the cache adds (`META_KEYS`) and the unit's own result,
+    `payload` (its typed record, or a dict for a unit without a record type). Stored flat: the metadata keys and
+    the payload's keys side by side in one JSON object."""
+
+    unit: str
+    unit_config: dict[str, Any]
+    code_version: str
+    unit_wall_s: float
+    result_sha256: str
+    payload: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored dict: metadata, the payload's fields, and the digest last."""
+        body = self.payload.to_dict() if isinstance(self.payload, Record) else dict(self.payload)
+        return {"unit": self.unit, "unit_config": self.unit_config, "code_version": self.code_version,
+                "unit_wall_s": self.unit_wall_s, **body, "result_sha256": self.result_sha256}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], record: type[Record] | None = None) -> UnitResult:
+        """A stored unit read back, its payload as `record` when given (`TypeError` naming the missing or unknown
+        fields when the stored dict does not have that shape)."""
+        missing = [k for k in META_KEYS if k not in data]
+        if missing:
+            raise TypeError(f"stored unit result lacks {', '.join(missing)}")
+        body = {k: v for k, v in data.items() if k not in META_KEYS}
+        return cls(data["unit"], data["unit_config"], data["code_version"], data["unit_wall_s"],
+                   data["result_sha256"], record.from_dict(body) if record is not None else body)
 
 
 class Cache:
@@ -76,13 +111,14 @@ class Cache:
         safe = unit.name.replace(":", "_").replace("/", "_")
         return self.folder / f"{safe}-{unit.key(self.version)}.json"
 
-    def get(self, unit: Unit) -> dict[str, Any] | None:
-        """The cached result, or None when absent, unreadable or not this unit's (schema check)."""
+    def get(self, unit: Unit) -> UnitResult | None:
+        """The cached result, or None when absent, unreadable or not this unit's (schema check, the unit's record
+        type included)."""
         p = self.path(unit)
         if not p.exists():
             return None
         try:
-            res = json.loads(p.read_text())
+            res = read_json(p)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             return None
         if not isinstance(res, dict) or res.get("unit") != unit.name or res.get("code_version") != self.version:
@@ -91,7 +127,10 @@ class Cache:
             return None
         if stable_hash(res.get("unit_config")) != stable_hash(unit.config):
             return None
-        return res
+        try:
+            return UnitResult.from_dict(res, unit.record)
+        except TypeError:
+            return None
 
     @contextlib.contextmanager
     def claim(self, unit: Unit, log: Callable[[str], None]) -> Iterator[None]:
@@ -117,7 +156,7 @@ class Cache:
         finally:
             os.close(fd)
 
-    def run(self, unit: Unit, log: Callable[[str], None]) -> tuple[dict[str, Any], bool]:
+    def run(self, unit: Unit, log: Callable[[str], None]) -> tuple[UnitResult, bool]:
         """The unit's result, from the cache when present; returns (result, was_cached).
 
         Raises the unit's `UserInputError` (prefixed with the unit's name) without caching anything.
@@ -138,20 +177,32 @@ class Cache:
             except UserInputError as exc:
                 raise input_error(unit, exc) from None
             stored = self.store(unit, res, time.perf_counter() - t0)
-        log(f"[done]   {unit.name} in {stored['unit_wall_s']:.1f} s")
+        log(f"[done]   {unit.name} in {stored.unit_wall_s:.1f} s")
         return stored, False
 
-    def store(self, unit: Unit, res: dict[str, Any], wall_s: float) -> dict[str, Any]:
-        """Write a finished unit's result (with its metadata and digest) atomically; returns it as read back,
-        so a result computed anywhere (this process, a Ray worker) is cached the same way."""
-        res = {"unit": unit.name, "unit_config": unit.config, "code_version": self.version, "unit_wall_s": wall_s,
-               **res}
-        res["result_sha256"] = _digest(res)
+    def store(self, unit: Unit, res: Record | dict[str, Any], wall_s: float) -> UnitResult:
+        """Write a finished unit's result (its record or dict, with its metadata and digest) atomically; returns it
+        as read back, so a result computed anywhere (this process, a Ray worker) is cached the same way."""
+        body = res.to_dict() if isinstance(res, Record) else res
+        entry = {"unit": unit.name, "unit_config": unit.config, "code_version": self.version, "unit_wall_s": wall_s,
+                 **body}
+        entry["result_sha256"] = _digest(entry)
         try:
-            write_json(self.path(unit), res)
+            write_json(self.path(unit), entry)
         except OSError as exc:
             raise disk_error(exc, self.folder) from None
-        return json.loads(self.path(unit).read_text())
+        return UnitResult.from_dict(read_json(self.path(unit)), unit.record)
+
+
+def config_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A unit's JSON-style config as keyword arguments of its experiment's config dataclass: lists become tuples,
+    `train` a `TrainConfig` (every other value as stored, so the rebuilt config is the one the unit ran)."""
+    from empirics.train import TrainConfig
+
+    out = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+    if isinstance(out.get("train"), dict):
+        out["train"] = TrainConfig(**out["train"])
+    return out
 
 
 def input_error(unit: Unit, exc: BaseException) -> UserInputError:

@@ -25,8 +25,8 @@ from PIL import Image
 from empirics import cifar, idx
 from empirics import datasets as D
 from empirics.download import MNIST_CONTENT, _fetch, verify_checksum
-from empirics.records import sha256_file
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
+from ntkm.io import sha256_file
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 HEX64 = 64

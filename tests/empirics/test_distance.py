@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
-from empirics.distance import METRICS, DistanceConfig, run_ntk_distance, trend
+from empirics.distance import METRICS, DistanceConfig, DistanceRecord, run_ntk_distance, trend
 from empirics.train import TrainConfig
+from ntkm import codec
 from verify.cli import main
 
 
@@ -20,23 +22,29 @@ def test_trend_rule():
     assert slope == pytest.approx(-0.5)
 
 
+@pytest.mark.claim("ntk-relu-mnist", "ntk-attn-mnist", "ntk-contrast-mnist")
 def test_smoke_sweep_records_every_metric(mnist_small):
     cfg = DistanceConfig(widths=(16, 256), seeds=(0, 1), n_train=120, n_test=40, train=TrainConfig(epochs=2))
     res = run_ntk_distance(cfg, dataset=mnist_small)
     for kind in ("relu", "attn"):
-        block = res["models"][kind]
-        assert len(block["runs"]) == 4
-        for w in ("16", "256"):
+        block = res.models[kind]
+        assert len(block.runs) == 4 and block.widths() == [16, 256]
+        for w in (16, 256):
             for metric in METRICS:
-                s = block["per_width"][w][metric]
+                s = block.spread(w, metric)
                 assert s["n"] == 2 and math.isfinite(s["mean"]) and s["mean"] >= 0
-        assert set(block["trends"]) == set(METRICS)
+                assert block.mean(w, metric) == np.mean([r[metric] for r in block.runs if r["width"] == w])
+        assert set(block.trends) == set(METRICS)
         # the width-256 kernel at init is closer to Thm 4.2's analytic kernel than the width-16 one
-        pw = block["per_width"]
-        assert pw["256"]["init_vs_analytic"]["mean"] < pw["16"]["init_vs_analytic"]["mean"]
-    assert res["parameterization"] == "ntk"
-    assert res["data"]["dataset"] == "mnist"
-    assert "torch" in res["versions"] and res["wall_s"] > 0
+        assert block.mean(256, "init_vs_analytic") < block.mean(16, "init_vs_analytic")
+    assert res.parameterization == "ntk"
+    assert res.data["dataset"] == "mnist"
+    assert "torch" in res.versions and res.wall_s > 0
+    stored = res.to_dict()
+    assert list(stored) == ["models", "experiment", "config", "ridge", "ridge_rule", "parameterization", "data",
+                            "versions", "device", "wall_s"]
+    assert DistanceRecord.from_dict(stored) == res
+    assert DistanceRecord.from_dict(codec.loads(codec.dumps(res))) == res
 
 
 def test_cli_smoke_json_and_plot(tmp_path, capsys):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from tolerances import F64_SOLVE, F64_ZERO
 
 from empirics.influence import (
     RetrainConfig,
@@ -18,10 +19,10 @@ from empirics.influence import (
     resolve_ridge,
     retrain_study,
 )
+from empirics.losses import targets
 from empirics.models import ModelSpec, build_model
-from empirics.train import targets
+from ntkm.errors import UserInputError
 from theory import krr
-from theory.errors import UserInputError
 
 
 def _brute_influence(K: np.ndarray, Y: np.ndarray, ridge: float, Kt: np.ndarray, Yt: np.ndarray) -> np.ndarray:
@@ -41,7 +42,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-@pytest.mark.claim("influence")
+@pytest.mark.claim("loo")
 @given(kind=st.sampled_from(["relu", "attn"]), out_dim=st.sampled_from([1, 3]), seed=st.integers(0, 10_000),
        ridge_rel=st.sampled_from([1e-3, 1e-1, 1.0]))
 def test_closed_form_equals_refitting_without_the_point(kind, out_dim, seed, ridge_rel):
@@ -55,11 +56,12 @@ def test_closed_form_equals_refitting_without_the_point(kind, out_dim, seed, rid
     Yt = targets(y[20:], out_dim, torch.float64).numpy()
     brute = _brute_influence(K, Y, res.ridge, Kt, Yt)
     assert res.per_test.shape == (20, 10)
-    assert _rel(res.per_test, brute) < 1e-8
+    assert _rel(res.per_test, brute) < F64_SOLVE
     np.testing.assert_allclose(res.total, res.per_test.sum(axis=1))
     assert res.ridge == pytest.approx(ridge_rel * np.trace(K) / 20)
 
 
+@pytest.mark.claim("loo")
 def test_matches_theory_krr_and_brute_force_on_mnist(mnist_small):
     x = torch.as_tensor(mnist_small.x_train[:60], dtype=torch.float64)
     xt = torch.as_tensor(mnist_small.x_test[:15], dtype=torch.float64)
@@ -70,10 +72,10 @@ def test_matches_theory_krr_and_brute_force_on_mnist(mnist_small):
         Y, Yt = targets(y, 10, torch.float64).numpy(), targets(yt, 10, torch.float64).numpy()
         lam = resolve_ridge(K)
         per_test, F = kernel_influence(K, Y, lam, Kt, Yt)
-        assert _rel(per_test, krr.loo_influence(K, Y, lam, Kt, Yt)) < 1e-8
+        assert _rel(per_test, krr.loo_influence(K, Y, lam, Kt, Yt)) < F64_SOLVE
         loo = krr.loo_brute_force(K, Y, lam, Kt)
         brute = ((loo - Yt[None]) ** 2).sum(axis=2) - ((F - Yt) ** 2).sum(axis=1)[None]
-        assert _rel(per_test, brute) < 1e-8
+        assert _rel(per_test, brute) < F64_SOLVE
 
 
 def test_sign_convention_helpful_point_is_positive():
@@ -83,7 +85,7 @@ def test_sign_convention_helpful_point_is_positive():
     Kt = np.array([[1.0, 0.0]])
     res = influence_from_kernels(K, Kt, Y, np.array([[1.0]]), np.array([1]), ridge=0.1)
     assert res.total[0] > 0
-    assert res.total[1] == pytest.approx(0.0, abs=1e-15)
+    assert res.total[1] == pytest.approx(0.0, abs=F64_ZERO)
     wrong = influence_from_kernels(K, Kt, Y, np.array([[-1.0]]), np.array([0]), ridge=0.1)
     assert wrong.total[0] < 0
 
@@ -109,7 +111,7 @@ def test_bad_ridge_is_a_user_error():
 
 
 @pytest.mark.slow
-@pytest.mark.claim("influence")
+@pytest.mark.claim("influence-retrain")
 def test_influence_predicts_actual_retraining_of_a_wide_relu_net():
     """Wide 2L-ReLU, full-batch GD on MSE from the same initialisation, 12 points removed one at a time.
 

@@ -6,18 +6,20 @@ import json
 
 import numpy as np
 import pytest
+from tolerances import F32_ROUNDING
 
 from empirics.mall_stats import ratio
 from empirics.malleability import (
     MalleabilityConfig,
+    MalleabilityRecord,
     compare,
     n_top,
     run_malleability,
     top_by_abs,
 )
-from empirics.records import to_jsonable
 from empirics.train import TrainConfig
-from theory.errors import UserInputError
+from ntkm import codec
+from ntkm.errors import UserInputError
 from verify.claims.base import Verdict
 from verify.claims.malleability import experiment_outcomes
 from verify.cli import main
@@ -27,25 +29,31 @@ from verify.cli import main
 def smoke_record():
     cfg = MalleabilityConfig(dataset="mnist", width=64, n_train=60, n_test=20, seeds=(0, 1), tau=0.1,
                              eps=0.3, eps_sweep=(0.0,), attack_steps=2, train=TrainConfig(epochs=2))
-    return json.loads(json.dumps(to_jsonable(run_malleability(cfg))))
+    record = run_malleability(cfg)
+    stored = MalleabilityRecord.from_dict(codec.loads(codec.dumps(record)))
+    assert stored == record and MalleabilityRecord.from_dict(record.to_dict()) == record
+    return stored
 
 
+@pytest.mark.claim("flip-mnist", "eps-robustness")
 def test_record_has_what_claims_and_reports_need(smoke_record):
     r = smoke_record
-    assert r["experiment"] == "malleability"
-    assert r["eps_values"] == [0.3, 0.0]
-    assert r["n_selected"] == 6
-    assert {"versions", "device", "data", "config", "summary", "definitions", "wall_s"} <= set(r)
-    assert r["data"]["label"].startswith("MNIST")
-    assert len(r["runs"]) == 4  # 2 seeds x 2 models, each trained once
+    assert r.experiment == "malleability"
+    assert r.eps_values == [0.3, 0.0]
+    assert r.n_selected == 6
+    assert {"versions", "device", "data", "config", "summary", "definitions", "wall_s"} <= set(r.to_dict())
+    assert "adv_train" not in r.to_dict()["summary"]  # present only when adversarial training ran
+    assert r.data["label"].startswith("MNIST")
+    assert len(r.runs) == 4  # 2 seeds x 2 models, each trained once
     outcomes = experiment_outcomes(r)
     assert [name for name, _ in outcomes] == ["Attn more malleable", "ranking over eps"]
     for _, o in outcomes:
         assert o.verdict in set(Verdict) and o.gate
 
 
+@pytest.mark.claim("flip-mnist", "ratio-6-9x", "curated-removal", "adversarial-intervention", "spearman-rankings")
 def test_flip_rates_baseline_and_examples_are_consistent(smoke_record):
-    for run in smoke_record["runs"]:
+    for run in smoke_record.runs:
         sel = run["selected"]
         assert len(sel) == run["n_selected"] == 6
         ms = [m for m in run["measurements"] if m["intervention"] != "curated"]
@@ -55,7 +63,7 @@ def test_flip_rates_baseline_and_examples_are_consistent(smoke_record):
         olds = None
         for m in ms:
             assert 0.0 <= m["flip_rate"] <= 1.0 and 0.0 <= m["pair_flip_rate"] <= 1.0
-            assert m["max_abs_perturbation"] <= m["eps"] + 1e-6
+            assert m["max_abs_perturbation"] <= m["eps"] + F32_ROUNDING
             ex = m["examples"]
             assert [e["index"] for e in ex] == sel
             for e in ex:
@@ -75,9 +83,10 @@ def test_flip_rates_baseline_and_examples_are_consistent(smoke_record):
         assert -1.0 <= removal["rho_remaining"] <= 1.0
 
 
+@pytest.mark.claim("flip-mnist", "ratio-6-9x", "curated-removal")
 def test_summary_rows_and_ratios(smoke_record):
-    s = smoke_record["summary"]
-    head = [r for r in s["rows"] if r["intervention"] == "transformed" and r["eps"] == 0.3]
+    s = smoke_record.summary
+    head = [r for r in s.rows if r["intervention"] == "transformed" and r["eps"] == 0.3]
     want = {(m, a) for m in ("relu", "attn") for a in ("fgsm", "pgd", "mim")}
     assert {(r["model"], r["attack"]) for r in head} == want
     for r in head:
@@ -88,10 +97,13 @@ def test_summary_rows_and_ratios(smoke_record):
         lo, hi = float(r["flip_ci"]["lo"]), float(r["flip_ci"]["hi"])
         assert 0.0 <= lo <= r["flip_ci"]["value"] <= hi <= 1.0
         assert r["excess_ci"]["value"] == pytest.approx(r["flip_ci"]["value"] - r["baseline_ci"]["value"])
-    assert any(q["attack"] == "random" for q in s["ratios"])
-    assert {c["attack"] for c in s["comparisons"]} == {"fgsm", "pgd", "mim", "pooled"}
-    assert len(s["curated"]) == 4 and len(s["curated_diff"]) == 2
-    assert s["bootstrap"]["n_boot"] > 0 and "hierarchical" in s["bootstrap"]["method"]
+    assert any(q["attack"] == "random" for q in s.ratios)
+    assert {c["attack"] for c in s.comparisons} == {"fgsm", "pgd", "mim", "pooled"}
+    assert len(s.curated) == 4 and len(s.curated_diff) == 2
+    assert s.bootstrap["n_boot"] > 0 and "hierarchical" in s.bootstrap["method"]
+    assert s.find("rows", model="attn", attack="pgd", eps=0.3) == next(
+        r for r in s.rows if r["model"] == "attn" and r["attack"] == "pgd" and r["eps"] == 0.3)
+    assert s.find("rows", model="cnn") is None and s.find("adv_train", model="attn") is None
 
 
 def test_top_by_abs_and_count():

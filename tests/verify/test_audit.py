@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tolerances import F32_ROUNDING, F64_ALGORITHM, F64_ROUNDING, F64_SOLVE, F64_ULPS
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
@@ -20,7 +21,7 @@ from empirics.datasets import load_dataset
 from empirics.gauss_newton import gn_influence_explicit, gn_influence_full, gn_influence_mean, loss_residuals
 from empirics.models import ModelSpec, save_model
 from empirics.train import TrainConfig
-from verify.audit import RISK_LEVELS, risk_level
+from verify.audit_risk import RISK_LEVELS, risk_level
 from verify.cli import main
 
 SMALL = ["--n", "60", "--n-test", "20", "--tau", "0.2", "--steps", "2", "--baseline-seeds", "2",
@@ -117,7 +118,7 @@ def _check_record(rec: dict, references: bool) -> None:
         assert m["n_selected"] == 12
         for a in ("fgsm", "pgd", "mim"):
             assert 0.0 <= m["attacks"][a]["flip_rate"] <= 1.0
-            assert m["attacks"][a]["max_abs_perturbation"] <= 0.3 + 1e-6
+            assert m["attacks"][a]["max_abs_perturbation"] <= 0.3 + F32_ROUNDING
         assert len(m["baseline"]["flip_rates"]) == 2
         assert len(m["influence_total"]) == 60 and len(m["gn_total"]) == 60
         assert -1.0 <= m["rho_ntk_gn"] <= 1.0
@@ -303,7 +304,7 @@ def test_gauss_newton_woodbury_matches_explicit_hessian_inverse():
     for damping in (1e-3, 0.1, 10.0):
         ref = gn_influence_explicit(J, Jt, r, rt, damping)
         got = gn_influence_full(theta, theta_t, r, rt, damping)
-        assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-8
+        assert np.abs(got - ref).max() / np.abs(ref).max() < F64_SOLVE
 
 
 def test_mean_form_is_exact_for_one_output_with_the_generic_kernel():
@@ -318,7 +319,7 @@ def test_mean_form_is_exact_for_one_output_with_the_generic_kernel():
     damping = 0.05
     ref = gn_influence_explicit(_jacobians(model, x), _jacobians(model, xt), r, rt, damping)
     got = gn_influence_mean(K, Kt, r, rt, 9 * damping)
-    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-8
+    assert np.abs(got - ref).max() / np.abs(ref).max() < F64_SOLVE
 
 
 def test_mean_form_equals_full_form_when_outputs_do_not_couple():
@@ -328,7 +329,7 @@ def test_mean_form_equals_full_form_when_outputs_do_not_couple():
     r, rt = rng.normal(size=(7, 4)), rng.normal(size=(3, 4))
     eye = np.eye(4)
     full = gn_influence_full(np.einsum("ij,cd->ijcd", K, eye), np.einsum("tj,cd->tjcd", Kt, eye), r, rt, 0.2)
-    assert np.allclose(gn_influence_mean(K, Kt, r, rt, 7 * 0.2), full, rtol=1e-10, atol=1e-12)
+    assert np.allclose(gn_influence_mean(K, Kt, r, rt, 7 * 0.2), full, rtol=F64_ALGORITHM, atol=F64_ROUNDING)
 
 
 # --- the risk rule ------------------------------------------------------------------------------------------
@@ -351,8 +352,32 @@ def test_risk_rule(flip, base, relu, attn, level):
     assert r["low_ceiling"] <= r["high_floor"]
 
 
+def _measured(flip: float, gate: bool | None = None) -> dict:
+    m = {"worst_flip_rate": flip, "baseline": {"flip_rates": [0.00, 0.01, 0.00]}}
+    return m if gate is None else {**m, "gate": {"passed": gate}}
+
+
+def test_assess_risk_takes_the_scale_from_the_references_or_the_paper():
+    """Without references the scale is the paper's R = 5 %, A = 20 % (module docstring of verify.audit_risk); a
+    trained reference below the adequacy gate is left out of the scale and named in the record."""
+    from verify.audit_risk import assess_risk
+
+    paper = assess_risk({"user": _measured(0.15)}, trained=False, eps=0.3)
+    assert (paper["level"], paper["relu_reference"], paper["attn_reference"]) == ("medium", 0.05, 0.20)
+    assert paper["references"] == "paper-reported values (no references trained)"
+    assert "not at the eps 8/255" in assess_risk({"user": _measured(0.15)}, trained=False, eps=8 / 255)["references"]
+    assert assess_risk({"user": _measured(0.25)}, trained=False, eps=0.3)["level"] == "high"
+    trained = {"user": _measured(0.04), "relu": _measured(0.05, gate=False), "attn": _measured(0.30, gate=True)}
+    r = assess_risk(trained, trained=True, eps=0.3)
+    assert r["level"] == "medium" and r["left_out"] == ["2L-ReLU"] and r["attn_reference"] == 0.30
+    assert r["references"].endswith("2L-ReLU did not pass the adequacy gate and is left out of the scale")
+    assert r["advice"] and all(isinstance(a, str) for a in r["advice"]) and r["gate"]
+    trained["relu"]["gate"]["passed"] = True
+    assert assess_risk(trained, trained=True, eps=0.3)["level"] == "low"
+
+
 def test_sharpness_by_finite_differences_matches_double_backward():
-    from verify.audit import top_hessian
+    from verify.audit_measure import top_hessian
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3)).double()
@@ -365,7 +390,7 @@ def test_sharpness_by_finite_differences_matches_double_backward():
 
 @pytest.mark.parametrize("budget", [1 << 30, 2000])
 def test_perturbed_rows_equal_a_full_recomputation(budget: int):
-    from verify.audit import GenericKernels
+    from verify.audit_measure import GenericKernels
 
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double().eval()
@@ -377,5 +402,5 @@ def test_perturbed_rows_equal_a_full_recomputation(budget: int):
     x_new = x.clone()
     x_new[sel] = torch.rand(3, 6, dtype=torch.float64)
     K2, Kst2 = prov.perturbed(x_new, sel, K, Kst, xt)
-    assert np.allclose(K2, eng.kernel(x_new).numpy(), rtol=1e-12, atol=1e-14)
-    assert np.allclose(Kst2, eng.kernel(xt, x_new).numpy(), rtol=1e-12, atol=1e-14)
+    assert np.allclose(K2, eng.kernel(x_new).numpy(), rtol=F64_ROUNDING, atol=F64_ULPS)
+    assert np.allclose(Kst2, eng.kernel(xt, x_new).numpy(), rtol=F64_ROUNDING, atol=F64_ULPS)

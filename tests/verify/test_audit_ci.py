@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from tolerances import F64_ROUNDING
 from torch import nn
 
 from empirics.datasets import load_dataset
-from verify.audit import RISK_LEVELS, SCHEMA_VERSION
 from verify.audit_ci import DIFF_MOVED_EXIT, FAIL_ON_EXIT, diff_records, load_schema, schema_errors, wilson
+from verify.audit_config import SCHEMA_VERSION
+from verify.audit_risk import RISK_LEVELS
 from verify.cli import main
 
 TINY = ["--n", "40", "--n-test", "20", "--tau", "0.2", "--steps", "2", "--baseline-seeds", "2", "--no-reference",
@@ -100,7 +102,8 @@ def test_fail_on_both_ways_and_over_a_missing_pdf(level, fail_on, expected, reco
         raise render.PdfUnavailable("weasyprint missing")
 
     monkeypatch.setattr(render, "write_pdf", no_pdf)
-    monkeypatch.setattr("verify.audit.render_report", lambda result: "<html>figures not drawn</html>")
+    monkeypatch.setattr("reports.audit_report.render_report",
+                        lambda result, realistic_reason: "<html>figures not drawn</html>")
     rec = copy.deepcopy(records["rec_a"])
     rec["risk"]["level"] = level
     saved = tmp_path / "rec.json"
@@ -191,7 +194,7 @@ def test_summary_states_the_records_findings(records):
 def test_wilson_interval_matches_scipy():
     for k, n in ((0, 5), (3, 10), (10, 10), (7, 20)):
         ref = stats.binomtest(k, n).proportion_ci(method="wilson")
-        assert wilson(k / n, n) == pytest.approx((ref.low, ref.high), abs=1e-12)
+        assert wilson(k / n, n) == pytest.approx((ref.low, ref.high), abs=F64_ROUNDING)
 
 
 def test_diff_of_a_record_with_itself_moves_nothing(records, capsys):

@@ -15,9 +15,9 @@ from empirics.audit_ntk import ModelJacobian
 from empirics.datasets import load_dataset
 from empirics.gauss_newton import gn_influence_mean, loss_residuals
 from empirics.influence import influence_from_kernels
-from empirics.train import targets
-from verify.audit import GenericKernels
+from empirics.losses import targets
 from verify.audit_budget import budget_curves
+from verify.audit_measure import GenericKernels
 from verify.audit_outcome import poison_panel
 from verify.audit_refit import RefitConfig, Refitter
 from verify.audit_validity import lds, validity_panel
@@ -163,7 +163,7 @@ def test_budget_curve_finds_the_breaking_budget_of_a_synthetic_probe():
 
 
 def test_train_fn_errors_are_one_line(tmp_path):
-    from theory.errors import UserInputError
+    from ntkm.errors import UserInputError
 
     bad = Path(tmp_path) / "broken.py"
     bad.write_text("raise RuntimeError('boom')\n")

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from empirics.datasets import load_dataset
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 from verify.cli import main
 from verify.outputs import check_output_dir, output_set
 from verify.runner import Cache, Unit
@@ -455,7 +455,7 @@ def test_cache_entries_failing_the_schema_are_recomputed(tmp_path: Path, content
         content = json.dumps(entry)
     cache.path(unit).write_text(content)
     res, cached = cache.run(unit, lambda m: None)
-    assert not cached and res["value"] == 2
+    assert not cached and res.payload["value"] == 2
     assert cache.run(unit, lambda m: None)[1]
 
 
@@ -477,7 +477,7 @@ def test_concurrent_runs_compute_a_unit_once(tmp_path: Path):
     logs: list[str] = []
     second = Cache(tmp_path, "v1").run(unit, logs.append)
     first.join()
-    assert len(calls) == 1 and second[1] is True and second[0]["value"] == 7
+    assert len(calls) == 1 and second[1] is True and second[0].payload["value"] == 7
     assert any("another run" in m for m in logs)
 
 
@@ -554,14 +554,17 @@ def test_signal_during_an_audit_stops_cleanly(sig: int, code: int, env, tmp_path
 
 
 def test_nan_flip_rate_is_not_measurable_never_a_level(env):
-    from verify.audit import NOT_MEASURABLE, load_record, render_report, risk_level
+    from reports.audit_report import render_report
+    from verify.audit import load_record
+    from verify.audit_budget import REALISTIC_REASON
+    from verify.audit_risk import NOT_MEASURABLE, risk_level
 
     r = risk_level(float("nan"), [0.1, 0.2], 0.05, 0.2)
     assert r["level"] == NOT_MEASURABLE and "NaN" in r["reason"]
     assert risk_level(0.5, [0.1, 0.2], 0.05, 0.2)["level"] == "high"
     rec = load_record(env["audit_json"])
     rec["risk"].update(level=NOT_MEASURABLE, reason=r["reason"], advice=["check the data"])
-    assert "NOT MEASURABLE" in render_report(rec)
+    assert "NOT MEASURABLE" in render_report(rec, REALISTIC_REASON)
 
 
 def test_interrupted_claims_report_keeps_the_previous_set(env, tmp_path: Path, monkeypatch, capsys):

@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from fake_records import complete
 
+from empirics.distance import DistanceRecord
+from empirics.influence import RetrainRecord
 from verify.claims import VERDICTS, all_claims, claim_row
 from verify.claims.base import HOLDS, NA, NOT, PARTLY
 from verify.claims.ntk import _contrast_claim, ntk_claim
@@ -96,8 +99,9 @@ def _block(kind: str, per_seed: dict[int, list[float]], secondary: list[float] |
 def _distance(relu: dict, attn: dict) -> dict:
     cfg = {"n_train": 10, "n_test": 5, "widths": WIDTHS,
            "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "epochs": 1, "protocol": "x"}}
-    return {"ntk-distance:mnist": {"models": {"relu": relu, "attn": attn}, "config": cfg, "data": {"label": "x"},
-                                   "ridge": 0.01, "ridge_rule": "r"}}
+    return {"ntk-distance:mnist": complete(DistanceRecord, {
+        "models": {"relu": relu, "attn": attn}, "config": cfg, "data": {"label": "x"}, "ridge": 0.01,
+        "ridge_rule": "r"})}
 
 
 DOWN = {0: [4, 3, 2, 1], 1: [4.2, 3.1, 2.2, 1.1], 2: [3.9, 2.8, 1.9, 0.9]}
@@ -105,6 +109,8 @@ UP = {s: list(reversed(v)) for s, v in DOWN.items()}
 FLAT = {0: [2, 3, 2, 3], 1: [3, 2, 3, 2], 2: [2.5, 2.5, 2.4, 2.6]}
 
 
+@pytest.mark.claim("ntk-relu-mnist", "ntk-attn-mnist", "ntk-relu-cifar10", "ntk-attn-cifar10",
+                   "ntk-attn-centred-mnist", "ntk-softmax-mnist", "ntk-qkv-mnist")
 def test_ntk_rule_decides_on_the_slope_interval():
     falls = ntk_claim("mnist", "relu", "decreasing")
     rises = ntk_claim("mnist", "attn", "rises")
@@ -116,6 +122,8 @@ def test_ntk_rule_decides_on_the_slope_interval():
     assert out.verdict == NOT and "slope CI < 0" in out.condition
 
 
+@pytest.mark.claim("ntk-relu-mnist", "ntk-attn-mnist", "ntk-relu-cifar10", "ntk-attn-cifar10",
+                   "ntk-attn-centred-mnist", "ntk-softmax-mnist", "ntk-qkv-mnist")
 def test_ntk_rule_gives_no_credit_from_a_metric_that_falls_for_both():
     falls_sec = [4.0, 2.0, 1.0, 0.5]
     rises_sec = list(reversed(falls_sec))
@@ -125,6 +133,9 @@ def test_ntk_rule_gives_no_credit_from_a_metric_that_falls_for_both():
     assert falls(_distance(relu_ok, _block("attn", UP, secondary=falls_sec))).verdict == NOT
 
 
+@pytest.mark.claim("ntk-relu-mnist", "ntk-attn-mnist", "ntk-relu-cifar10", "ntk-attn-cifar10",
+                   "ntk-attn-centred-mnist", "ntk-softmax-mnist", "ntk-qkv-mnist", "ntk-contrast-mnist",
+                   "ntk-contrast-cifar10")
 def test_gate_turns_a_verdict_into_not_measurable():
     falls = ntk_claim("mnist", "relu", "decreasing")
     out = falls(_distance(_block("relu", DOWN, passed=False), _block("attn", UP)))
@@ -132,6 +143,7 @@ def test_gate_turns_a_verdict_into_not_measurable():
     assert _contrast_claim("mnist")(_distance(_block("relu", DOWN), _block("attn", UP, passed=False))).verdict == NA
 
 
+@pytest.mark.claim("ntk-contrast-mnist", "ntk-contrast-cifar10")
 def test_contrast_rule_outcomes():
     contrast = _contrast_claim("mnist")
     assert contrast(_distance(_block("relu", DOWN), _block("attn", UP))).verdict == HOLDS
@@ -139,6 +151,7 @@ def test_contrast_rule_outcomes():
     assert contrast(_distance(_block("relu", UP), _block("attn", DOWN))).verdict == NOT
 
 
+@pytest.mark.claim("ntk-relu-mnist")
 def test_claim_row_marks_robust_only_when_both_protocols_agree():
     from verify.claims.ntk import NTK_CLAIMS
 
@@ -162,14 +175,16 @@ def test_no_paper_value_in_ours_column(smoke_run):
         assert c["ours"] != c["paper"]
 
 
-def _retrain(lo: float, passed: bool = True) -> dict:
+def _retrain(lo: float, passed: bool = True) -> RetrainRecord:
     ci = {"value": lo + 0.1, "ci": [lo, min(1.0, lo + 0.3)]}
     cfg = {"n_train": 10, "n_test": 5, "width": 8, "protocol": "x", "epochs": 1, "n_remove": 4, "ridge_rel": 1e-3}
-    return {"config": cfg, "data": {"label": "x"}, "spearman": ci, "pearson": ci, "sign_agreement": 0.5,
-            "training": {"train_acc": 0.9, "test_acc": 0.8,
-                         "gate": {"passed": passed, "reason": "passed" if passed else "no plateau after 1 epochs"}}}
+    return complete(RetrainRecord, {
+        "config": cfg, "data": {"label": "x"}, "spearman": ci, "pearson": ci, "sign_agreement": 0.5,
+        "training": {"train_acc": 0.9, "test_acc": 0.8,
+                     "gate": {"passed": passed, "reason": "passed" if passed else "no plateau after 1 epochs"}}})
 
 
+@pytest.mark.claim("influence-retrain")
 @pytest.mark.parametrize(("relu", "attn", "expected"), [
     (_retrain(0.6), _retrain(0.7), HOLDS),
     (_retrain(0.6), _retrain(0.1), PARTLY),
@@ -185,6 +200,8 @@ def test_influence_retrain_rule_outcomes(relu, attn, expected):
     assert out.verdict == expected
 
 
+@pytest.mark.claim("ntk-relu-mnist", "ntk-attn-mnist", "ntk-relu-cifar10", "ntk-attn-cifar10",
+                   "ntk-attn-centred-mnist", "ntk-softmax-mnist", "ntk-qkv-mnist")
 def test_ntk_rule_drops_widths_below_the_gate_and_needs_three():
     falls = ntk_claim("mnist", "relu", "decreasing")
     narrow_fails = _block("relu", DOWN)

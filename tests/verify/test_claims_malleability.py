@@ -3,18 +3,18 @@ contract of `empirics.malleability.run_malleability`, summarised by `empirics.ma
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import pytest
+from fake_records import complete
 
 from empirics.mall_stats import POOLED, summarise
-from empirics.malleability import MalleabilityConfig
-from empirics.records import to_jsonable
-from verify.claims import claim_row, evaluate_claim
+from empirics.malleability import MalleabilityConfig, MalleabilityRecord
+from ntkm import codec
+from verify.claims import claim_row, evaluate_claim, units
 from verify.claims.base import HOLDS, NA, NOT, PARTLY
 from verify.claims.malleability import (
     MALLEABILITY_CLAIMS,
@@ -105,9 +105,8 @@ def fake_record(spec: Spec, *, dataset: str = "mnist", task: str = "10class", n:
                                             "rho_all": 0.7 + jitter, "other_init_seed": seed + 10_000,
                                             "other_gate": {"passed": not other_failing, "reason": "x"}}
                 runs.append(run)
-    rec = {"config": asdict(cfg), "eps_values": list(cfg.eps_values), "data": {"label": dataset}, "runs": runs,
-           "summary": summarise(runs, cfg)}
-    return json.loads(json.dumps(to_jsonable(rec)))
+    return complete(MalleabilityRecord, {"config": asdict(cfg), "eps_values": list(cfg.eps_values),
+                                         "data": {"label": dataset}, "runs": runs, "summary": summarise(runs, cfg)})
 
 
 STRONG = flat((0.5, 0.1), (0.12, 0.06))  # Attn excess 0.40, ReLU 0.06: ratio of excesses about 6.7x
@@ -117,33 +116,37 @@ LEVEL_ = flat((0.2, 0.1), (0.2, 0.1))  # the same excess for both models
 
 # ---- the summary record -------------------------------------------------------------------------
 
+@pytest.mark.claim("flip-mnist", "flip-cifar10", "flip-binary-mnist", "flip-binary-cifar10", "ratio-6-9x")
 def test_summary_has_intervals_counts_and_method():
     rec = fake_record(STRONG)
-    s = rec["summary"]
+    s = rec.summary
     assert {"bootstrap", "rows", "pooled", "comparisons", "ratios", "curated", "curated_diff",
-            "seed_baseline"} <= set(s)
-    assert s["bootstrap"]["n_boot"] == 2000 and "hierarchical" in s["bootstrap"]["method"]
-    pooled = [p for p in s["pooled"] if p["intervention"] == "transformed" and p["model"] == "attn"][0]
+            "seed_baseline"} == set(s.to_dict())
+    assert s.bootstrap["n_boot"] == 2000 and "hierarchical" in s.bootstrap["method"]
+    pooled = [p for p in s.pooled if p["intervention"] == "transformed" and p["model"] == "attn"][0]
     assert pooled["n_seeds"] == 3 and pooled["n_points"] == [50, 50, 50]
     assert pooled["excess_ci"]["value"] == pytest.approx(0.4)
     assert pooled["excess_ci"]["lo"] < 0.4 < pooled["excess_ci"]["hi"]
-    cmp_ = [c for c in s["comparisons"] if c["attack"] == POOLED and c["intervention"] == "transformed"][0]
+    cmp_ = [c for c in s.comparisons if c["attack"] == POOLED and c["intervention"] == "transformed"][0]
     assert cmp_["excess_diff_ci"]["value"] == pytest.approx(0.34)
     assert cmp_["ratio_excess_ci"]["value"] == pytest.approx(0.4 / 0.06)
     assert cmp_["ratio_ci"]["value"] == pytest.approx(0.5 / 0.12)
-    assert {b["model"] for b in s["seed_baseline"]} == {"relu", "attn"}
-    assert s["seed_baseline"][0]["flip_ci"]["value"] == pytest.approx(0.1)
+    assert {b["model"] for b in s.seed_baseline} == {"relu", "attn"}
+    assert s.seed_baseline[0]["flip_ci"]["value"] == pytest.approx(0.1)
 
 
+@pytest.mark.claim("flip-mnist", "flip-cifar10", "flip-binary-mnist")
 def test_excess_is_paired_per_point():
     """Attacks that flip exactly the noise's points have an excess of exactly 0, interval [0, 0]."""
     rec = fake_record(flat(("=noise", 0.5), (0.12, 0.06)))
-    row = [r for r in rec["summary"]["rows"] if r["model"] == "attn" and r["intervention"] == "transformed"][0]
+    row = [r for r in rec.summary.rows if r["model"] == "attn" and r["intervention"] == "transformed"][0]
     assert row["excess_ci"]["value"] == row["excess_ci"]["lo"] == row["excess_ci"]["hi"] == 0.0
 
 
 # ---- flip rule ----------------------------------------------------------------------------------
 
+@pytest.mark.claim("flip-mnist", "flip-cifar10", "flip-binary-mnist", "flip-centred-mnist", "flip-softmax-mnist",
+                   "flip-qkv-mnist")
 def test_flip_rule_holds_partly_and_not():
     assert flip_outcome(fake_record(STRONG), "mnist", "10class").verdict == HOLDS
     o = flip_outcome(fake_record(GAP2), "mnist", "10class")
@@ -155,6 +158,8 @@ def test_flip_rule_holds_partly_and_not():
     assert o.verdict == NOT and "no evidence" in o.condition
 
 
+@pytest.mark.claim("flip-mnist", "flip-cifar10", "flip-binary-mnist", "flip-centred-mnist", "flip-softmax-mnist",
+                   "flip-qkv-mnist")
 def test_flip_rule_does_not_hold_when_attn_attacks_equal_its_noise():
     o = flip_outcome(fake_record(flat(("=noise", 0.5), (0.12, 0.06))), "mnist", "10class")
     assert o.verdict == NOT
@@ -163,6 +168,8 @@ def test_flip_rule_does_not_hold_when_attn_attacks_equal_its_noise():
     assert o.verdict == PARTLY and "Attn excess" in o.condition
 
 
+@pytest.mark.claim("flip-mnist", "flip-cifar10", "flip-binary-mnist", "flip-centred-mnist", "flip-softmax-mnist",
+                   "flip-qkv-mnist")
 def test_flip_rule_ours_shows_excess_intervals_and_seed_baseline():
     o = flip_outcome(fake_record(STRONG), "mnist", "10class")
     assert "excess over noise +40.0 pp [" in o.ours and "seed-to-seed baseline" in o.ours
@@ -170,6 +177,8 @@ def test_flip_rule_ours_shows_excess_intervals_and_seed_baseline():
     assert o.gate and o.condition
 
 
+@pytest.mark.claim("flip-mnist", "flip-cifar10", "flip-binary-mnist", "flip-centred-mnist", "flip-softmax-mnist",
+                   "flip-qkv-mnist")
 def test_gate_failure_is_not_measurable():
     o = flip_outcome(fake_record(STRONG, failing=(("standard", "attn", 1),)), "mnist", "10class")
     assert o.verdict == NA and "not measurable" in o.ours and "attn seed 1" in o.ours
@@ -177,6 +186,7 @@ def test_gate_failure_is_not_measurable():
     assert o.verdict == NA and "second init" in o.ours
 
 
+@pytest.mark.claim("flip-binary-mnist")
 def test_flip_rule_binary_uses_its_paper_range():
     gap4 = flat((0.5, 0.1), (0.2, 0.1))  # ratio of excesses 4x: inside the binary range 3.1-4.9x, not 6.4-8.8x
     assert flip_outcome(fake_record(gap4, task="binary"), "mnist", "binary").verdict == HOLDS
@@ -190,6 +200,7 @@ def _two(mnist: Spec, cifar: Spec, **kw: Any) -> dict[str, dict[str, Any]]:
             "malleability:cifar10:10class": fake_record(cifar, dataset="cifar10", **kw)}
 
 
+@pytest.mark.claim("ratio-6-9x")
 def test_ratio_rule_outcomes():
     assert ratio_outcome(_two(STRONG, STRONG)).verdict == HOLDS
     assert ratio_outcome(_two(STRONG, LEVEL_)).verdict == PARTLY
@@ -198,6 +209,7 @@ def test_ratio_rule_outcomes():
     assert ratio_outcome(_two(GAP2, GAP2)).numbers["v2_verdict"] == "holds"
 
 
+@pytest.mark.claim("flip-binary-cifar10")
 def test_no_gap_rule_outcomes():
     same = flat((0.4, 0.1), (0.4, 0.1))
     assert no_gap_outcome(fake_record(same, dataset="cifar10", task="binary", n=200)).verdict == HOLDS
@@ -218,6 +230,7 @@ def _adv(standard: tuple[float, float], adversarial: tuple[float, float], **kw: 
                        seed_baseline=False, **kw)
 
 
+@pytest.mark.claim("adv-relu-mnist", "adv-attn-mnist", "adv-relu-cifar10", "adv-attn-cifar10")
 def test_adv_rule_outcomes():
     assert adv_outcome(_adv((0.3, 0.1), (0.7, 0.1)), "relu").verdict == HOLDS
     assert adv_outcome(_adv((0.7, 0.1), (0.3, 0.1)), "relu").verdict == NOT
@@ -226,6 +239,7 @@ def test_adv_rule_outcomes():
     assert adv_outcome(_adv((0.3, 0.1), (0.7, 0.5)), "attn").verdict == PARTLY
 
 
+@pytest.mark.claim("adv-relu-mnist", "adv-attn-mnist", "adv-relu-cifar10", "adv-attn-cifar10")
 def test_adv_rule_gates_the_model_it_judges():
     rec = _adv((0.3, 0.1), (0.7, 0.1), failing=(("adversarial", "relu", 0),))
     o = adv_outcome(rec, "relu")
@@ -245,6 +259,7 @@ def _eps(winning: set[float]) -> dict[str, Any]:
                        seed_baseline=False)
 
 
+@pytest.mark.claim("eps-robustness")
 def test_eps_rule_outcomes():
     assert eps_outcome(_eps({0.1, 0.2, 0.3, 0.5})).verdict == HOLDS
     o = eps_outcome(_eps({0.3}))
@@ -252,6 +267,7 @@ def test_eps_rule_outcomes():
     assert eps_outcome(_eps(set())).verdict == NOT
 
 
+@pytest.mark.claim("eps-robustness")
 def test_eps_rule_reads_the_baseline():
     """Attn's raw flip rate is higher at every eps, but so is its noise: the excess is level -> not."""
     def spec(training: str, model: str, intervention: str, eps: float) -> dict[str, Any]:
@@ -264,6 +280,7 @@ def test_eps_rule_reads_the_baseline():
 
 # ---- new rows -------------------------------------------------------------------------------------
 
+@pytest.mark.claim("curated-removal")
 def test_curated_rule_outcomes():
     assert curated_outcome(_two(STRONG, STRONG)).verdict == HOLDS
     level = {"curated": lambda m, r: 0.1}
@@ -279,6 +296,7 @@ def _by_intervention(transformed: Spec, adversarial: Spec) -> Spec:
     return spec
 
 
+@pytest.mark.claim("adversarial-intervention")
 def test_adversarial_intervention_rule_outcomes():
     assert adversarial_intervention_outcome(_two(LEVEL_, LEVEL_)).verdict == NOT
     strong_adv = _by_intervention(LEVEL_, STRONG)
@@ -288,6 +306,7 @@ def test_adversarial_intervention_rule_outcomes():
     assert adversarial_intervention_outcome(_two(at_noise, at_noise)).verdict == PARTLY
 
 
+@pytest.mark.claim("spearman-rankings")
 def test_spearman_rule_outcomes():
     assert spearman_outcome(_two(STRONG, STRONG)).verdict == HOLDS
     attn_at_noise = {"rho": lambda m, a: 0.5 if m == "attn" else (0.95 if a == "random" else 0.9)}
@@ -298,6 +317,7 @@ def test_spearman_rule_outcomes():
 
 # ---- the registry and the command share the rules ------------------------------------------------
 
+@pytest.mark.claim("flip-mnist", "spearman-rankings")
 def test_claims_are_empirical_and_evaluated_per_protocol():
     claims = {c.id: c for c in MALLEABILITY_CLAIMS}
     assert {"flip-mnist", "flip-cifar10", "ratio-6-9x", "flip-binary-mnist", "flip-binary-cifar10", "adv-relu-mnist",
@@ -312,6 +332,7 @@ def test_claims_are_empirical_and_evaluated_per_protocol():
     assert evaluate_claim(claims["spearman-rankings"], results, "proper").verdict == HOLDS
 
 
+@pytest.mark.claim("flip-mnist", "eps-robustness", "flip-binary-cifar10")
 def test_command_verdict_is_the_claim_rule():
     rec = fake_record(GAP2)
     (name, o), = experiment_outcomes(rec)
@@ -319,6 +340,27 @@ def test_command_verdict_is_the_claim_rule():
     names = [n for n, _ in experiment_outcomes(_eps({0.3}))]
     assert names == ["Attn more malleable", "ranking over eps"]
     assert [n for n, _ in experiment_outcomes(fake_record(LEVEL_, dataset="cifar10", task="binary"))] == ["no gap"]
+
+
+@pytest.mark.claim("flip-mnist", "flip-cifar10", "flip-binary-mnist", "flip-binary-cifar10")
+@pytest.mark.parametrize(("spec", "dataset", "task", "claim_id", "expected"), [
+    (STRONG, "mnist", "10class", "flip-mnist", HOLDS),
+    (GAP2, "cifar10", "10class", "flip-cifar10", PARTLY),
+    (LEVEL_, "mnist", "binary", "flip-binary-mnist", NOT),
+    (flat((0.6, 0.1), (0.2, 0.1)), "cifar10", "binary", "flip-binary-cifar10", NOT),
+])
+def test_command_and_registry_give_one_verdict_on_one_record(spec, dataset, task, claim_id, expected):
+    """`verify malleability` (`experiment_outcomes`) and `verify claims` (the registry row, through the cache's
+    JSON) judge one record alike, for records whose verdicts differ."""
+    rec = fake_record(spec, dataset=dataset, task=task)
+    (_, command), = experiment_outcomes(rec)
+    claim = {c.id: c for c in MALLEABILITY_CLAIMS}[claim_id]
+    unit = units.malleability(dataset, task)
+    stored = MalleabilityRecord.from_dict(codec.loads(codec.dumps(rec)))
+    row = claim_row(claim, {units.at(unit, p): stored for p in ("paper", "proper")})
+    assert command.verdict == expected
+    assert row["by_protocol"]["proper"]["verdict"] == row["by_protocol"]["paper"]["verdict"] == expected.value
+    assert row["by_protocol"]["proper"]["ours"] == command.ours
 
 
 def test_unit_configs():

@@ -21,6 +21,7 @@ from verify.claims.kappa import (
     kappa_extra_units,
 )
 from verify.claims.theory import THEORY_CLAIMS, evaluate_prop45
+from verify.records import KappaRecord, TheoryRecord
 
 CLAIMS = {c.id: c for c in KAPPA_CLAIMS + THEORY_CLAIMS}
 JPEG_LABEL = "CIFAR-10, JPEG re-encoding (quality ~75; not the original pixels)"
@@ -28,11 +29,13 @@ JPEG_LABEL = "CIFAR-10, JPEG re-encoding (quality ~75; not the original pixels)"
 
 # ---- kappa-mnist / kappa-cifar10 --------------------------------------------------------------
 
+@pytest.mark.claim("kappa-mnist", "kappa-cifar10")
 def test_kappa_rule_holds_only_when_every_n_is_within_2x() -> None:
     verdict, _, _, nums = judge_kappa([(32, 900.0), (64, 1500.0), (128, 2300.0)], 1200.0)
     assert verdict == HOLDS and nums["n_within_2x"] == [32, 64, 128]
 
 
+@pytest.mark.claim("kappa-mnist", "kappa-cifar10")
 def test_kappa_rule_not_when_paper_value_is_outside_the_range() -> None:
     below, note, cond, _ = judge_kappa([(32, 5000.0), (64, 9000.0)], 1200.0)
     assert below == NOT and "below" in note and "1.2e+03" in cond
@@ -40,6 +43,7 @@ def test_kappa_rule_not_when_paper_value_is_outside_the_range() -> None:
     assert above == NOT and "above" in note
 
 
+@pytest.mark.claim("kappa-mnist", "kappa-cifar10")
 def test_kappa_rule_underdetermined_states_the_interpolated_n() -> None:
     verdict, note, _, nums = judge_kappa([(1000, 1e5), (100, 1e3)], 1e4)
     assert verdict == UNDERDETERMINED
@@ -47,6 +51,7 @@ def test_kappa_rule_underdetermined_states_the_interpolated_n() -> None:
     assert nums["kappa_range"] == [1e3, 1e5]
 
 
+@pytest.mark.claim("kappa-mnist", "kappa-cifar10")
 def test_kappa_rule_underdetermined_at_a_step_to_infinity_and_at_the_edges() -> None:
     verdict, note, _, nums = judge_kappa([(100, 1e3), (500, 1e7), (1000, "inf")], 1e9)
     assert verdict == UNDERDETERMINED and nums["n_met"] is None and "infinite" in note
@@ -54,12 +59,18 @@ def test_kappa_rule_underdetermined_at_a_step_to_infinity_and_at_the_edges() -> 
     assert verdict == UNDERDETERMINED and nums["n_met"] == 32 and "smallest" in note
 
 
-def _kappa_record(ds: str, kappas: list[float], label: str) -> dict[str, Any]:
+def _kappa(rows: list[dict[str, Any]], missing: list[dict[str, Any]]) -> KappaRecord:
+    return KappaRecord.from_dict({"dataset": "x", "sample": "first", "preprocessing": "raw", "rows": rows,
+                                  "missing": missing})
+
+
+def _kappa_record(ds: str, kappas: list[float], label: str) -> dict[str, KappaRecord]:
     rows = [{"n": n, "d": 3072, "rank": n, "kappa": "inf" if math.isinf(k) else k, "kappa_d": k,
              "provenance": {"label": label}} for n, k in zip((32, 64, 128), kappas, strict=True)]
-    return {f"kappa:{ds}": {"rows": rows, "missing": []}}
+    return {f"kappa:{ds}": _kappa(rows, [])}
 
 
+@pytest.mark.claim("kappa-mnist", "kappa-cifar10")
 def test_kappa_claims_reach_each_outcome_and_carry_the_jpeg_caveat() -> None:
     target = PAPER_KAPPA["cifar10"]
     claim = CLAIMS["kappa-cifar10"]
@@ -71,7 +82,7 @@ def test_kappa_claims_reach_each_outcome_and_carry_the_jpeg_caveat() -> None:
         assert "JPEG re-encoding" in o.ours and o.numbers["jpeg_caveat"] and o.condition
     o = CLAIMS["kappa-mnist"].evaluate(_kappa_record("mnist", [PAPER_KAPPA["mnist"]] * 3, "MNIST, original IDX"))
     assert o.verdict == HOLDS and "JPEG" not in o.ours and not o.numbers["jpeg_caveat"]
-    assert claim.evaluate({"kappa:cifar10": {"rows": [], "missing": [{"reason": "no data"}]}}).verdict == NA
+    assert claim.evaluate({"kappa:cifar10": _kappa([], [{"reason": "no data"}])}).verdict == NA
 
 
 # ---- thm4.7-premise ---------------------------------------------------------------------------
@@ -89,6 +100,7 @@ def _premise_row(ds: str, n: int, log10_g3: float, log10_attn: float) -> dict[st
                     "relu": {"analytic": _spec(2.0), "empirical": [{"width": 256, **_spec(2.2)}]}}}
 
 
+@pytest.mark.claim("thm4.7-premise")
 @pytest.mark.parametrize(("attn", "want"), [((9.5, 10.2), HOLDS), ((4.0, 5.0), NOT), ((9.5, 5.0), PARTLY),
                                              ((8.5, 8.5), PARTLY), ((math.inf, 4.0), PARTLY)])
 def test_premise_rule_reaches_each_outcome(attn: tuple[float, float], want: Any) -> None:
@@ -98,11 +110,13 @@ def test_premise_rule_reaches_each_outcome(attn: tuple[float, float], want: Any)
     assert gaps[1] == pytest.approx(attn[1] - 10.2) and "[-1, 1]" in condition
 
 
+@pytest.mark.claim("thm4.7-premise")
 def test_premise_singular_gram_counts_as_far_below() -> None:
     verdict, gaps, _ = judge_premise([_premise_row("mnist", 1000, math.inf, 5.0)])
     assert verdict == NOT and gaps == [-math.inf]
 
 
+@pytest.mark.claim("thm4.7-premise")
 def test_premise_claim_reports_both_networks_from_a_json_record() -> None:
     rec = {"datasets": ["mnist", "cifar10"], "sample": "first", "widths": [256], "missing": [],
            "rows": [_premise_row("mnist", 32, 9.2, 4.1), _premise_row("cifar10", 64, 11.8, 5.2)]}
@@ -119,6 +133,7 @@ def test_premise_claim_reports_both_networks_from_a_json_record() -> None:
 
 # ---- binary-cifar-kappa -----------------------------------------------------------------------
 
+@pytest.mark.claim("binary-cifar-kappa")
 def test_binary_rule_reaches_each_outcome() -> None:
     assert judge_binary_kappa({32: [0.5, 0.9], 64: [0.7, 0.8]})[0] == HOLDS
     assert judge_binary_kappa({32: [1.5, 1.1], 64: [math.inf, 2.0]})[0] == NOT
@@ -137,6 +152,7 @@ def _binary_record(cifar: list[tuple[float, float]]) -> dict[str, Any]:
     return {"kappa:binary": {"sample": "balanced", "seeds": [0, 1], "rows": rows, "missing": []}}
 
 
+@pytest.mark.claim("binary-cifar-kappa")
 def test_binary_claim_states_ratios_and_what_it_tests() -> None:
     o = evaluate_binary_kappa(_binary_record([(1.0, 2.0), (1.0, 4.0), (3.0, 6.0), (1.0, 8.0)]))
     assert o.verdict == HOLDS and o.seeds == 2
@@ -154,11 +170,15 @@ def test_binary_claim_states_ratios_and_what_it_tests() -> None:
 
 # ---- prop4.5 ----------------------------------------------------------------------------------
 
-def _theory_record(verdict: str, **numbers: Any) -> dict[str, Any]:
-    return {"theory": {"checks": [{"claim_id": "prop4.5", "verdict": verdict, "detail": "d", "method": "m",
-                                   "numbers": numbers}]}}
+def _theory(*checks: dict[str, Any]) -> dict[str, TheoryRecord]:
+    return {"theory": TheoryRecord.from_dict({"checks": [{"statement": "s", **c} for c in checks]})}
 
 
+def _theory_record(verdict: str, **numbers: Any) -> dict[str, TheoryRecord]:
+    return _theory({"claim_id": "prop4.5", "verdict": verdict, "detail": "d", "method": "m", "numbers": numbers})
+
+
+@pytest.mark.claim("prop4.5")
 def test_prop45_rule_reaches_each_outcome() -> None:
     common = {"corrected_bound": "B(X, j, eps)", "corrected_bound_holds": True, "max_ratio_random_delta": 0.4,
               "max_ratio_signed_data": 0.9}
@@ -170,19 +190,21 @@ def test_prop45_rule_reaches_each_outcome() -> None:
     assert o.verdict == PARTLY and "not exceeded" in o.ours
     assert evaluate_prop45(_theory_record("holds", stated_reading_exceeded_by=0.5, **common)).verdict == HOLDS
     assert evaluate_prop45(_theory_record("holds")).verdict == NA
-    assert evaluate_prop45({"theory": {"checks": []}}).verdict == NA
+    assert evaluate_prop45(_theory()).verdict == NA
     assert CLAIMS["prop4.5"].evaluate is evaluate_prop45
 
 
+@pytest.mark.claim("stacking")
 def test_other_theory_claims_keep_the_check_mapping() -> None:
-    rec = {"theory": {"checks": [{"claim_id": "stacking", "verdict": "holds (corrected)", "detail": "x",
-                                  "method": "m", "numbers": {}}]}}
+    rec = _theory({"claim_id": "stacking", "verdict": "holds (corrected)", "detail": "x", "method": "m",
+                   "numbers": {}})
     o = CLAIMS["stacking"].evaluate(rec)
     assert o.verdict == PARTLY and "holds (corrected)" in o.condition
 
 
 # ---- units ------------------------------------------------------------------------------------
 
+@pytest.mark.claim("thm4.7-premise", "binary-cifar-kappa")
 def test_extra_units_have_json_ready_configs_and_module_level_functions() -> None:
     p = {"seeds": (0, 1), "premise_ns": (8,), "premise_widths": (16,), "binary_kappa_ns": (10,)}
     units = kappa_extra_units(p, None)

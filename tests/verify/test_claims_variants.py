@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
+from dataclasses import replace
 
 import pytest
+from fake_records import complete
 from test_claims_malleability import STRONG, fake_record
 
-from empirics.records import to_jsonable
+from empirics.distance import DistanceRecord
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, Outcome
 from verify.claims.variants import (
     ATTENTION_VARIANTS,
@@ -28,6 +29,7 @@ def _flip(verdict) -> Outcome:
     return Outcome("y", verdict, "q", {}, 3, "gate", "difference above 0")
 
 
+@pytest.mark.claim("v2-qkv")
 @pytest.mark.parametrize("ntk, flip, expected", [
     (_ntk(HOLDS), _flip(HOLDS), HOLDS),
     (_ntk(NA), _flip(HOLDS), NA),
@@ -41,13 +43,14 @@ def test_v2_qkv_rule_reaches_each_outcome(ntk, flip, expected):
     assert v2_qkv_outcome(ntk, flip).verdict is expected
 
 
-def _distance_record(predictor_se: float, kind: str = "monte-carlo") -> dict:
+def _distance_record(predictor_se: float, kind: str = "monte-carlo") -> DistanceRecord:
     ref = {"kind": kind, "draws": 16, "width": 512, "rel_se_frobenius": 0.05, "predictor_se": predictor_se}
     per_width = {str(w): {"function_abs": {"mean": v}} for w, v in ((64, 10.0), (256, 20.0), (512, 30.0))}
-    return {"models": {"qkv": {"reference": [ref, {**ref, "predictor_se": predictor_se / 2}],
-                               "per_width": per_width}}}
+    return complete(DistanceRecord, {"models": {"qkv": {"reference": [ref, {**ref, "predictor_se": predictor_se / 2}],
+                                                        "per_width": per_width}}})
 
 
+@pytest.mark.claim("ntk-qkv-mnist", "v2-qkv")
 def test_a_coarse_monte_carlo_reference_makes_the_row_not_measurable():
     """2 x SE must be at most a tenth of the smallest distance (10): SE 0.4 passes, SE 0.6 does not."""
     assert _mc_check(_distance_record(0.4), "qkv")[0] is None
@@ -56,17 +59,19 @@ def test_a_coarse_monte_carlo_reference_makes_the_row_not_measurable():
     assert _mc_check(_distance_record(99.0, kind="analytic"), "qkv") == (None, "")
 
 
+@pytest.mark.claim("flip-softmax-mnist", "flip-qkv-mnist", "v2-qkv")
 def test_variant_flip_row_reads_the_variant_as_attn():
     """A (relu, softmax) record relabelled for the paper's flip rule gives the same numbers as the same record
     built with the label attn."""
     as_attn_rec = fake_record(STRONG)
-    renamed = {**as_attn_rec, "config": {**as_attn_rec["config"], "models": ["relu", "softmax"]},
-               "runs": [{**r, "model": "softmax" if r["model"] == "attn" else r["model"]} for r in as_attn_rec["runs"]]}
+    runs = [{**r, "model": "softmax" if r["model"] == "attn" else r["model"]} for r in as_attn_rec.runs]
+    renamed = replace(as_attn_rec, config={**as_attn_rec.config, "models": ["relu", "softmax"]}, runs=runs)
     back = as_attn(renamed, "softmax")
-    assert json.loads(json.dumps(to_jsonable(back["summary"]))) == as_attn_rec["summary"]
-    assert {r["model"] for r in back["runs"]} == {"relu", "attn"}
+    assert back.summary.to_dict() == as_attn_rec.summary.to_dict()
+    assert {r["model"] for r in back.runs} == {"relu", "attn"}
 
 
+@pytest.mark.claim("ntk-softmax-mnist", "flip-softmax-mnist", "ntk-qkv-mnist", "flip-qkv-mnist", "v2-qkv")
 def test_variant_units_are_mnist_and_the_three_widest_widths():
     p = preset("quick")
     units = variant_unit_configs(p, None)

@@ -1,4 +1,4 @@
-"""The claims registry: one entry per claim of the paper (PAPER.md), each with its verdict rule.
+"""The claims registry: one entry per claim of the paper (docs/PAPER.md), each with its verdict rule.
 
 One module per claim group (`theory`, `kappa`, `ntk`, `malleability`, `landscape`, `variants`); shared types in
 `base`. Every entry states the paper's value, the protocol we run and the rule that turns our
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from verify.claims import units
 from verify.claims.base import NA, PROTOCOLS, VERDICTS, Claim, Outcome, Results, Verdict, unavailable
 
 __all__ = ["PROTOCOLS", "VERDICTS", "Claim", "Outcome", "Verdict", "all_claims", "evaluate_claim", "claim_row"]
@@ -31,7 +32,7 @@ def all_claims() -> list[Claim]:
 
 def protocol_units(claim: Claim, protocol: str | None) -> tuple[str, ...]:
     """The unit names a claim needs under `protocol` (empirical claims) or as written."""
-    return tuple(f"{u}@{protocol}" for u in claim.units) if claim.empirical and protocol else claim.units
+    return tuple(units.at(u, protocol) for u in claim.units) if claim.empirical and protocol else claim.units
 
 
 def evaluate_claim(claim: Claim, results: Results, protocol: str | None = None) -> Outcome:

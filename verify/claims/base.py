@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-Results = dict[str, dict[str, Any]]
+from empirics.vocab import LandscapeVerdict
+from theory import checks as theory_checks
+
+#: Unit name -> its result as the cache holds it: the unit's typed record (`verify.runner.Unit.record`), or a dict.
+Results = dict[str, Any]
 
 
 class Verdict(str, Enum):
@@ -77,7 +81,7 @@ def unavailable(results: Results, units: Iterable[str]) -> str | None:
         r = results.get(u)
         if r is None:
             return f"unit {u} was not run"
-        if "unavailable" in r:
+        if isinstance(r, dict) and "unavailable" in r:
             return f"{u}: {r['unavailable']}"
     return None
 
@@ -110,3 +114,17 @@ def gated(runs: Iterable[dict[str, Any]], gate_text: str, protocol: str) -> Outc
 
 HOLDS, PARTLY, NOT, UNDERDETERMINED, NA = (Verdict.HOLDS, Verdict.PARTLY, Verdict.NOT, Verdict.UNDERDETERMINED,
                                            Verdict.NA)
+
+#: The claims verdict each verdict word of a record stands for: the landscape experiment's own words and the
+#: verdicts of `theory.checks` (a corrected or ill-posed theorem holds only partly as stated).
+RECORD_VERDICTS: dict[str, Verdict] = {
+    LandscapeVerdict.HOLDS: HOLDS, LandscapeVerdict.PARTLY: PARTLY, LandscapeVerdict.NOT: NOT,
+    LandscapeVerdict.NA: NA, theory_checks.HOLDS: HOLDS, theory_checks.HOLDS_CORRECTED: PARTLY,
+    theory_checks.ILL_POSED: PARTLY, theory_checks.DOES_NOT_HOLD: NOT,
+}
+
+
+def verdict_of(word: str) -> Verdict:
+    """The claims verdict of a record's verdict word (`RECORD_VERDICTS`); any other word (a crashed check) is
+    "not measurable here"."""
+    return RECORD_VERDICTS.get(word, NA)

@@ -13,7 +13,10 @@ from typing import Any
 
 from reports.text import fmt
 from theory.paper import PAPER_DATASET_LABELS, PAPER_KAPPA
+from verify.claims import units
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, UNDERDETERMINED, Claim, Outcome, Results, Verdict, unavailable
+from verify.presets import PresetSizes
+from verify.records import KappaRecord
 
 # ---- condition numbers on real data (Sec. 4.3) ------------------------------------------------
 
@@ -29,7 +32,7 @@ JPEG_CAVEAT = ("caveat: these pixels are a JPEG re-encoding, not the original im
 
 
 def _f(v: Any) -> float:
-    """A record's number as a float ("inf" strings from JSON included)."""
+    """A record's number as a float (records read through `ntkm.codec` already hold +-inf as floats)."""
     return float(v)
 
 
@@ -38,14 +41,16 @@ def jpeg_caveat(label: str) -> str:
     return JPEG_CAVEAT if "JPEG" in label else ""
 
 
-def _loaded(results: Results, unit: str) -> dict[str, Any] | Outcome:
-    """The unit's record, or the "not measurable" outcome when it is missing or loaded no data."""
+def _loaded(results: Results, unit: str) -> Any:
+    """The unit's record (a `KappaRecord`, or the dict of a premise unit of `empirics.premise`), or the "not
+    measurable" outcome when it is missing or loaded no data."""
     why = unavailable(results, (unit,))
     if why:
         return Outcome("-", NA, why)
     rec = results[unit]
-    if not rec["rows"]:
-        return Outcome("-", NA, "no data could be loaded: " + "; ".join(m["reason"] for m in rec["missing"]))
+    rows, missing = (rec.rows, rec.missing) if isinstance(rec, KappaRecord) else (rec["rows"], rec["missing"])
+    if not rows:
+        return Outcome("-", NA, "no data could be loaded: " + "; ".join(m["reason"] for m in missing))
     return rec
 
 
@@ -94,10 +99,10 @@ def judge_kappa(points: list[tuple[int, float]], target: float) -> tuple[Verdict
 
 def _kappa_claim(ds: str) -> Callable[[Results], Outcome]:
     def evaluate(results: Results) -> Outcome:
-        rec = _loaded(results, f"kappa:{ds}")
+        rec = _loaded(results, units.kappa(ds))
         if isinstance(rec, Outcome):
             return rec
-        rows = rec["rows"]
+        rows = rec.rows
         verdict, note, condition, extra = judge_kappa([(r["n"], r["kappa"]) for r in rows], PAPER_KAPPA[ds])
         parts = [f"n={r['n']}: kappa {fmt(_f(r['kappa']))}"
                  + (f", kappa_d {fmt(_f(r['kappa_d']))}" if r["n"] > r["d"] else "") for r in rows]
@@ -161,7 +166,7 @@ def _premise_numbers(r: dict[str, Any], gap: float) -> dict[str, Any]:
 
 def evaluate_premise(results: Results) -> Outcome:
     """Thm 4.7's premise (`PREMISE_RULE`) from unit `premise:thm4.7`."""
-    rec = _loaded(results, "premise:thm4.7")
+    rec = _loaded(results, units.PREMISE)
     if isinstance(rec, Outcome):
         return rec
     rows = rec["rows"]
@@ -222,7 +227,7 @@ def _ratio_text(ratios: dict[int, list[float]]) -> str:
 
 def evaluate_binary_kappa(results: Results) -> Outcome:
     """The binary CIFAR-10 lower-kappa premise (`BINARY_KAPPA_RULE`) from unit `kappa:binary`."""
-    rec = _loaded(results, "kappa:binary")
+    rec = _loaded(results, units.KAPPA_BINARY)
     if isinstance(rec, Outcome):
         return rec
     cifar = _ratios(rec["rows"], "cifar10")
@@ -255,15 +260,15 @@ KAPPA_CLAIMS = [
     Claim("thm4.7-premise", "Thm 4.7 (premise)",
           "kappa(G)^3 is the condition number that governs MLP-Attn's NTK (the basis of the width bound)",
           paper="NTK regime of MLP-Attn governed by kappa(G^3) = kappa(G)^3", rule=PREMISE_RULE,
-          units=("premise:thm4.7",), evaluate=evaluate_premise, group="numbers"),
+          units=(units.PREMISE,), evaluate=evaluate_premise, group="numbers"),
     Claim("binary-cifar-kappa", "Sec. 5 (binary CIFAR-10)",
           "The binary CIFAR-10 task (automobile vs airplane) shows no malleability gap because its kappa is lower",
           paper="no gap on binary CIFAR-10, explained by a lower kappa", rule=BINARY_KAPPA_RULE,
-          units=("kappa:binary",), evaluate=evaluate_binary_kappa, group="numbers"),
+          units=(units.KAPPA_BINARY,), evaluate=evaluate_binary_kappa, group="numbers"),
 ]
 
 
-def kappa_extra_units(p: dict[str, Any], data_dir: str | None) -> dict[str, Any]:
+def kappa_extra_units(p: PresetSizes, data_dir: str | None) -> dict[str, Any]:
     """The units of `thm4.7-premise` and `binary-cifar-kappa`, sized by preset `p`."""
     from empirics.premise import binary_kappa_unit, premise_unit
     from verify.runner import Unit
@@ -274,5 +279,5 @@ def kappa_extra_units(p: dict[str, Any], data_dir: str | None) -> dict[str, Any]
                "data_dir": data_dir}
     binary = {"datasets": datasets, "ns": list(p.get("binary_kappa_ns", (32, 64, 120))), "seeds": list(p["seeds"]),
               "sample": "balanced", "data_dir": data_dir}
-    return {"premise:thm4.7": Unit("premise:thm4.7", premise, premise_unit),
-            "kappa:binary": Unit("kappa:binary", binary, binary_kappa_unit)}
+    return {units.PREMISE: Unit(units.PREMISE, premise, premise_unit),
+            units.KAPPA_BINARY: Unit(units.KAPPA_BINARY, binary, binary_kappa_unit)}

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from empirics.landscape import LandscapeRecord
+from empirics.vocab import DATASETS, LandscapeVerdict, dataset_label
 from reports.text import fmt, mean_pm
-from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results
-from verify.presets import n_train_for
-
-LANDSCAPE_DATASETS = ("mnist", "cifar10")
-VERDICT_MAP = {"holds": HOLDS, "partly": PARTLY, "does not hold": NOT, "not measurable": NA}
+from verify.claims import units
+from verify.claims.base import NA, Claim, Outcome, Results, verdict_of
+from verify.presets import PresetSizes, n_train_for
 
 
-def landscape_unit_configs(p: dict[str, Any], data_dir: str | None) -> dict[str, dict[str, Any]]:
+def landscape_unit_configs(p: PresetSizes, data_dir: str | None) -> dict[str, dict[str, Any]]:
     """Keyword arguments of `LandscapeConfig` for each data set, sized by the preset."""
-    return {f"landscape:{ds}": {
+    return {units.landscape(ds): {
         "dataset": ds, "seeds": list(p["seeds"]), "width": p["mall_width"],
         "n_train": n_train_for(p, ds, "mall_n_train"), "n_test": p["mall_n_test"],
         "points": p["landscape_points"], "grid": p["landscape_grid"], "hessian_iters": p["hessian_iters"],
         "hutchinson_samples": p["hutchinson_samples"], "data_dir": data_dir,
-    } for ds in LANDSCAPE_DATASETS}
+    } for ds in DATASETS}
 
 
 LANDSCAPE_RULE = ("not measurable if a network fails the adequacy gate or a trained point is not a minimum along "
@@ -33,21 +33,21 @@ LANDSCAPE_RULE = ("not measurable if a network fails the adequacy gate or a trai
 
 def _landscape_claim(ds: str) -> Any:
     def evaluate(results: Results) -> Outcome:
-        res = results[f"landscape:{ds}"]
-        v = res["verdict"]
-        relu, attn = res["models"]["relu"]["summary"], res["models"]["attn"]["summary"]
-        cfg = res["config"]
+        res: LandscapeRecord = results[units.landscape(ds)]
+        v = res.verdict
+        relu, attn = res.models["relu"].summary, res.models["attn"].summary
+        cfg = res.config
         tcfg = cfg["train"]
-        protocol = (f"{res['data'].get('label', ds)}, n_train={cfg['n_train']}, width {cfg['width']}, protocol "
+        protocol = (f"{res.data.get('label', ds)}, n_train={cfg['n_train']}, width {cfg['width']}, protocol "
                     f"{tcfg.get('protocol', 'custom')} ({tcfg['optimizer']}, {'up to ' if tcfg.get('plateau') else ''}"
                     f"{tcfg['epochs']} epochs); Hessian of the training loss w.r.t. W ({cfg['hessian_iters']} Lanczos "
                     f"steps, {cfg['hutchinson_samples']} Hutchinson probes)")
         train = (f"train acc ReLU {mean_pm(relu['train_acc'])}, Attn {mean_pm(attn['train_acc'])}; test acc ReLU "
                  f"{mean_pm(relu['test_acc'])}, Attn {mean_pm(attn['test_acc'])}")
-        if v["verdict"] == "not measurable":
-            return Outcome(f"not measurable: {v.get('reason', '')}; {train}", NA, protocol,
-                           {"reason": v.get("reason")}, v.get("seeds"), gate=v.get("gate", ""))
-        iv = v["intervals"]
+        if v.verdict == LandscapeVerdict.NA:
+            return Outcome(f"not measurable: {v.reason or ''}; {train}", NA, protocol,
+                           {"reason": v.reason}, v.seeds, gate=v.gate or "")
+        iv = v.intervals
 
         def ratio(m: str) -> str:
             return (f"log(ReLU/Attn) {fmt(iv[m]['mean'])} [{fmt(iv[m]['ci'][0])}, {fmt(iv[m]['ci'][1])}]")
@@ -56,20 +56,20 @@ def _landscape_claim(ds: str) -> Any:
                 f"{mean_pm(attn['filter_increase'])}, {ratio('filter_increase')}; top eigenvalue per input scale "
                 f"{ratio('sharpness_per_input')}; raw top eigenvalue ReLU {mean_pm(relu['top_eigenvalue'])} vs Attn "
                 f"{mean_pm(attn['top_eigenvalue'])} (not judged); {train}")
-        caveats = v.get("caveats") or []
+        caveats = v.caveats or []
         if caveats:
             ours += ". Caveats: " + "; ".join(caveats)
-        return Outcome(ours, VERDICT_MAP.get(v["verdict"], NA), protocol,
-                       {"intervals": iv, "criteria_above": v.get("criteria_above")}, v.get("seeds"),
-                       gate=v.get("gate", ""), condition="CI of log(ReLU/Attn) > 0 for (B) and (A')")
+        return Outcome(ours, verdict_of(v.verdict), protocol,
+                       {"intervals": iv, "criteria_above": v.criteria_above}, v.seeds,
+                       gate=v.gate or "", condition="CI of log(ReLU/Attn) > 0 for (B) and (A')")
 
     return evaluate
 
 
 LANDSCAPE_CLAIMS = [
     Claim(f"landscape-{ds}", "Sec. 5 (loss landscape)",
-          f"{'MNIST' if ds == 'mnist' else 'CIFAR-10'}: 2L-ReLU sits in a sharp, narrow minimum; MLP-Attn in a "
+          f"{dataset_label(ds)}: 2L-ReLU sits in a sharp, narrow minimum; MLP-Attn in a "
           "broad, flat basin", paper="sharp (ReLU) vs flat (Attn); qualitative", rule=LANDSCAPE_RULE,
-          units=(f"landscape:{ds}",), evaluate=_landscape_claim(ds), group="landscape", empirical=True)
-    for ds in LANDSCAPE_DATASETS
+          units=(units.landscape(ds),), evaluate=_landscape_claim(ds), group="landscape", empirical=True)
+    for ds in DATASETS
 ]

@@ -13,21 +13,21 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from empirics.mall_stats import METHOD, POOLED, SEED_METHOD, find, paper_ratio_range
+from empirics.mall_stats import METHOD, POOLED, SEED_METHOD, paper_ratio_range
+from empirics.malleability import MalleabilityRecord
 from empirics.protocols import GATE_TEXT
+from empirics.vocab import DATASETS, PAPER_ATTACKS, dataset_label, model_name, model_short
 from theory.paper import PAPER_ADV, PAPER_FLIP, PAPER_RATIO_V1, PAPER_RATIO_V2
+from verify.claims import units
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results, Verdict, gated
-from verify.presets import n_train_for
+from verify.presets import PresetSizes, n_train_for
 
-ATTACKS = ("fgsm", "pgd", "mim")
-LABEL = {"mnist": "MNIST", "cifar10": "CIFAR-10"}
-MODEL = {"relu": "ReLU", "attn": "Attn"}
 NO_GAP_BAND = (0.67, 1.5)
 GATE_FIRST = "adequacy gate first (any network of the unit below it -> not measurable here). "
 CI_NOTE = f"95 % intervals: {METHOD}; per-network scalars: {SEED_METHOD}"
 
 
-def malleability_unit_configs(p: dict[str, Any], data_dir: str | None) -> dict[str, dict[str, Any]]:
+def malleability_unit_configs(p: PresetSizes, data_dir: str | None) -> dict[str, dict[str, Any]]:
     """Keyword arguments of `MalleabilityConfig` for every malleability unit, sized by the preset
     (the training config is added per protocol by `verify.experiments`)."""
     base = {"width": p["mall_width"], "n_test": p["mall_n_test"],
@@ -35,17 +35,18 @@ def malleability_unit_configs(p: dict[str, Any], data_dir: str | None) -> dict[s
             "data_dir": data_dir}
     adv_epochs = p.get("adv_max_epochs", 100)
     out: dict[str, dict[str, Any]] = {}
-    for ds in ("mnist", "cifar10"):
+    for ds in DATASETS:
         base["n_train"] = n_train_for(p, ds, "mall_n_train")
-        out[f"malleability:{ds}:10class"] = {**base, "dataset": ds, "task": "10class", "attacks": list(ATTACKS),
-                                             "interventions": ["transformed", "curated", "adversarial"],
-                                             "seed_baseline": True}
-        out[f"malleability:{ds}:binary"] = {**base, "dataset": ds, "task": "binary", "attacks": list(ATTACKS),
-                                            "interventions": ["transformed"]}
-        out[f"malleability-adv:{ds}"] = {**base, "dataset": ds, "task": "10class", "attacks": ["pgd"],
+        out[units.malleability(ds, "10class")] = {**base, "dataset": ds, "task": "10class",
+                                                  "attacks": list(PAPER_ATTACKS),
+                                                  "interventions": ["transformed", "curated", "adversarial"],
+                                                  "seed_baseline": True}
+        out[units.malleability(ds, "binary")] = {**base, "dataset": ds, "task": "binary",
+                                                 "attacks": list(PAPER_ATTACKS), "interventions": ["transformed"]}
+        out[units.malleability_adv(ds)] = {**base, "dataset": ds, "task": "10class", "attacks": ["pgd"],
                                          "interventions": ["transformed"], "adv_train": True,
                                          "adv_max_epochs": adv_epochs}
-    out["malleability-eps:mnist"] = {**base, "n_train": n_train_for(p, "mnist", "mall_n_train"),
+    out[units.malleability_eps("mnist")] = {**base, "n_train": n_train_for(p, "mnist", "mall_n_train"),
                                      "dataset": "mnist", "task": "10class", "attacks": ["pgd"],
                                      "interventions": ["transformed"], "eps_sweep": [0.1, 0.2, 0.3, 0.5]}
     return out
@@ -54,7 +55,7 @@ def malleability_unit_configs(p: dict[str, Any], data_dir: str | None) -> dict[s
 # ---- reading and printing intervals -------------------------------------------------------------
 
 def _f(v: Any) -> float:
-    """A number from a record (JSON records hold infinities as the strings 'inf' / '-inf')."""
+    """A number from a record as a float (None, a value that was never computed, as NaN)."""
     return float("nan") if v is None else float(v)
 
 
@@ -107,27 +108,27 @@ def rho_txt(ci: dict[str, Any], signed: bool = False) -> str:
     return ci_txt(ci, scale=1.0, unit="", signed=signed, digits=2)
 
 
-def _protocol(res: dict[str, Any]) -> str:
-    c = res["config"]
+def _protocol(res: MalleabilityRecord) -> str:
+    c = res.config
     t = c["train"]
     wd = (f", weight decay {t['weight_decay']:g} ({t.get('decay', 'coupled')})" if t.get("weight_decay")
           else ", no weight decay")
-    return (f"{res['data'].get('label', c['dataset'])}, task {c['task']}, n_train={c['n_train']}, "
+    return (f"{res.data.get('label', c['dataset'])}, task {c['task']}, n_train={c['n_train']}, "
             f"n_test={c['n_test']}, width {c['width']}, {len(c['seeds'])} seeds (each its own data subset); "
             f"training protocol {t.get('protocol', 'custom')}: {t['optimizer']} lr {t['lr']:g}{wd}, "
             f"{'up to ' if t.get('plateau') else ''}{t['epochs']} epochs; top tau={c['tau']} by |NTK-LOO "
             f"influence| (empirical kernel, ridge_rel {c['ridge_rel']}), transformed by the attack (eps "
-            f"{res['eps_values'][0]:g}, {c['attack_steps']} steps); noise baseline: random signs of the same eps "
+            f"{res.eps_values[0]:g}, {c['attack_steps']} steps); noise baseline: random signs of the same eps "
             f"on the same points; {CI_NOTE}")
 
 
-def _gate_runs(res: dict[str, Any], model: str | None = None,
+def _gate_runs(res: MalleabilityRecord, model: str | None = None,
                training: str | None = "standard") -> list[dict[str, Any]]:
     """The networks a rule reads, for the gate: those of `training` (None: every training) and `model`
     (None: both), adversarially trained ones labelled so, and the second initialisations of the seed
     baseline."""
     out = []
-    for r in res["runs"]:
+    for r in res.runs:
         if (model is not None and r["model"] != model) or (training is not None and r["training"] != training):
             continue
         tag = "" if r["training"] == "standard" else f" ({r['training']}ly trained)"
@@ -142,7 +143,7 @@ def _gate(runs: list[dict[str, Any]], protocol: str) -> Outcome | None:
     return gated(runs, GATE_TEXT, protocol)
 
 
-def _opened(res: dict[str, Any]) -> tuple[str, Outcome | None]:
+def _opened(res: MalleabilityRecord) -> tuple[str, Outcome | None]:
     """A single-record rule's protocol text and its gate outcome (None when every network passed)."""
     protocol = _protocol(res)
     return protocol, _gate(_gate_runs(res), protocol)
@@ -153,45 +154,45 @@ def _done(ours: str, verdict: Verdict, protocol: str, numbers: dict[str, Any], s
     return Outcome(ours, verdict, protocol, numbers, seeds, GATE_TEXT, condition)
 
 
-def _where(res: dict[str, Any], intervention: str = "transformed", eps: float | None = None,
+def _where(res: MalleabilityRecord, intervention: str = "transformed", eps: float | None = None,
            training: str = "standard") -> dict[str, Any]:
     return {"training": training, "intervention": intervention,
-            "eps": res["eps_values"][0] if eps is None else eps}
+            "eps": res.eps_values[0] if eps is None else eps}
 
 
 def _yes(b: bool) -> str:
     return "yes" if b else "no"
 
 
-def _needs_both(res: dict[str, Any]) -> str | None:
-    c = res["config"]
+def _needs_both(res: MalleabilityRecord) -> str | None:
+    c = res.config
     if not ("relu" in c["models"] and "attn" in c["models"]):
         return "needs both models (relu and attn)"
     return None
 
 
-def _seed_baseline_txt(res: dict[str, Any]) -> str:
-    sb = res["summary"].get("seed_baseline") or []
+def _seed_baseline_txt(res: MalleabilityRecord) -> str:
+    sb = res.summary.seed_baseline
     if not sb:
         return ""
     return "; seed-to-seed baseline (no perturbation, second initialisation) " + ", ".join(
-        f"{MODEL.get(b['model'], b['model'])} {pct_txt(b['flip_ci'])}" for b in sb)
+        f"{model_short(b['model'])} {pct_txt(b['flip_ci'])}" for b in sb)
 
 
-def _per_attack_txt(res: dict[str, Any], where: dict[str, Any], attacks: list[str]) -> str:
+def _per_attack_txt(res: MalleabilityRecord, where: dict[str, Any], attacks: list[str]) -> str:
     parts = []
     for a in attacks:
         cells = []
         for m in ("attn", "relu"):
-            r = find(res["summary"], "rows", **where, model=m, attack=a)
-            cells.append(f"{MODEL[m]} {100 * _f(r['flip_ci']['value']):.1f} % (excess over noise "
+            r = res.summary.find("rows", **where, model=m, attack=a)
+            cells.append(f"{model_short(m)} {100 * _f(r['flip_ci']['value']):.1f} % (excess over noise "
                          f"{ci_txt(r['excess_ci'])})")
         parts.append(f"{a.upper()}: " + ", ".join(cells))
     return "; ".join(parts)
 
 
-def _counts_txt(res: dict[str, Any], where: dict[str, Any]) -> str:
-    p = find(res["summary"], "pooled", **where, model="attn")
+def _counts_txt(res: MalleabilityRecord, where: dict[str, Any]) -> str:
+    p = res.summary.find("pooled", **where, model="attn")
     pts = sorted(set(p["n_points"])) if p else []
     return f"{p['n_seeds'] if p else 0} seeds x {'/'.join(str(n) for n in pts)} points"
 
@@ -207,25 +208,24 @@ FLIP_RULE = (GATE_FIRST + "Transformed intervention at eps 0.3, standard trainin
              "interval includes 0 (no evidence that Attn is more malleable) or lies below it. " + CI_NOTE)
 
 
-def flip_outcome(res: dict[str, Any], ds: str, task: str) -> Outcome:
+def flip_outcome(res: MalleabilityRecord, ds: str, task: str) -> Outcome:
     """The flip rule (`FLIP_RULE`) on one malleability record."""
     protocol, na = _opened(res)
     if na:
         return na
     why = _needs_both(res)
     where = _where(res)
-    cmp_ = find(res["summary"], "comparisons", **where, attack=POOLED)
+    cmp_ = res.summary.find("comparisons", **where, attack=POOLED)
     if why or cmp_ is None:
         return _done("-", NA, protocol, {}, None, why or "needs the transformed intervention")
-    s = res["summary"]
-    pa, pr = (find(s, "pooled", **where, model=m) for m in ("attn", "relu"))
+    pa, pr = (res.summary.find("pooled", **where, model=m) for m in ("attn", "relu"))
     paper = paper_ratio_range(ds, task)
     diff, ea, rx = cmp_["excess_diff_ci"], pa["excess_ci"], cmp_["ratio_excess_ci"]
     d_ok, beyond = above(diff), above(ea)
     in_range = paper is None or overlaps(rx, *paper)
     verdict = (HOLDS if d_ok and beyond and in_range else PARTLY if d_ok else NOT)
     paper_txt = f"paper {paper[0]:.1f}-{paper[1]:.1f}x" if paper else "no paper value"
-    attacks = list(res["config"]["attacks"])
+    attacks = list(res.config["attacks"])
     ours = (f"pooled over {'/'.join(a.upper() for a in attacks)}: Attn {100 * _f(pa['flip_ci']['value']):.1f} % "
             f"(excess over noise {ci_txt(ea)}), ReLU {100 * _f(pr['flip_ci']['value']):.1f} % (excess over noise "
             f"{ci_txt(pr['excess_ci'])}); difference of excesses {ci_txt(diff)}; ratio of excesses {x_txt(rx)} "
@@ -246,7 +246,7 @@ def flip_outcome(res: dict[str, Any], ds: str, task: str) -> Outcome:
 
 def _flip_claim(ds: str, task: str) -> Callable[[Results], Outcome]:
     def evaluate(results: Results) -> Outcome:
-        return flip_outcome(results[f"malleability:{ds}:{task}"], ds, task)
+        return flip_outcome(results[units.malleability(ds, task)], ds, task)
 
     return evaluate
 
@@ -271,26 +271,27 @@ def _range_verdict(cis: list[dict[str, Any]], lo: float, hi: float) -> Verdict:
 
 def ratio_outcome(results: Results) -> Outcome:
     """The ratio rule (`RATIO_RULE`) on the two 10-class records."""
-    recs = {ds: results[f"malleability:{ds}:10class"] for ds in ("mnist", "cifar10")}
+    recs = {ds: results[units.malleability(ds, "10class")] for ds in DATASETS}
     protocol = "the two 10-class units (see the flip rows): " + _protocol(recs["mnist"])
     na = _gate([r for res in recs.values() for r in _gate_runs(res)], protocol)
     if na:
         return na
     cis, parts = [], []
     for ds, res in recs.items():
-        c = find(res["summary"], "comparisons", **_where(res), attack=POOLED)
+        c = res.summary.find("comparisons", **_where(res), attack=POOLED)
         if c is None:
-            return _done("-", NA, protocol, {}, None, f"{LABEL[ds]}: needs both models, transformed intervention")
+            return _done("-", NA, protocol, {}, None,
+                         f"{dataset_label(ds)}: needs both models, transformed intervention")
         cis.append(c["ratio_excess_ci"])
-        parts.append(f"{LABEL[ds]} ratio of excesses {x_txt(c['ratio_excess_ci'])} (plain ratio "
+        parts.append(f"{dataset_label(ds)} ratio of excesses {x_txt(c['ratio_excess_ci'])} (plain ratio "
                      f"{x_txt(c['ratio_ci'])})")
     v1 = _range_verdict(cis, *PAPER_RATIO_V1)
     v2 = _range_verdict(cis, *PAPER_RATIO_V2)
     ours = "; ".join(parts) + f"; against the v2 range {PAPER_RATIO_V2[0]:g}-{PAPER_RATIO_V2[1]:g}x: {v2.value}"
     condition = "; ".join(
-        f"{LABEL[ds]} {x_txt(c)} above 1: {_yes(above(c, 1.0))}, overlaps {PAPER_RATIO_V1[0]:g}-"
+        f"{dataset_label(ds)} {x_txt(c)} above 1: {_yes(above(c, 1.0))}, overlaps {PAPER_RATIO_V1[0]:g}-"
         f"{PAPER_RATIO_V1[1]:g}x: {_yes(overlaps(c, *PAPER_RATIO_V1))}" for ds, c in zip(recs, cis, strict=True))
-    seeds = len(recs["mnist"]["config"]["seeds"])
+    seeds = len(recs["mnist"].config["seeds"])
     return _done(ours, v1, protocol, {"ratio_excess_ci": dict(zip(recs, cis, strict=True)), "v2_verdict": v2.value},
                  seeds, condition)
 
@@ -304,22 +305,22 @@ NO_GAP_RULE = (GATE_FIRST + "Ratio of excesses over noise Attn/ReLU pooled over 
                "-inf where neither is. " + CI_NOTE)
 
 
-def no_gap_outcome(res: dict[str, Any]) -> Outcome:
+def no_gap_outcome(res: MalleabilityRecord) -> Outcome:
     """The no-gap rule (`NO_GAP_RULE`) on one malleability record."""
     protocol, na = _opened(res)
     if na:
         return na
     where = _where(res)
-    c = find(res["summary"], "comparisons", **where, attack=POOLED)
+    c = res.summary.find("comparisons", **where, attack=POOLED)
     if _needs_both(res) or c is None:
         return _done("-", NA, protocol, {}, None, "needs both models and the transformed intervention")
     rx = c["ratio_excess_ci"]
     lo, hi = NO_GAP_BAND
     verdict = HOLDS if inside(rx, lo, hi) else NOT if (below(rx, lo) or above(rx, hi)) else PARTLY
-    pa, pr = (find(res["summary"], "pooled", **where, model=m) for m in ("attn", "relu"))
+    pa, pr = (res.summary.find("pooled", **where, model=m) for m in ("attn", "relu"))
     ours = (f"ratio of excesses {x_txt(rx)} (plain ratio {x_txt(c['ratio_ci'])}); pooled excess over noise Attn "
             f"{ci_txt(pa['excess_ci'])}, ReLU {ci_txt(pr['excess_ci'])}; "
-            f"{_per_attack_txt(res, where, list(res['config']['attacks']))}; {_counts_txt(res, where)}")
+            f"{_per_attack_txt(res, where, list(res.config['attacks']))}; {_counts_txt(res, where)}")
     condition = (f"ratio of excesses {x_txt(rx)} inside [{lo:g}, {hi:g}]: {_yes(inside(rx, lo, hi))}; entirely "
                  f"outside: {_yes(below(rx, lo) or above(rx, hi))}")
     return _done(ours, verdict, protocol, {"ratio_excess_ci": rx, "ratio_ci": c["ratio_ci"]}, pa["n_seeds"],
@@ -335,15 +336,15 @@ ADV_RULE = (GATE_FIRST.replace("of the unit", "of this model (standard and adver
             "0; partly otherwise. " + CI_NOTE)
 
 
-def adv_outcome(res: dict[str, Any], model: str) -> Outcome:
+def adv_outcome(res: MalleabilityRecord, model: str) -> Outcome:
     """The adversarial-training rule (`ADV_RULE`) for one model of an `adv_train` record."""
-    c = res["config"]
+    c = res.config
     protocol = (_protocol(res) + f"; adversarial training: PGD (eps {c['eps']}, {c['adv_steps']} steps) on every "
                 f"batch, at most {c.get('adv_max_epochs') or c['train']['epochs']} epochs")
     na = _gate(_gate_runs(res, model, training=None), protocol)
     if na:
         return na
-    row = find(res["summary"], "adv_train", model=model, attack="pgd")
+    row = res.summary.find("adv_train", model=model, attack="pgd")
     if row is None:
         return _done("-", NA, protocol, {}, None, "needs adversarial training and the PGD attack")
     rise, rx = row["rise_ci"], row["rise_excess_ci"]
@@ -358,7 +359,7 @@ def adv_outcome(res: dict[str, Any], model: str) -> Outcome:
 
 def _adv_claim(ds: str, model: str) -> Callable[[Results], Outcome]:
     def evaluate(results: Results) -> Outcome:
-        return adv_outcome(results[f"malleability-adv:{ds}"], model)
+        return adv_outcome(results[units.malleability_adv(ds)], model)
 
     return evaluate
 
@@ -370,15 +371,15 @@ EPS_RULE = (GATE_FIRST + "At each eps of the sweep {0.1, 0.2, 0.3, 0.5} (MNIST, 
             "holds if it lies above 0 at every eps; does not hold if at none; partly otherwise. " + CI_NOTE)
 
 
-def eps_outcome(res: dict[str, Any]) -> Outcome:
+def eps_outcome(res: MalleabilityRecord) -> Outcome:
     """The eps rule (`EPS_RULE`) on a record with an eps sweep."""
     protocol, na = _opened(res)
     if na:
         return na
     parts, wins, cis = [], 0, {}
-    eps_values = sorted(res["eps_values"])
+    eps_values = sorted(res.eps_values)
     for eps in eps_values:
-        c = find(res["summary"], "comparisons", **_where(res, eps=eps), attack=POOLED)
+        c = res.summary.find("comparisons", **_where(res, eps=eps), attack=POOLED)
         if c is None:
             return _done("-", NA, protocol, {}, None, "needs both models and the transformed intervention")
         ok = above(c["excess_diff_ci"])
@@ -387,7 +388,7 @@ def eps_outcome(res: dict[str, Any]) -> Outcome:
         parts.append(f"eps {eps:g}: Attn - ReLU excess {ci_txt(c['excess_diff_ci'])}{'' if ok else ' (x)'}")
     verdict = HOLDS if wins == len(eps_values) else PARTLY if wins else NOT
     return _done("; ".join(parts), verdict, protocol, {"excess_diff_ci": cis, "eps_with_attn_higher": wins},
-                 len(res["config"]["seeds"]), f"difference interval above 0 at {wins} of {len(eps_values)} eps")
+                 len(res.config["seeds"]), f"difference interval above 0 at {wins} of {len(eps_values)} eps")
 
 
 # ---- new rows: curated removal, adversarial intervention, Spearman rankings -----------------------
@@ -396,12 +397,12 @@ def eps_outcome(res: dict[str, Any]) -> Outcome:
 Judged = tuple[bool, bool, dict[str, Any], str] | str
 
 
-def _two_datasets(results: Results, what: str, judge: Callable[[str, dict[str, Any]], Judged],
+def _two_datasets(results: Results, what: str, judge: Callable[[str, MalleabilityRecord], Judged],
                   condition: str) -> Outcome:
     """A rule judged on both 10-class records: holds if every condition is met on both data sets,
     partly if the first one is met on at least one, does not hold otherwise. `condition` is formatted
     with `first` and `full` (the data sets meeting the first / every condition)."""
-    recs = {ds: results[f"malleability:{ds}:10class"] for ds in ("mnist", "cifar10")}
+    recs = {ds: results[units.malleability(ds, "10class")] for ds in DATASETS}
     protocol = f"the two 10-class units, {what}: " + _protocol(recs["mnist"])
     na = _gate([r for res in recs.values() for r in _gate_runs(res)], protocol)
     if na:
@@ -410,13 +411,13 @@ def _two_datasets(results: Results, what: str, judge: Callable[[str, dict[str, A
     for ds, res in recs.items():
         got = judge(ds, res)
         if isinstance(got, str):
-            return _done("-", NA, protocol, {}, None, f"{LABEL[ds]}: {got}")
+            return _done("-", NA, protocol, {}, None, f"{dataset_label(ds)}: {got}")
         first.append(got[0])
         full.append(got[1])
         numbers[ds] = got[2]
-        parts.append(f"{LABEL[ds]} {got[3]}")
+        parts.append(f"{dataset_label(ds)} {got[3]}")
     verdict = HOLDS if all(full) else PARTLY if any(first) else NOT
-    return _done("; ".join(parts), verdict, protocol, numbers, len(recs["mnist"]["config"]["seeds"]),
+    return _done("; ".join(parts), verdict, protocol, numbers, len(recs["mnist"].config["seeds"]),
                  condition.format(first=sum(first), full=sum(full)))
 
 
@@ -427,18 +428,18 @@ CURATED_RULE = (GATE_FIRST + "Curated intervention, 10 classes, each data set an
                 "none. " + CI_NOTE)
 
 
-def _curated_judge(ds: str, res: dict[str, Any]) -> Judged:
+def _curated_judge(ds: str, res: MalleabilityRecord) -> Judged:
     oks, parts, numbers = [], [], {}
     for m in ("attn", "relu"):
-        d = find(res["summary"], "curated_diff", training="standard", model=m)
-        top = find(res["summary"], "curated", training="standard", model=m, removal="top")
-        rnd = find(res["summary"], "curated", training="standard", model=m, removal="random")
+        d = res.summary.find("curated_diff", training="standard", model=m)
+        top = res.summary.find("curated", training="standard", model=m, removal="top")
+        rnd = res.summary.find("curated", training="standard", model=m, removal="random")
         if d is None or top is None or rnd is None:
             return f"needs the curated intervention for {m}"
         ci = d["abs_test_loss_change_diff_ci"]
         oks.append(above(ci))
         numbers[m] = ci
-        parts.append(f"{MODEL[m]}: test-loss change top {rho_txt(top['test_loss_change_ci'], True)} vs random "
+        parts.append(f"{model_short(m)}: test-loss change top {rho_txt(top['test_loss_change_ci'], True)} vs random "
                      f"{rho_txt(rnd['test_loss_change_ci'], True)}, |top| - |random| {rho_txt(ci, True)}; "
                      f"rho_remaining top {rho_txt(top['rho_remaining_ci'])} vs random "
                      f"{rho_txt(rnd['rho_remaining_ci'])}")
@@ -458,10 +459,10 @@ ADV_INT_RULE = (GATE_FIRST + "Adversarial intervention (PGD at eps 0.3 on all tr
                 "set but holds fails; does not hold if on neither. " + CI_NOTE)
 
 
-def _adv_int_judge(ds: str, res: dict[str, Any]) -> Judged:
+def _adv_int_judge(ds: str, res: MalleabilityRecord) -> Judged:
     where = _where(res, "adversarial")
-    c = find(res["summary"], "comparisons", **where, attack="pgd")
-    ra, rr = (find(res["summary"], "rows", **where, model=m, attack="pgd") for m in ("attn", "relu"))
+    c = res.summary.find("comparisons", **where, attack="pgd")
+    ra, rr = (res.summary.find("rows", **where, model=m, attack="pgd") for m in ("attn", "relu"))
     if c is None or ra is None or rr is None:
         return "needs both models and the adversarial intervention with PGD"
     d_ok = above(c["excess_diff_ci"])
@@ -487,10 +488,10 @@ SPEARMAN_RULE = (GATE_FIRST + "Spearman rho_all between clean and attacked influ
                  "not hold if on neither. " + CI_NOTE)
 
 
-def _spearman_judge(ds: str, res: dict[str, Any]) -> Judged:
+def _spearman_judge(ds: str, res: MalleabilityRecord) -> Judged:
     where = _where(res)
-    c = find(res["summary"], "comparisons", **where, attack=POOLED)
-    pa, pr = (find(res["summary"], "pooled", **where, model=m) for m in ("attn", "relu"))
+    c = res.summary.find("comparisons", **where, attack=POOLED)
+    pa, pr = (res.summary.find("pooled", **where, model=m) for m in ("attn", "relu"))
     if c is None or pa is None or pr is None:
         return "needs both models and the transformed intervention"
     d_ok = below(c["rho_all_diff_ci"])
@@ -510,71 +511,74 @@ def spearman_outcome(results: Results) -> Outcome:
 
 # ---- the single-experiment command ----------------------------------------------------------------
 
-def experiment_outcomes(result: dict[str, Any]) -> list[tuple[str, Outcome]]:
+def experiment_outcomes(result: MalleabilityRecord) -> list[tuple[str, Outcome]]:
     """The rules that apply to one `verify malleability` record, by name: the flip rule (the no-gap rule
     for binary CIFAR-10), adversarial training per model, and the eps rule when eps was swept."""
-    c = result["config"]
+    c = result.config
     out: list[tuple[str, Outcome]] = []
     if "transformed" in c["interventions"]:
         if (c["dataset"], c["task"]) == ("cifar10", "binary"):
             out.append(("no gap", no_gap_outcome(result)))
         else:
             out.append(("Attn more malleable", flip_outcome(result, c["dataset"], c["task"])))
-        if len(result["eps_values"]) > 1:
+        if len(result.eps_values) > 1:
             out.append(("ranking over eps", eps_outcome(result)))
     if c.get("adv_train") and "pgd" in c["attacks"]:
         for m in c["models"]:
-            out.append((f"adversarial training raises {MODEL.get(m, m)}'s PGD flip rate", adv_outcome(result, m)))
+            out.append((f"adversarial training raises {model_short(m)}'s PGD flip rate", adv_outcome(result, m)))
     return out
 
 
 def _paper_flip_text(ds: str, task: str) -> str:
     p = PAPER_FLIP[(ds, task)]
-    relu, attn = (" / ".join(f"{p[m][a]:g}" for a in ATTACKS) for m in ("relu", "attn"))
+    relu, attn = (" / ".join(f"{p[m][a]:g}" for a in PAPER_ATTACKS) for m in ("relu", "attn"))
     return f"ReLU {relu} %, Attn {attn} % (FGSM / PGD / MIM)"
 
 
-TEN = ("malleability:mnist:10class", "malleability:cifar10:10class")
+TEN = tuple(units.malleability(ds, "10class") for ds in DATASETS)
 
 
 def _adv_entry(claim_id: str, ds: str, model: str) -> Claim:
     """The adversarial-training claim `claim_id` (written out at the call) for one data set and model."""
     before, after = PAPER_ADV[(ds, model)]
     return Claim(claim_id, "Table (adversarial training)",
-                 f"{LABEL[ds]}, {'2L-ReLU' if model == 'relu' else 'MLP-Attn'}: adversarial training raises the PGD "
-                 "flip rate", paper=f"{before:g} % -> {after:g} %", rule=ADV_RULE, units=(f"malleability-adv:{ds}",),
+                 f"{dataset_label(ds)}, {model_name(model)}: adversarial training raises the PGD "
+                 "flip rate", paper=f"{before:g} % -> {after:g} %", rule=ADV_RULE, units=(units.malleability_adv(ds),),
                  evaluate=_adv_claim(ds, model), group="malleability", empirical=True)
 
 
 MALLEABILITY_CLAIMS = [
     Claim("flip-mnist", "Table (flip rate, 10 classes)",
           "MNIST: MLP-Attn's influence signs flip far more often than 2L-ReLU's under FGSM/PGD/MIM",
-          paper=_paper_flip_text("mnist", "10class"), rule=FLIP_RULE, units=("malleability:mnist:10class",),
+          paper=_paper_flip_text("mnist", "10class"), rule=FLIP_RULE, units=(units.malleability("mnist", "10class"),),
           evaluate=_flip_claim("mnist", "10class"), group="malleability", empirical=True),
     Claim("flip-cifar10", "Table (flip rate, 10 classes)",
           "CIFAR-10: MLP-Attn's influence signs flip far more often than 2L-ReLU's under FGSM/PGD/MIM",
-          paper=_paper_flip_text("cifar10", "10class"), rule=FLIP_RULE, units=("malleability:cifar10:10class",),
+          paper=_paper_flip_text("cifar10", "10class"), rule=FLIP_RULE,
+          units=(units.malleability("cifar10", "10class"),),
           evaluate=_flip_claim("cifar10", "10class"), group="malleability", empirical=True),
     Claim("ratio-6-9x", "Abstract / headline", "Attention is 6-9x more malleable than 2L-ReLU",
           paper=f"ratios {PAPER_RATIO_V1[0]:g}-{PAPER_RATIO_V1[1]:g}x",
           v2=f"{PAPER_RATIO_V2[0]:g}-{PAPER_RATIO_V2[1]:g}x",
           rule=RATIO_RULE, units=TEN, evaluate=ratio_outcome, group="malleability", empirical=True),
     Claim("flip-binary-mnist", "Table (flip rate, binary)", "MNIST 3-vs-8: MLP-Attn flips more often than 2L-ReLU",
-          paper=_paper_flip_text("mnist", "binary"), rule=FLIP_RULE, units=("malleability:mnist:binary",),
+          paper=_paper_flip_text("mnist", "binary"), rule=FLIP_RULE, units=(units.malleability("mnist", "binary"),),
           evaluate=_flip_claim("mnist", "binary"), group="malleability", empirical=True),
     Claim("flip-binary-cifar10", "Table (flip rate, binary)",
           "CIFAR-10 automobile-vs-airplane: no gap between the models (about 1x; lower kappa)",
-          paper=_paper_flip_text("cifar10", "binary"), rule=NO_GAP_RULE, units=("malleability:cifar10:binary",),
-          evaluate=lambda results: no_gap_outcome(results["malleability:cifar10:binary"]), group="malleability",
-          empirical=True),
+          paper=_paper_flip_text("cifar10", "binary"), rule=NO_GAP_RULE,
+          units=(units.malleability("cifar10", "binary"),),
+          evaluate=lambda results: no_gap_outcome(results[units.malleability("cifar10", "binary")]),
+          group="malleability", empirical=True),
     _adv_entry("adv-relu-mnist", "mnist", "relu"),
     _adv_entry("adv-attn-mnist", "mnist", "attn"),
     _adv_entry("adv-relu-cifar10", "cifar10", "relu"),
     _adv_entry("adv-attn-cifar10", "cifar10", "attn"),
     Claim("eps-robustness", "Sec. 5 (robustness)", "The ranking Attn > ReLU holds for eps in {0.1, 0.2, 0.3, 0.5}",
           paper="rankings are said to hold for eps in {0.1, 0.2, 0.3, 0.5}", rule=EPS_RULE,
-          units=("malleability-eps:mnist",), evaluate=lambda results: eps_outcome(results["malleability-eps:mnist"]),
-          group="malleability", empirical=True),
+          units=(units.malleability_eps("mnist"),),
+          evaluate=lambda results: eps_outcome(results[units.malleability_eps("mnist")]), group="malleability",
+          empirical=True),
     Claim("curated-removal", "Influence malleability (curated intervention)",
           "Removing the top-tau points by influence changes the kernel predictor's test loss more than removing "
           "as many random points", paper="curated intervention: remove the top points (no numbers given)",

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 from reports.text import fmt
-from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results
+from theory.checks import CheckResult
+from verify.claims import units
+from verify.claims.base import NA, NOT, Claim, Outcome, Results, verdict_of
+from verify.records import TheoryRecord
 
 # ---- theory (Thm 4.1, 4.2, 4.7, Prop 4.5, stacking, truncation, LOO) ---------------------------
 
-THEORY_MAP = {"holds": HOLDS, "holds (corrected)": PARTLY, "ill-posed as stated": PARTLY,
-              "does not hold as stated": NOT}
 
 
-def _check(results: Results, check_id: str) -> dict[str, Any] | None:
-    return {c["claim_id"]: c for c in results["theory"]["checks"]}.get(check_id)
+def _check(results: Results, check_id: str) -> CheckResult | None:
+    record: TheoryRecord = results[units.THEORY]
+    return record.check(check_id)
 
 
 def _theory(check_id: str) -> Callable[[Results], Outcome]:
@@ -24,8 +25,8 @@ def _theory(check_id: str) -> Callable[[Results], Outcome]:
         c = _check(results, check_id)
         if c is None:
             return Outcome("-", NA, "theory check missing")
-        return Outcome(f"{c['verdict']}: {c['detail']}", THEORY_MAP.get(c["verdict"], NA), c["method"],
-                       c.get("numbers", {}), condition=f"theory.checks verdict '{c['verdict']}' ({THEORY_MAP_TEXT})")
+        return Outcome(f"{c.verdict}: {c.detail}", verdict_of(c.verdict), c.method, c.numbers,
+                       condition=f"theory.checks verdict '{c.verdict}' ({THEORY_MAP_TEXT})")
 
     return evaluate
 
@@ -39,12 +40,12 @@ def evaluate_prop45(results: Results) -> Outcome:
     c = _check(results, "prop4.5")
     if c is None:
         return Outcome("-", NA, "theory check missing")
-    nums = c.get("numbers", {})
+    nums = c.numbers
     factor = nums.get("stated_reading_exceeded_by")
     if factor is None:
-        return Outcome(f"{c['verdict']}: {c['detail']}", NA, c["method"], nums,
+        return Outcome(f"{c.verdict}: {c.detail}", NA, c.method, nums,
                        condition="the check recorded no ratio to the stated bound")
-    verdict = NOT if factor > 1 + 1e-9 else THEORY_MAP.get(c["verdict"], NA)
+    verdict = NOT if factor > 1 + 1e-9 else verdict_of(c.verdict)
     under = nums.get("paper_quantity_underestimate_factor") or [factor]
     stated = (f"stated bound ||G e_j||_1 eps exceeded {fmt(min(under))}-{fmt(max(under))}x by delta = eps*1"
               if verdict == NOT else f"stated bound ||G e_j||_1 eps not exceeded (largest ratio {fmt(factor)})")
@@ -53,7 +54,7 @@ def evaluate_prop45(results: Results) -> Outcome:
                  f"{'verified' if nums.get('corrected_bound_holds') else 'FAILS'} (ratio at most "
                  f"{fmt(max(nums.get('max_ratio_random_delta', 0.0), nums.get('max_ratio_signed_data', 0.0)))} "
                  f"over random deltas, {fmt(min(attained), 4)} for delta = eps*1 on pixel data)")
-    return Outcome(f"{stated}; {corrected}", verdict, c["method"], nums,
+    return Outcome(f"{stated}; {corrected}", verdict, c.method, nums,
                    condition=f"does not hold iff max change / (||G e_j||_1 eps) > 1: {fmt(factor)}")
 
 
@@ -68,30 +69,30 @@ PROP45_RULE = ("does not hold if some perturbation with ||delta||_inf <= eps cha
 
 THEORY_CLAIMS = [
     Claim("thm4.1", "Thm 4.1", "Linearized attention induces K = G^3 (transitive similarity i->k->l->j)",
-          paper="K(x_i,x_j) = sum_kl (x_i.x_k)(x_k.x_l)(x_l.x_j) = G^3", rule=THEORY_RULE, units=("theory",),
+          paper="K(x_i,x_j) = sum_kl (x_i.x_k)(x_k.x_l)(x_l.x_j) = G^3", rule=THEORY_RULE, units=(units.THEORY,),
           evaluate=_theory("thm4.1")),
     Claim("thm4.2", "Thm 4.2", "NTK of MLP-Attn is E[relu'(w.x~)relu'(w.x~')] <x~,x~'> (only W trained)",
           paper="Theta = <x~,x~'> (pi - angle)/(2 pi); finite-width kernel converges to it",
           rule=THEORY_RULE + "; convergence: error falls like m^-1/2 (fitted slope in [-0.7, -0.3])",
-          units=("theory",), evaluate=_theory("thm4.2")),
+          units=(units.THEORY,), evaluate=_theory("thm4.2")),
     Claim("thm4.7-kappa", "Thm 4.7", "Spectral amplification kappa(G^3) = kappa(G)^3",
-          paper="kappa(G^3) = kappa(G)^3", rule=THEORY_RULE, units=("theory",), evaluate=_theory("thm4.7-kappa")),
+          paper="kappa(G^3) = kappa(G)^3", rule=THEORY_RULE, units=(units.THEORY,), evaluate=_theory("thm4.7-kappa")),
     Claim("thm4.7-width", "Thm 4.7", "NTK regime needs m = Omega(kappa^6/eps^2): m >> 1e18 (MNIST), 1e24 (CIFAR)",
           paper="m >> 1e18 (kappa 1.2e3), m >> 1e24 (kappa 8.7e3)",
           v2="m = Omega(kappa_d^6 n log n): >> 1e24 (MNIST), >> 1e29 (CIFAR-10)",
           rule="holds if the stated magnitudes follow from the formula with the paper's kappa and eps <= 1 "
                "alone; partly if they need an unstated eps < 1; does not hold otherwise",
-          units=("theory",), evaluate=_theory("thm4.7-width")),
+          units=(units.THEORY,), evaluate=_theory("thm4.7-width")),
     Claim("prop4.5", "Prop 4.5",
           "Perturbing one input by ||delta||_inf <= eps changes the kernel by <= ||G x_j||_1 eps",
-          paper="bound ||G x_j||_1 * eps, growing with the data set", rule=PROP45_RULE, units=("theory",),
+          paper="bound ||G x_j||_1 * eps, growing with the data set", rule=PROP45_RULE, units=(units.THEORY,),
           evaluate=evaluate_prop45),
     Claim("stacking", "Sec. 4 (stacking)", "k linearized attention layers give G^(2k+1), kappa^(2k+1)",
-          paper="G^(2k+1)", rule=THEORY_RULE, units=("theory",), evaluate=_theory("stacking")),
+          paper="G^(2k+1)", rule=THEORY_RULE, units=(units.THEORY,), evaluate=_theory("stacking")),
     Claim("truncation", "Sec. 4 (truncation)", "Top-r truncation of X shrinks kappa and restores convergence",
-          paper="truncation lowers kappa", rule=THEORY_RULE, units=("theory",), evaluate=_theory("truncation")),
+          paper="truncation lowers kappa", rule=THEORY_RULE, units=(units.THEORY,), evaluate=_theory("truncation")),
     Claim("loo", "Method (Zhang & Zhang 2022)", "Closed-form NTK leave-one-out equals refitting without the point",
-          paper="used for all influence numbers", rule=THEORY_RULE, units=("theory",), evaluate=_theory("loo")),
+          paper="used for all influence numbers", rule=THEORY_RULE, units=(units.THEORY,), evaluate=_theory("loo")),
 ]
 
 

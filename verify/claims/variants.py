@@ -23,38 +23,44 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from empirics.distance import DistanceRecord
+from empirics.malleability import MalleabilityRecord
+from empirics.vocab import PAPER_ATTACKS
 from reports.text import fmt
+from verify.claims import units
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results, Verdict
 from verify.claims.malleability import FLIP_RULE, flip_outcome
 from verify.claims.ntk import NTK_RULE, ntk_claim
-from verify.presets import n_train_for
+from verify.presets import PresetSizes, n_train_for
+from verify.runner import config_kwargs
 
-CENTRED_DISTANCE = "ntk-distance:mnist:centred"
-CENTRED_FLIP = "malleability:mnist:centred"
+CENTRED_DISTANCE = units.ntk_distance("mnist", "centred")
+CENTRED_FLIP = units.malleability("mnist", "centred")
 VARIANT_NOTE = "variant, not the paper's model: MLP-Attn with its attention context and queries centred"
 
 
-def variant_unit_configs(p: dict[str, Any], data_dir: str | None) -> dict[str, tuple[str, dict[str, Any]]]:
+def variant_unit_configs(p: PresetSizes, data_dir: str | None) -> dict[str, tuple[str, dict[str, Any]]]:
     """(experiment kind, config keyword arguments) of every variant unit, sized by the preset (the training
     config is added per protocol by `verify.experiments`)."""
     distance = {"dataset": "mnist", "widths": list(p["widths"]), "seeds": list(p["seeds"]),
                 "n_train": n_train_for(p, "mnist"), "n_test": p["n_test"], "data_dir": data_dir, "attn_centre": True}
     flip = {"dataset": "mnist", "task": "10class", "width": p["mall_width"], "n_test": p["mall_n_test"],
             "n_train": n_train_for(p, "mnist", "mall_n_train"), "seeds": list(p["seeds"]),
-            "attack_steps": p["attack_steps"], "eps": 0.3, "tau": 0.1, "attacks": ["fgsm", "pgd", "mim"],
+            "attack_steps": p["attack_steps"], "eps": 0.3, "tau": 0.1, "attacks": list(PAPER_ATTACKS),
             "interventions": ["transformed"], "data_dir": data_dir, "attn_centre": True}
-    units = {CENTRED_DISTANCE: ("distance", distance), CENTRED_FLIP: ("malleability", flip)}
+    out = {CENTRED_DISTANCE: ("distance", distance), CENTRED_FLIP: ("malleability", flip)}
     widths = variant_widths(p)
     for kind in ATTENTION_VARIANTS:
-        units[f"ntk-distance:mnist:{kind}"] = ("distance", {**{k: v for k, v in distance.items() if k != "attn_centre"},
-                                                            "widths": widths, "models": ["relu", kind]})
-        units[f"malleability:mnist:{kind}"] = ("malleability", {**{k: v for k, v in flip.items() if k != "attn_centre"},
-                                                                "n_train": distance["n_train"], "n_test": p["n_test"],
-                                                                "width": widths[-1], "models": ["relu", kind]})
-    return units
+        out[units.ntk_distance("mnist", kind)] = (
+            "distance", {**{k: v for k, v in distance.items() if k != "attn_centre"}, "widths": widths,
+                         "models": ["relu", kind]})
+        out[units.malleability("mnist", kind)] = (
+            "malleability", {**{k: v for k, v in flip.items() if k != "attn_centre"}, "n_train": distance["n_train"],
+                             "n_test": p["n_test"], "width": widths[-1], "models": ["relu", kind]})
+    return out
 
 
-def variant_widths(p: dict[str, Any]) -> list[int]:
+def variant_widths(p: PresetSizes) -> list[int]:
     """Widths of the softmax / qkv sweeps: a sixteenth, an eighth and a quarter of the preset's widest width (three,
     as the NTK rule needs; at quick, 32, 64 and 128, sized so that the variant units add about 4 minutes to
     `verify claims --preset quick` on a 2-core CPU).
@@ -75,13 +81,14 @@ MC_RULE = ("where the NTK reference is a Monte Carlo estimate (qkv), the rule is
            "not measurable here (the reference's error could move the distances)")
 
 
-def _mc_check(res: dict[str, Any], kind: str) -> tuple[str | None, str]:
+def _mc_check(res: DistanceRecord, kind: str) -> tuple[str | None, str]:
     """Why a Monte Carlo reference is too coarse for the rule (None if precise enough or analytic), and its text."""
-    refs = [r for r in res["models"][kind].get("reference", []) if r.get("kind") == "monte-carlo"]
+    block = res.models[kind]
+    refs = [r for r in block.reference if r.get("kind") == "monte-carlo"]
     if not refs:
         return None, ""
     se = max(float(r["predictor_se"]) for r in refs)
-    smallest = min(float(v["function_abs"]["mean"]) for v in res["models"][kind]["per_width"].values())
+    smallest = min(float(block.mean(w, "function_abs")) for w in block.widths())
     txt = (f"Monte Carlo reference ({refs[0]['draws']} draws at m={refs[0]['width']}): relative standard error of the "
            f"kernel {fmt(max(r['rel_se_frobenius'] for r in refs))}, jackknife SE of f_NTK {fmt(se)} vs smallest "
            f"mean distance {fmt(smallest)}")
@@ -89,7 +96,7 @@ def _mc_check(res: dict[str, Any], kind: str) -> tuple[str | None, str]:
 
 
 def _variant_ntk(kind: str) -> Callable[[Results], Outcome]:
-    unit = f"ntk-distance:mnist:{kind}"
+    unit = units.ntk_distance("mnist", kind)
     base = ntk_claim("mnist", kind, "rises", unit)
 
     def evaluate(results: Results) -> Outcome:
@@ -105,23 +112,23 @@ def _variant_ntk(kind: str) -> Callable[[Results], Outcome]:
     return evaluate
 
 
-def as_attn(res: dict[str, Any], kind: str) -> dict[str, Any]:
+def as_attn(res: MalleabilityRecord, kind: str) -> MalleabilityRecord:
     """A malleability record of (relu, `kind`) relabelled as (relu, attn), its summary recomputed, so that the
     paper's flip rule (`flip_outcome`) reads the variant as its "Attn"."""
     from empirics.mall_stats import summarise
     from empirics.malleability import MalleabilityConfig
-    from verify.experiments import _typed
 
-    cfg = dict(res["config"])
+    cfg = dict(res.config)
     cfg["models"] = ["attn" if m == kind else m for m in cfg["models"]]
-    runs = [{**r, "model": "attn" if r["model"] == kind else r["model"]} for r in res["runs"]]
-    mcfg = MalleabilityConfig(**_typed({k: v for k, v in cfg.items() if k != "models"}), models=tuple(cfg["models"]))
-    return {**res, "config": cfg, "runs": runs, "summary": summarise(runs, mcfg)}
+    runs = [{**r, "model": "attn" if r["model"] == kind else r["model"]} for r in res.runs]
+    mcfg = MalleabilityConfig(**config_kwargs({k: v for k, v in cfg.items() if k != "models"}),
+                              models=tuple(cfg["models"]))
+    return replace(res, config=cfg, runs=runs, summary=summarise(runs, mcfg))
 
 
 def _variant_flip(kind: str) -> Callable[[Results], Outcome]:
     def evaluate(results: Results) -> Outcome:
-        out = flip_outcome(as_attn(results[f"malleability:mnist:{kind}"], kind), "mnist", "10class")
+        out = flip_outcome(as_attn(results[units.malleability("mnist", kind)], kind), "mnist", "10class")
         return replace(out, ours=out.ours.replace("attn seed", f"{kind} seed"))  # gate messages name the network
 
     return evaluate
@@ -176,12 +183,12 @@ for _kind in ATTENTION_VARIANTS:
         Claim(f"ntk-{_kind}-mnist", "Variant of Table (NTK distance)",
               f"MNIST, {VARIANT_NAMES[_kind]}: NTK distance rises with width (the paper's claim for MLP-Attn, asked of "
               "the variant)", paper=f"{_note}; the paper's MLP-Attn: 10.3 (m=16), 33.3 (1024), 43.4 (4096)",
-              rule=NTK_RULE + (f"; {MC_RULE}" if _kind == "qkv" else ""), units=(f"ntk-distance:mnist:{_kind}",),
+              rule=NTK_RULE + (f"; {MC_RULE}" if _kind == "qkv" else ""), units=(units.ntk_distance("mnist", _kind),),
               evaluate=_variant_ntk(_kind), group="variants", empirical=True),
         Claim(f"flip-{_kind}-mnist", "Variant of Table (flip rate, 10 classes)",
               f"MNIST: {VARIANT_NAMES[_kind]} flips influence signs far more often than 2L-ReLU ('Attn' in the "
               "rule is the variant)", paper=f"{_note}; the paper's MLP-Attn: see flip-mnist", rule=FLIP_RULE,
-              units=(f"malleability:mnist:{_kind}",), evaluate=_variant_flip(_kind), group="variants",
+              units=(units.malleability("mnist", _kind),), evaluate=_variant_flip(_kind), group="variants",
               empirical=True),
     ]
 VARIANT_CLAIMS.append(
@@ -189,6 +196,7 @@ VARIANT_CLAIMS.append(
           "v2: the argument extends to trainable Q/K/V attention at standard initialisation (it cannot enter the "
           "kernel regime at practical width and stays more malleable than 2L-ReLU)",
           paper="not in v1", rule=V2_QKV_RULE + f"; {MC_RULE}",
-          units=("ntk-distance:mnist:qkv", "malleability:mnist:qkv"), evaluate=_v2_qkv, group="variants",
-          empirical=True, v2="the argument is said to extend to trainable Q/K/V attention at standard initialisation "
-                             "(no measurement given)"))
+          units=(units.ntk_distance("mnist", "qkv"), units.malleability("mnist", "qkv")), evaluate=_v2_qkv,
+          group="variants", empirical=True,
+          v2="the argument is said to extend to trainable Q/K/V attention at standard initialisation (no measurement "
+             "given)"))

@@ -1,50 +1,19 @@
-"""Arguments and output helpers shared by several subcommands."""
+"""Checks and output helpers shared by several subcommands (their options: `verify.commands.options`)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from empirics.records import to_jsonable, write_json
-from theory.errors import UserInputError
-from verify.executors import add_executor_args, executor_from_args, seed_map_for
+from ntkm.codec import dumps, write_json
+from ntkm.errors import UserInputError
+from verify.executors import executor_from_args, seed_map_for
 from verify.outputs import check_output_dir, disk_error
-from verify.presets import PRESET_NAMES
 
 DATASETS = ("mnist", "cifar10")
 TASKS = ("10class", "binary")
-
-
-def add_data_args(p: argparse.ArgumentParser, dataset_default: str | None = "mnist", paths: bool = False) -> None:
-    """`--dataset`, `--task`, `--data-dir`, `--sample`; with `paths`, `--dataset` may be a PATH and `--classes`
-    picks a binary task's two classes (the experiment commands)."""
-    if paths:
-        p.add_argument("--dataset", default=dataset_default, metavar="mnist|cifar10|PATH",
-                       help="mnist, cifar10, or PATH to your own data set: an IDX folder, CIFAR-style python batches, "
-                       "an image folder train/<class>/*, test/<class>/*, or a .npz with x_train, y_train, x_test, "
-                       "y_test (default: %(default)s)")
-        p.add_argument("--classes", default=None, metavar="A,B",
-                       help="the two classes of --task binary on a PATH data set, by name or index (e.g. cat,dog)")
-    else:
-        p.add_argument("--dataset", default=dataset_default, help="mnist or cifar10 (default: %(default)s)")
-    p.add_argument("--task", default="10class",
-                   help="10class (every class), or binary: MNIST 3-vs-8 / CIFAR-10 automobile-vs-airplane"
-                   + (" / the two --classes of a PATH" if paths else ""))
-    p.add_argument("--data-dir", default=None, help="folder with the data (else $NTKM_DATA_DIR, ./data, "
-                   "../shared/data, the user cache, then the bundled sample)")
-    p.add_argument("--sample", default="balanced", help="subset: balanced (seeded, class-balanced) or first")
-
-
-def add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="quick", help=f"one of {', '.join(PRESET_NAMES)} (default: %(default)s)")
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the preset's)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--json", default=None, metavar="FILE", type=json_target,
-                   help="write the result record as JSON ('-' = stdout)")
-    add_executor_args(p)
 
 
 def seed_map(args: argparse.Namespace, what: str) -> Any:
@@ -52,13 +21,6 @@ def seed_map(args: argparse.Namespace, what: str) -> Any:
     from empirics.progress import log
 
     return seed_map_for(executor_from_args(args, args.device), log, what)
-
-
-def add_centre_arg(p: argparse.ArgumentParser) -> None:
-    """`--centre`: the centred-context MLP-Attn variant (a named variant, never the paper's model)."""
-    p.add_argument("--centre", "--center", dest="centre", action="store_true",
-                   help="MLP-Attn variant: centre the attention context and the queries by the training mean, "
-                   "x -> C_c (x - mu) (reported as the 'centred' variant; the paper's model is uncentred)")
 
 
 def centre_note(centre: bool) -> str:
@@ -74,8 +36,7 @@ def check_data_args(args: argparse.Namespace, paths: bool = False) -> None:
 
         if args.dataset not in DATASETS:
             args.dataset = str(resolve_path(args.dataset))
-        if isinstance(args.classes, str):
-            args.classes = tuple(c.strip() for c in args.classes.split(",") if c.strip()) or None
+        args.classes = split_classes(args.classes)
         check_data_options(args.dataset, args.task, args.classes, args.data_dir)
     if args.dataset not in DATASETS and not paths:
         raise UserInputError(f"unknown dataset '{args.dataset}'; choose mnist or cifar10")
@@ -83,6 +44,13 @@ def check_data_args(args: argparse.Namespace, paths: bool = False) -> None:
         raise UserInputError(f"unknown task '{args.task}'; choose 10class or binary")
     if args.sample not in ("balanced", "first"):
         raise UserInputError(f"unknown sample '{args.sample}'; choose balanced or first")
+
+
+def split_classes(text: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """`--classes A,B` as a tuple (None when empty); a tuple passes through."""
+    if isinstance(text, str):
+        return tuple(c.strip() for c in text.split(",") if c.strip()) or None
+    return text
 
 
 def json_target(text: str) -> str:
@@ -104,7 +72,7 @@ def emit_json(target: str | None, record: Any) -> None:
     if target is None:
         return
     if target == "-":
-        sys.stdout.write(json.dumps(to_jsonable(record), indent=2) + "\n")
+        sys.stdout.write(dumps(record))
         return
     try:
         write_json(target, record)

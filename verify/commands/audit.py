@@ -13,16 +13,25 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
 
-from empirics.audit_ntk import PROJECTION_KINDS
-from theory.errors import UserInputError
-from verify.audit import PANELS, AuditConfig, check_record, load_record, run_audit, summary_name, write_outputs
-from verify.audit_budget import REALISTIC_EPS
-from verify.audit_ci import DIFF_MOVED_EXIT, FAIL_LEVELS, FAIL_ON_EXIT, diff_records, diff_text, reaches, read_record
-from verify.audit_projection import AUTO_DIM
+from ntkm.errors import UserInputError
+from verify.audit import load_record, run_audit, summary_name, write_outputs
+from verify.audit_ci import (
+    DIFF_MOVED_EXIT,
+    FAIL_LEVELS,
+    FAIL_ON_EXIT,
+    check_record,
+    diff_records,
+    diff_text,
+    reaches,
+    read_record,
+)
+from verify.audit_config import AUDIT_ATTACKS, PANELS, AuditConfig
+from verify.commands.options import Param, choices, options, values
 from verify.outputs import check_output_dir
 from verify.presets import parse_choices
 
@@ -40,95 +49,46 @@ DESCRIPTION = (
 )
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", nargs="*", metavar="diff OLD.json NEW.json", help="compare two saved audit records "
-                   "(--json): what moved beyond its interval (exit 0 nothing, 5 something)")
-    p.add_argument("--model", default=None, help="TorchScript file, torch.export .pt2, or weights (safetensors / "
-                   "torch.save state dict) with a spec JSON")
-    p.add_argument("--train", default=None, help=".npz with arrays x, y; an MNIST IDX or CIFAR-10 folder; an image "
-                   "folder ROOT/train/<class>/*; or mnist / cifar10")
-    p.add_argument("--test", default=None, help="test data in the same forms (default: the test split of --train)")
-    p.add_argument("--spec", default=None, help="architecture spec JSON for weights (default: MODEL.json)")
-    p.add_argument("--input-shape", default=None, help="per-example input shape, e.g. 1,28,28 (default: inferred)")
-    p.add_argument("--eps", type=float, default=REALISTIC_EPS, help="perturbation budget per pixel, inputs in "
-                   "[0, 1] (default: 8/255, a budget that leaves an image looking like the original)")
-    p.add_argument("--tau", type=float, default=0.1, help="fraction of training points perturbed, the top by "
-                   "|influence| (default: %(default)s)")
-    p.add_argument("--attack", default="fgsm,pgd,mim", help="comma-separated: fgsm, pgd, mim (default: %(default)s)")
-    p.add_argument("--n", type=int, default=1000, help="training points audited, a seeded subset "
-                   "(default: %(default)s)")
-    p.add_argument("--n-test", type=int, default=200, help="test points (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=10, help="PGD / MIM steps (default: %(default)s)")
-    p.add_argument("--baseline-seeds", type=int, default=3, help="random-noise repetitions (default: %(default)s)")
-    p.add_argument("--no-reference", action="store_true", help="skip training the 2L-ReLU / MLP-Attn references "
-                   "(the paper-reported scale is used)")
-    p.add_argument("--ref-width", type=int, default=512, help="width of the reference networks (default: %(default)s)")
-    p.add_argument("--ref-epochs", type=int, default=1000, help="maximum training epochs of the references, "
-                   "trained to a plateau with the width-consistent protocol (default: %(default)s)")
-    p.add_argument("--hessian-iters", type=int, default=20, help="power iterations for the top Hessian eigenvalue "
-                   "(default: %(default)s)")
-    p.add_argument("--bound-eps", type=float, default=0.1, help="NTK accuracy eps in the v1 / ReLU width bounds "
-                   "(default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=12, help="lever examples shown (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of subsets, attacks and references (default: %(default)s)")
-    p.add_argument("--max-memory-gb", type=float, default=2.0, help="memory budget for Jacobians "
-                   "(default: %(default)s)")
-    p.add_argument("--projection-dim", type=int, default=None, metavar="K", help="project per-example gradients to "
-                   "K dimensions (0: the exact kernel; default: exact while all Jacobians fit --max-memory-gb, else "
-                   f"{AUTO_DIM})")
-    p.add_argument("--projection", default="gaussian", choices=PROJECTION_KINDS, help="entries of the random "
-                   "projection (default: %(default)s)")
-    p.add_argument("--data-dir", default=None, help="where the built-in data sets are found (default: automatic)")
-    p.add_argument("--skip", default="", help="panels to leave out, comma-separated: budget, poison, validity, "
-                   "outcome (default: none)")
-    p.add_argument("--refit-epochs", type=int, default=5, help="epochs of each warm-start re-fit (default: "
-                   "%(default)s)")
-    p.add_argument("--refit-lr", type=float, default=1e-3, help="Adam learning rate of the warm-start re-fits "
-                   "(default: %(default)s)")
-    p.add_argument("--refit-batch", type=int, default=64, help="batch size of the warm-start re-fits "
-                   "(default: %(default)s)")
-    p.add_argument("--train-fn", default=None, metavar="MODULE:FUNCTION", help="re-fit from scratch with your own "
-                   "training recipe: FUNCTION(x, y, seed) -> trained nn.Module; MODULE is a module name or a .py "
-                   "path. This imports and runs YOUR code (default: warm start from the saved weights)")
-    p.add_argument("--lds-subsets", type=int, default=24, help="random subsets (re-fits) of the linear "
-                   "datamodeling score (default: %(default)s)")
-    p.add_argument("--lds-fraction", type=float, default=0.1, help="fraction of training points each LDS subset "
-                   "leaves out (default: %(default)s)")
-    p.add_argument("--refit-seeds", type=int, default=3, help="re-fit seeds of the outcome table and the re-fit "
-                   "noise (default: %(default)s)")
-    p.add_argument("--outcome-targets", type=int, default=20, help="targeted test predictions in the outcome "
-                   "table (default: %(default)s)")
-    p.add_argument("--target-test", type=int, default=None, help="test point of the brittleness check "
-                   "(default: a correctly predicted one of median margin)")
-    p.add_argument("--poison-fraction", type=float, default=0.05, help="fraction of training points planted as "
-                   "poison in the self-test (default: %(default)s)")
-    p.add_argument("--curve-attack", default="pgd", help="attack of the budget curves (default: %(default)s)")
-    p.add_argument("--out", default="audit.pdf", help="PDF to write (default: %(default)s)")
-    p.add_argument("--html", action="store_true", help="also write the HTML report beside the PDF")
-    p.add_argument("--json", action="store_true", help="also write every number as JSON beside the PDF")
-    p.add_argument("--summary", action="store_true", help="also write a Markdown summary for a pull-request "
-                   "comment beside the PDF (OUT-summary.md)")
-    p.add_argument("--fail-on", default=None, choices=FAIL_LEVELS, help=f"exit {FAIL_ON_EXIT} (after writing every "
-                   "output) when the risk level reaches medium or high (default: never)")
-    p.add_argument("--render", default=None, metavar="JSON", help="only re-render the report from a saved audit "
-                   "JSON (--json), computing nothing")
+@dataclass(frozen=True)
+class AuditCommandOptions:
+    """`verify audit`'s options that are not the audit's settings (`AuditConfig`): the action and the outputs."""
+
+    action: list[str] = field(default_factory=list, metadata={
+        "help": "compare two saved audit records (--json): what moved beyond its interval (exit 0 nothing, 5 "
+                "something)", "positional": True, "nargs": "*", "metavar": "diff OLD.json NEW.json"})
+    out: str = field(default="audit.pdf", metadata={"help": "PDF to write (default: %(default)s)"})
+    html: bool = field(default=False, metadata={"help": "also write the HTML report beside the PDF"})
+    json: bool = field(default=False, metadata={"help": "also write every number as JSON beside the PDF"})
+    summary: bool = field(default=False, metadata={
+        "help": "also write a Markdown summary for a pull-request comment beside the PDF (OUT-summary.md)"})
+    fail_on: str | None = field(default=None, metadata={
+        "help": f"exit {FAIL_ON_EXIT} (after writing every output) when the risk level reaches medium or high "
+                "(default: never)", "choices": FAIL_LEVELS})
+    render: str | None = field(default=None, metadata={
+        "help": "only re-render the report from a saved audit JSON (--json), computing nothing", "metavar": "JSON"})
+
+
+def _panels(skip: str) -> tuple[str, ...]:
+    """The panels that `--skip` leaves."""
+    left_out = parse_choices(skip, "--skip", PANELS) if skip.strip() else ()
+    return tuple(p for p in PANELS if p not in left_out)
+
+
+CONFIG = options(
+    AuditConfig, "model", "train", "test", "spec", "input_shape", "eps", "tau",
+    Param("attacks", parse=choices("--attack", AUDIT_ATTACKS)),
+    "n", "n_test", "steps", "baseline_seeds", "reference", "ref_width", "ref_epochs", "hessian_iters",
+    "hessian_points", "bound_eps", "top_k", "seed", "max_memory_gb", "projection_dim", "projection_kind", "data_dir",
+    Param("panels", default="", parse=_panels),
+    "refit_epochs", "refit_lr", "refit_batch", "train_fn", "lds_subsets", "lds_fraction", "refit_seeds",
+    "outcome_targets", "target_test", "poison_fraction", "curve_attack",
+)
+ACTION, *OUTPUTS = options(AuditCommandOptions, "action", "out", "html", "json", "summary", "fail_on", "render")
+OPTIONS = (ACTION, *CONFIG, *OUTPUTS)
 
 
 def config_from_args(args: argparse.Namespace) -> AuditConfig:
-    attacks = parse_choices(args.attack, "--attack", ("fgsm", "pgd", "mim"))
-    skip = parse_choices(args.skip, "--skip", PANELS) if args.skip.strip() else []
-    return AuditConfig(
-        model=args.model, train=args.train, test=args.test, spec=args.spec, input_shape=args.input_shape,
-        eps=args.eps, tau=args.tau, attacks=tuple(attacks), n=args.n, n_test=args.n_test, steps=args.steps,
-        baseline_seeds=args.baseline_seeds, reference=not args.no_reference, ref_width=args.ref_width,
-        ref_epochs=args.ref_epochs, top_k=args.top_k, hessian_iters=args.hessian_iters,
-        bound_eps=args.bound_eps, seed=args.seed, max_memory_gb=args.max_memory_gb,
-        data_dir=args.data_dir, panels=tuple(p for p in PANELS if p not in skip), refit_epochs=args.refit_epochs,
-        refit_lr=args.refit_lr, refit_batch=args.refit_batch, train_fn=args.train_fn, lds_subsets=args.lds_subsets,
-        lds_fraction=args.lds_fraction, refit_seeds=args.refit_seeds, outcome_targets=args.outcome_targets,
-        target_test=args.target_test, poison_fraction=args.poison_fraction, curve_attack=args.curve_attack,
-        projection_dim=args.projection_dim, projection_kind=args.projection,
-    )
+    return AuditConfig(**values(CONFIG, args))
 
 
 def run_diff(args: argparse.Namespace) -> int:

@@ -5,17 +5,20 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from empirics.progress import log
 from empirics.protocols import DESCRIPTIONS, GATE_TEXT
-from empirics.records import device_info, git_state, library_versions, write_json
-from theory.errors import UserInputError
+from empirics.records import device_info, git_state, library_versions
+from ntkm.codec import write_json
+from ntkm.errors import UserInputError
 from verify.claims import PROTOCOLS, VERDICTS, all_claims, claim_row, protocol_units
-from verify.executors import add_executor_args, executor_from_args, run_units
+from verify.commands.options import EXECUTOR, PRESET, DataOptions, options
+from verify.executors import executor_from_args, run_units
 from verify.experiments import units_for
-from verify.presets import PRESET_NAMES, preset
+from verify.presets import preset
 from verify.runner import Cache
 
 NAME = "claims"
@@ -25,18 +28,22 @@ DESCRIPTION = (HELP + ". Writes claims.md, claims.json, claims.html and claims.p
                "experiments are cached under --out/cache and reused with --resume.")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="quick", help=f"one of {', '.join(PRESET_NAMES)} (default: %(default)s)")
-    p.add_argument("--only", default=None, help="comma-separated claim ids (see --list)")
-    p.add_argument("--out", default="claims_out", help="output folder (default: %(default)s)")
-    p.add_argument("--resume", action="store_true", help="reuse finished experiments cached in --out/cache")
-    p.add_argument("--data-dir", default=None, help="folder with MNIST / CIFAR-10 (default: found automatically)")
-    p.add_argument("--list", action="store_true", help="list the claim ids and exit")
-    p.add_argument("--no-pdf", action="store_true", help="skip the PDF (Markdown, JSON and HTML only)")
-    p.add_argument("--device", default=None,
-                   help="device of every unit that trains networks: cpu or cuda (default: auto, CUDA when visible; "
-                   "a given device is part of each unit's config and cache key)")
-    add_executor_args(p)
+@dataclass(frozen=True)
+class ClaimsOptions:
+    """`verify claims`'s own options."""
+
+    only: str | None = field(default=None, metadata={"help": "comma-separated claim ids (see --list)"})
+    out: str = field(default="claims_out", metadata={"help": "output folder (default: %(default)s)"})
+    resume: bool = field(default=False, metadata={"help": "reuse finished experiments cached in --out/cache"})
+    list: bool = field(default=False, metadata={"help": "list the claim ids and exit"})
+    no_pdf: bool = field(default=False, metadata={"help": "skip the PDF (Markdown, JSON and HTML only)"})
+    device: str | None = field(default=None, metadata={
+        "help": "device of every unit that trains networks: cpu or cuda (default: auto, CUDA when visible; a given "
+                "device is part of each unit's config and cache key)"})
+
+
+OPTIONS = (PRESET, *options(ClaimsOptions, "only", "out", "resume"), *options(DataOptions, "data_dir"),
+           *options(ClaimsOptions, "list", "no_pdf", "device"), *EXECUTOR)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
     needed = sorted({u for c in claims for p in (PROTOCOLS if c.empirical else (None,)) for u in protocol_units(c, p)},
                     key=list(units).index)
     ran = run_units([units[n] for n in needed], cache, log, executor)
-    results: dict[str, Any] = {name: res for name, (res, _) in ran.items()}
-    unit_meta: dict[str, Any] = {name: {"cached": cached, "wall_s": res.get("unit_wall_s"),
-                                        "config": res.get("unit_config")} for name, (res, cached) in ran.items()}
+    results: dict[str, Any] = {name: res.payload for name, (res, _) in ran.items()}
+    unit_meta: dict[str, Any] = {name: {"cached": cached, "wall_s": res.unit_wall_s, "config": res.unit_config}
+                                 for name, (res, cached) in ran.items()}
     rows = [claim_row(c, results) for c in claims]
     record = {
         "title": "Claims of arXiv:2603.13085 — regenerated",
@@ -92,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         "gate": GATE_TEXT,
         "claims": rows,
         "units": unit_meta,
-        "results": {k: slim(v) for k, v in results.items()},
+        "results": {name: slim(res.to_dict()) for name, (res, _) in ran.items()},
     }
     from reports.claims_report import render_all
     from verify.outputs import output_set

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from empirics import datasets as D
 from empirics.download import download
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
+from verify.commands.options import options
 from verify.outputs import check_output_dir
 
 NAME = "data"
@@ -16,12 +18,21 @@ HELP = "show where MNIST / CIFAR-10 are found and their provenance, or download 
 ORDER = 90
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", nargs="?", default="info", help="info (default) or download")
-    p.add_argument("--data-dir", default=None, help="look only in this folder (info)")
-    p.add_argument("--dataset", default=None, help="mnist or cifar10 (download: required; info: default both)")
-    p.add_argument("--dest", default=None, help=f"download folder (default: {D.default_download_dir()})")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+@dataclass(frozen=True)
+class DataCommandOptions:
+    """`verify data`'s options."""
+
+    action: str = field(default="info", metadata={"help": "info (default) or download", "positional": True,
+                                                  "nargs": "?"})
+    data_dir: str | None = field(default=None, metadata={"help": "look only in this folder (info)"})
+    dataset: str | None = field(default=None, metadata={
+        "help": "mnist or cifar10 (download: required; info: default both)"})
+    dest: str | None = field(default=None, metadata={
+        "help": f"download folder (default: {D.default_download_dir()})"})
+    quiet: bool = field(default=False, metadata={"help": "no progress lines on stderr"})
+
+
+OPTIONS = options(DataCommandOptions, "action", "data_dir", "dataset", "dest", "quiet")
 
 
 def _datasets(value: str | None) -> tuple[str, ...]:

@@ -1,9 +1,8 @@
 """`verify kappa`: condition numbers of G = X X^T on real training images, and the width bounds.
 
-For each n the first (or a seeded class-balanced) n training images are loaded, preprocessed,
-and `theory.conditioning.condition_numbers` computes kappa(G), kappa_d(G) and kappa_eff from the
-singular values of X in float64. kappa(G^3) = kappa(G)^3 (Thm 4.7) is reported in log space, and
-Thm 4.7's v1 (`kappa^6 / eps^2`) and v2 (`kappa_d^6 n ln n`) width bounds with constant 1.
+This module parses the options and prints the table; the sweep itself (load n images, kappa(G),
+kappa_d(G), kappa_eff, kappa(G)^3 and Thm 4.7's v1 / v2 width bounds) is `empirics.kappa.kappa_rows`,
+which `verify claims` runs too.
 """
 
 from __future__ import annotations
@@ -11,15 +10,15 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
+from dataclasses import dataclass, field
 from typing import Any
 
-from empirics.datasets import PREPROCESSING, SOURCES, load_dataset, preprocess
+from empirics.datasets import PREPROCESSING, SOURCES
+from empirics.kappa import kappa_rows
 from empirics.records import library_versions
-from theory.bounds import width_bound_v1, width_bound_v2
-from theory.conditioning import condition_numbers, log10_kappa_power
-from theory.errors import UserInputError
-from verify.commands._common import add_data_args, check_data_args, emit_json, json_target
+from ntkm.errors import UserInputError
+from verify.commands._common import check_data_args, emit_json
+from verify.commands.options import JSON, data_options, options
 from verify.presets import parse_int_list
 
 NAME = "kappa"
@@ -41,72 +40,21 @@ DEFINITIONS = {
 }
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_data_args(p)
-    p.add_argument("--n", default="100,500", help="comma-separated numbers of training images (default: %(default)s)")
-    p.add_argument("--preprocess", default="raw", help="raw (pixels in [0,1]), center or standardize (per pixel)")
-    p.add_argument("--eps", type=float, default=0.1, help="accuracy eps in the v1 bound kappa^6/eps^2 (default 0.1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the balanced subset (default 0)")
-    p.add_argument("--source", default="auto", help="auto (files, else bundled sample), full or bundled")
-    p.add_argument("--json", default=None, metavar="FILE", type=json_target,
-                   help="write the record as JSON ('-' = stdout)")
+@dataclass(frozen=True)
+class KappaOptions:
+    """`verify kappa`'s own options (the data options are the shared `DataOptions`)."""
+
+    n: str = field(default="100,500", metadata={
+        "help": "comma-separated numbers of training images (default: %(default)s)"})
+    preprocess: str = field(default="raw", metadata={
+        "help": "raw (pixels in [0,1]), center or standardize (per pixel)"})
+    eps: float = field(default=0.1, metadata={
+        "help": "accuracy eps in the v1 bound kappa^6/eps^2 (default %(default)s)"})
+    seed: int = field(default=0, metadata={"help": "seed of the balanced subset (default %(default)s)"})
+    source: str = field(default="auto", metadata={"help": "auto (files, else bundled sample), full or bundled"})
 
 
-def kappa_rows(
-    dataset: str,
-    ns: tuple[int, ...],
-    *,
-    task: str = "10class",
-    sample: str = "balanced",
-    preprocessing: str = "raw",
-    eps: float = 0.1,
-    seed: int = 0,
-    data_dir: str | None = None,
-    source: str = "auto",
-) -> list[dict[str, Any]]:
-    """One record per n: condition numbers, kappa^3 (log10), both width bounds and data provenance."""
-    rows = []
-    for n in ns:
-        t0 = time.perf_counter()
-        ds = load_dataset(
-            dataset,
-            n_train=n,
-            n_test=1,
-            task=task,
-            sample=sample,
-            seed=seed,
-            data_dir=data_dir,
-            source=source,
-        )
-        cn = condition_numbers(preprocess(ds.x_train, preprocessing))
-        log10_k3 = log10_kappa_power(cn["kappa"], 3)
-        rows.append(
-            {
-                **{
-                    k: cn[k]
-                    for k in (
-                        "n",
-                        "d",
-                        "rank",
-                        "kappa",
-                        "kappa_d",
-                        "kappa_eff",
-                        "log10_kappa",
-                        "log10_kappa_d",
-                        "log10_kappa_eff",
-                        "sigma_max",
-                        "sigma_min",
-                    )
-                },
-                "kappa_cubed": math.inf if log10_k3 > 308 else 10.0**log10_k3,
-                "log10_kappa_cubed": log10_k3,
-                "bound_v1": width_bound_v1(cn["kappa"], eps),
-                "bound_v2": width_bound_v2(cn["kappa_d"], n),
-                "provenance": ds.provenance,
-                "seconds": round(time.perf_counter() - t0, 3),
-            }
-        )
-    return rows
+OPTIONS = (*data_options(), *options(KappaOptions, "n", "preprocess", "eps", "seed", "source"), JSON)
 
 
 def _num(log10: float) -> str:

@@ -13,57 +13,20 @@ import argparse
 import sys
 from typing import Any
 
-from empirics.influence import RIDGE_REL_DEFAULT
-from empirics.mall_stats import POOLED
-from empirics.malleability import INTERVENTIONS, MALL_ATTACKS, MalleabilityConfig, run_malleability
-from empirics.models import MODEL_KINDS
+from empirics.mall_stats import POOLED, MallSummary
+from empirics.malleability import INTERVENTIONS, MalleabilityConfig, MalleabilityRecord, run_malleability
+from empirics.vocab import MODEL_KINDS, PAPER_ATTACKS
+from ntkm.errors import UserInputError
 from reports.text import mean_pm, text_table
-from theory.errors import UserInputError
 from verify.claims.base import Outcome
 from verify.claims.malleability import ci_txt, experiment_outcomes, pct_txt, rho_txt, x_txt
-from verify.commands._common import (
-    add_centre_arg,
-    add_data_args,
-    add_run_args,
-    centre_note,
-    check_data_args,
-    emit_json,
-    seed_map,
-)
-from verify.presets import add_protocol_args, parse_choices, parse_float_list, preset, train_config_from_args
+from verify.commands._common import centre_note, check_data_args, emit_json, seed_map
+from verify.commands.options import EXPERIMENT, PATH_DATA, Param, choices, options, seed_range, train_config, values
+from verify.presets import parse_float_list, preset
 
 NAME = "malleability"
 HELP = "influence flip rate under adversarial perturbation (2L-ReLU vs MLP-Attn)"
 ORDER = 40
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_data_args(p, paths=True)
-    add_run_args(p)
-    add_protocol_args(p)
-    p.add_argument("--model", default="relu,attn",
-                   help="comma-separated: relu, attn (the paper's), softmax (softmax attention over the training "
-                        "set, T = sqrt(d)), qkv (trainable single-head Q/K/V linearized attention, k = 64)")
-    p.add_argument("--attack", default="fgsm,pgd,mim", help="comma-separated: fgsm, pgd, mim "
-                   "(random noise of the same eps always runs as the baseline)")
-    p.add_argument("--eps", default="0.3", help="L-infinity budget in pixel units, in [0, 1] (default: %(default)s)")
-    p.add_argument("--tau", default="0.1", help="fraction of training points selected by |influence|, in (0, 1]")
-    p.add_argument("--intervention", default=",".join(INTERVENTIONS),
-                   help="comma-separated: transformed (headline), curated, adversarial")
-    p.add_argument("--eps-sweep", default=None, help="more eps values, e.g. 0.1,0.2,0.3,0.5")
-    p.add_argument("--attack-context", default="fixed",
-                   help="MLP-Attn attacks see the clean context (fixed) or their own perturbation (recomputed)")
-    p.add_argument("--adv-train", action="store_true",
-                   help="also train with PGD (at --eps) and compare flip rates before and after")
-    p.add_argument("--adv-steps", type=int, default=7, help="PGD steps inside adversarial training")
-    p.add_argument("--attack-steps", type=int, default=None, help="PGD / MIM steps (default: the preset's)")
-    p.add_argument("--width", type=int, default=None, help="hidden width m (default: the preset's)")
-    add_centre_arg(p)
-    p.add_argument("--n-train", type=int, default=None, help="training points (default: the preset's)")
-    p.add_argument("--n-test", type=int, default=None, help="test points (default: the preset's)")
-    p.add_argument("--ridge", type=float, default=None, help="absolute KRR ridge (default: relative, below)")
-    p.add_argument("--ridge-rel", type=float, default=RIDGE_REL_DEFAULT,
-                   help="ridge = RIDGE_REL * trace(K_m) / n when --ridge is not given (default: %(default)s)")
 
 
 def _one_float(text: str, what: str, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -77,47 +40,46 @@ def _one_float(text: str, what: str, lo: float, hi: float, lo_open: bool = False
     return v
 
 
+PARAMS = options(
+    MalleabilityConfig,
+    Param("models", parse=choices("model", MODEL_KINDS)),
+    Param("attacks", parse=choices("attack", PAPER_ATTACKS)),
+    Param("eps", text=True, parse=lambda text: _one_float(text, "--eps", 0.0, 1.0)),
+    Param("tau", text=True, parse=lambda text: _one_float(text, "--tau", 0.0, 1.0, lo_open=True)),
+    Param("interventions", parse=choices("intervention", INTERVENTIONS)),
+    Param("eps_sweep", parse=lambda text: parse_float_list(text, "--eps-sweep") if text else ()),
+    "attack_context", "adv_train", "adv_steps",
+    Param("attack_steps", preset="attack_steps"),
+    Param("width", preset="mall_width"),
+    "attn_centre",
+    Param("n_train", preset="mall_n_train"),
+    Param("n_test", preset="mall_n_test"),
+    "ridge", "ridge_rel",
+)
+OPTIONS = (*EXPERIMENT, *PARAMS)
+
+
 def config_from_args(args: argparse.Namespace) -> MalleabilityConfig:
     check_data_args(args, paths=True)
     pre = preset(args.preset)
-    seeds = args.seeds if args.seeds is not None else len(pre["seeds"])
-    if seeds < 1:
-        raise UserInputError(f"--seeds must be >= 1, got {seeds}")
-    return MalleabilityConfig(
-        dataset=args.dataset, task=args.task, classes=args.classes,
-        models=parse_choices(args.model, "model", MODEL_KINDS),
-        attacks=parse_choices(args.attack, "attack", MALL_ATTACKS),
-        eps=_one_float(args.eps, "--eps", 0.0, 1.0),
-        eps_sweep=parse_float_list(args.eps_sweep, "--eps-sweep") if args.eps_sweep else (),
-        tau=_one_float(args.tau, "--tau", 0.0, 1.0, lo_open=True),
-        seeds=tuple(range(seeds)),
-        interventions=parse_choices(args.intervention, "intervention", INTERVENTIONS),
-        width=args.width if args.width is not None else pre["mall_width"],
-        n_train=args.n_train if args.n_train is not None else pre["mall_n_train"],
-        n_test=args.n_test if args.n_test is not None else pre["mall_n_test"],
-        sample=args.sample,
-        train=train_config_from_args(args, pre),
-        adv_train=args.adv_train, adv_steps=args.adv_steps,
-        attack_steps=args.attack_steps if args.attack_steps is not None else pre["attack_steps"],
-        attn_centre=args.centre, attack_context=args.attack_context, ridge=args.ridge, ridge_rel=args.ridge_rel,
-        data_dir=args.data_dir, device=args.device,
-    )
+    return MalleabilityConfig(**values(PATH_DATA, args), seeds=seed_range(args, pre), **values(PARAMS, args, pre),
+                              train=train_config(args, pre), device=args.device)
 
 
 MODEL_LABEL = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
 
 
-def flip_table(summary: dict[str, Any], training: str, intervention: str, eps: float) -> str:
+def flip_table(summary: MallSummary, training: str, intervention: str, eps: float) -> str:
     """Flip rate, noise flip rate and excess over noise per model and attack, each with its 95 % interval."""
     rows = []
-    for r in summary["rows"]:
+    for r in summary.rows:
         if r["training"] == training and r["intervention"] == intervention and r["eps"] == eps:
             paper = r.get("paper_flip_pct")
             rows.append([MODEL_LABEL.get(r["model"], r["model"]), r["attack"].upper(), pct_txt(r["flip_ci"]),
                          "-" if paper is None else f"{paper:g}%", pct_txt(r["baseline_ci"]), ci_txt(r["excess_ci"]),
                          rho_txt(r["rho_all_ci"]), mean_pm(r["baseline_rho_all"]), mean_pm(r["rho_top"]),
                          mean_pm(r["pair_flip_rate"], digits=3, scale=100.0, unit="%")])
-    for r in summary["pooled"]:
+    for r in summary.pooled:
         if r["training"] == training and r["intervention"] == intervention and r["eps"] == eps:
             rows.append([MODEL_LABEL.get(r["model"], r["model"]), "pooled", pct_txt(r["flip_ci"]), "-",
                          pct_txt(r["baseline_ci"]), ci_txt(r["excess_ci"]), rho_txt(r["rho_all_ci"]),
@@ -126,11 +88,11 @@ def flip_table(summary: dict[str, Any], training: str, intervention: str, eps: f
                        "rho (all)", "noise rho", "rho (top)", "pair flips"], rows)
 
 
-def ratio_table(summary: dict[str, Any], training: str, intervention: str, eps: float,
+def ratio_table(summary: MallSummary, training: str, intervention: str, eps: float,
                 paper: dict[str, dict[str, float]] | None) -> str:
     """Attn - ReLU excess over noise, ratio of excesses and plain ratio, with intervals."""
     rows = []
-    for q in summary["comparisons"]:
+    for q in summary.comparisons:
         if q["training"] == training and q["intervention"] == intervention and q["eps"] == eps:
             p = "-"
             if (paper and q["attack"] in paper.get("relu", {}) and eps == 0.3 and intervention == "transformed"
@@ -145,12 +107,12 @@ def _sweep_cell(row: dict[str, Any]) -> str:
     return f"{100 * float(row['flip_ci']['value']):.0f}% (excess {ci_txt(row['excess_ci'], digits=0)})"
 
 
-def summary_table(result: dict[str, Any]) -> str:
+def summary_table(result: MalleabilityRecord) -> str:
     """Every table of the result, as plain text (the terminal output without the verdict)."""
-    cfg = result["config"]
-    s = result["summary"]
-    eps0 = result["eps_values"][0]
-    paper = result["paper"]["flip_pct"]
+    cfg = result.config
+    s = result.summary
+    eps0 = result.eps_values[0]
+    paper = result.paper["flip_pct"]
     trainings = ["standard"] + (["adversarial"] if cfg["adv_train"] else [])
     out = []
     for training in trainings:
@@ -158,52 +120,52 @@ def summary_table(result: dict[str, Any]) -> str:
         if "transformed" in cfg["interventions"]:
             out += [f"Transformed (top points replaced by their perturbed versions), eps={eps0:g}{tag}",
                     flip_table(s, training, "transformed", eps0), ""]
-            if s["comparisons"]:
+            if s.comparisons:
                 out += [ratio_table(s, training, "transformed", eps0, paper), ""]
         if "adversarial" in cfg["interventions"]:
             out += [f"Adversarial (all training points perturbed; flips counted on the clean top set), "
                     f"eps={eps0:g}{tag}", flip_table(s, training, "adversarial", eps0), ""]
-            if s["comparisons"]:
+            if s.comparisons:
                 out += [ratio_table(s, training, "adversarial", eps0, None), ""]
         if "curated" in cfg["interventions"]:
             rows = [[MODEL_LABEL.get(c["model"], c["model"]), c["removal"], rho_txt(c["test_loss_change_ci"], True),
                      ci_txt(c["test_acc_change_ci"]), rho_txt(c["rho_remaining_ci"]),
                      pct_txt(c["flip_rate_remaining_ci"])]
-                    for c in s["curated"] if c["training"] == training]
+                    for c in s.curated if c["training"] == training]
             rows += [[MODEL_LABEL.get(d["model"], d["model"]), "|top| - |random|",
                       rho_txt(d["abs_test_loss_change_diff_ci"], True), "-", rho_txt(d["rho_remaining_diff_ci"], True),
-                      "-"] for d in s["curated_diff"] if d["training"] == training]
+                      "-"] for d in s.curated_diff if d["training"] == training]
             out += [f"Curated (top points removed; random removal as baseline; t intervals over seeds){tag}",
                     text_table(["model", "removed", "d test loss", "d test acc", "rho remaining",
                                 "flips remaining"], rows), ""]
-    if s.get("seed_baseline"):
+    if s.seed_baseline:
         rows = [[MODEL_LABEL.get(b["model"], b["model"]), pct_txt(b["flip_ci"]), rho_txt(b["rho_all_ci"])]
-                for b in s["seed_baseline"]]
+                for b in s.seed_baseline]
         out += ["Seed-to-seed baseline (no perturbation; a second network differing only in its initialisation)",
                 text_table(["model", "top points with a different sign", "rho (all)"], rows), ""]
-    if len(result["eps_values"]) > 1:
-        sweep = sorted(result["eps_values"])
+    if len(result.eps_values) > 1:
+        sweep = sorted(result.eps_values)
         for intervention in ("transformed", "adversarial"):
             if intervention not in cfg["interventions"]:
                 continue
             rows = []
             for model in cfg["models"]:
                 for a in cfg["attacks"]:
-                    cells = {r["eps"]: r for r in s["rows"] if r["training"] == "standard" and r["model"] == model
+                    cells = {r["eps"]: r for r in s.rows if r["training"] == "standard" and r["model"] == model
                              and r["attack"] == a and r["intervention"] == intervention}
                     rows.append([MODEL_LABEL.get(model, model), a.upper()] + [_sweep_cell(cells[e]) for e in sweep])
             out += [f"Eps sweep, {intervention}: flip rate (excess over noise, 95% CI, pp)",
                     text_table(["model", "attack"] + [f"eps={e:g}" for e in sweep], rows), ""]
-    if s.get("adv_train"):
+    if s.adv_train:
         rows = [[MODEL_LABEL.get(a["model"], a["model"]), a["attack"].upper() if a["attack"] != POOLED else "pooled",
                  pct_txt(a["standard_ci"]), pct_txt(a["adversarial_ci"]), ci_txt(a["rise_ci"]),
                  ci_txt(a["rise_excess_ci"]),
                  "-" if a["paper_pct"] is None else f"{a['paper_pct'][0]:g}% -> {a['paper_pct'][1]:g}%"]
-                for a in s["adv_train"]]
+                for a in s.adv_train]
         out += [f"Adversarial training (PGD at eps={eps0:g}, {cfg['adv_steps']} steps): transformed flip rate, "
                 "paired by seed", text_table(["model", "attack", "standard", "adv. trained", "rise",
                                               "rise of excess over noise", "paper"], rows), ""]
-    b = s["bootstrap"]
+    b = s.bootstrap
     out.append(f"Intervals: 95 %, {b['method']}; per-network scalars (rho, curated): {b['seed_level_method']}.")
     return "\n".join(out).rstrip()
 
@@ -217,16 +179,14 @@ def verdict_lines(outcomes: list[tuple[str, Outcome]]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     result = run_malleability(cfg, seed_map=seed_map(args, "malleability"))
-    result["executor"] = args.executor
-    result["preset"] = args.preset
     stream = sys.stdout if args.json != "-" else sys.stderr
-    prov = result["data"]
+    prov = result.data
     ridge = f"ridge {cfg.ridge:g}" if cfg.ridge is not None else f"ridge {cfg.ridge_rel:g} x trace(K)/n"
     print(f"Influence malleability — {prov.get('label', cfg.dataset)}, task {cfg.task}, n_train={cfg.n_train}, "
           f"n_test={cfg.n_test}, width {cfg.width}, seeds={len(cfg.seeds)}, protocol {cfg.train.protocol} "
           f"({cfg.train.epochs} epochs"
           f"{' at most' if cfg.train.plateau else ''}); "
-          f"top tau={cfg.tau:g} by |influence| ({result['n_selected']} points), attack steps {cfg.attack_steps}, "
+          f"top tau={cfg.tau:g} by |influence| ({result.n_selected} points), attack steps {cfg.attack_steps}, "
           f"attn attack context {cfg.attack_context}, {ridge}{centre_note(cfg.attn_centre)}; preset {args.preset}",
           file=stream)
     print(summary_table(result), file=stream)
@@ -234,8 +194,8 @@ def run(args: argparse.Namespace) -> int:
     outcomes = experiment_outcomes(result)
     for line in verdict_lines(outcomes):
         print(line, file=stream)
-    result["verdicts"] = [{"rule": name, "verdict": o.verdict.value, "ours": o.ours, "condition": o.condition,
-                           "gate": o.gate} for name, o in outcomes]
-    print(f"wall time {result['wall_s']:.0f}s", file=stream)
-    emit_json(args.json, result)
+    verdicts = [{"rule": name, "verdict": o.verdict.value, "ours": o.ours, "condition": o.condition,
+                 "gate": o.gate} for name, o in outcomes]
+    print(f"wall time {result.wall_s:.0f}s", file=stream)
+    emit_json(args.json, {**result.to_dict(), "executor": args.executor, "preset": args.preset, "verdicts": verdicts})
     return 0

@@ -1,73 +1,62 @@
-"""`verify ntk-distance`: NTK distance against width for 2L-ReLU and MLP-Attn (PAPER.md table 1)."""
+"""`verify ntk-distance`: NTK distance against width for 2L-ReLU and MLP-Attn (docs/PAPER.md table 1)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 
-from empirics.distance import METRICS, DistanceConfig, run_ntk_distance
-from empirics.models import MODEL_KINDS
+from empirics.distance import METRICS, DistanceConfig, DistanceRecord, run_ntk_distance
+from empirics.vocab import MODEL_KINDS
+from ntkm.codec import decode
 from reports.text import mean_pm, text_table
-from verify.commands._common import (
-    add_centre_arg,
-    add_data_args,
-    add_run_args,
-    centre_note,
-    check_data_args,
-    emit_json,
-    seed_map,
+from verify.commands._common import centre_note, check_data_args, emit_json, seed_map
+from verify.commands.options import (
+    EXPERIMENT,
+    PATH_DATA,
+    Param,
+    choices,
+    options,
+    seed_range,
+    train_config,
+    values,
 )
-from verify.presets import add_protocol_args, parse_choices, parse_int_list, preset, train_config_from_args
+from verify.presets import parse_int_list, preset
 
 NAME = "ntk-distance"
 HELP = "NTK distance vs width for 2L-ReLU and MLP-Attn on real data"
 ORDER = 30
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_data_args(p, paths=True)
-    add_run_args(p)
-    add_protocol_args(p)
-    p.add_argument("--model", default="relu,attn",
-                   help="comma-separated: relu, attn (the paper's), softmax (softmax attention over the training "
-                        "set, T = sqrt(d)), qkv (trainable single-head Q/K/V linearized attention, k = 64)")
-    p.add_argument("--widths", default=None, help="comma-separated widths (default: the preset's)")
-    p.add_argument("--n-train", type=int, default=None, help="training points (default: the preset's)")
-    p.add_argument("--n-test", type=int, default=None, help="test points (default: the preset's)")
-    p.add_argument("--parameterization", default="ntk", help="ntk (paper) or standard")
-    p.add_argument("--attn-layers", type=int, default=1, help="stacked linearized attention layers k")
-    p.add_argument("--attn-rank", type=int, default=None, help="keep the top-r singular directions in C")
-    add_centre_arg(p)
-    p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of distance vs width")
+@dataclass(frozen=True)
+class DistanceOutputs:
+    """`verify ntk-distance`'s own option (not part of the experiment's config)."""
+
+    plot: str | None = field(default=None, metadata={"help": "write a PNG of distance vs width", "metavar": "FILE"})
+
+
+PARAMS = options(
+    DistanceConfig,
+    Param("models", parse=choices("model", MODEL_KINDS)),
+    Param("widths", preset="widths", parse=lambda text: parse_int_list(text, "--widths")),
+    Param("n_train", preset="n_train"),
+    Param("n_test", preset="n_test"),
+    "parameterization", "attn_layers", "attn_rank", "attn_centre",
+)
+OPTIONS = (*EXPERIMENT, *PARAMS, *options(DistanceOutputs, "plot"))
 
 
 def config_from_args(args: argparse.Namespace) -> DistanceConfig:
     check_data_args(args, paths=True)
     pre = preset(args.preset)
-    seeds = args.seeds if args.seeds is not None else len(pre["seeds"])
-    if seeds < 1:
-        from theory.errors import UserInputError
-
-        raise UserInputError(f"--seeds must be >= 1, got {seeds}")
-    return DistanceConfig(
-        dataset=args.dataset, task=args.task, classes=args.classes,
-        models=parse_choices(args.model, "model", MODEL_KINDS),
-        widths=parse_int_list(args.widths, "--widths") if args.widths else tuple(pre["widths"]),
-        seeds=tuple(range(seeds)),
-        n_train=args.n_train if args.n_train is not None else pre["n_train"],
-        n_test=args.n_test if args.n_test is not None else pre["n_test"],
-        sample=args.sample,
-        train=train_config_from_args(args, pre),
-        parameterization=args.parameterization, attn_layers=args.attn_layers, attn_rank=args.attn_rank,
-        attn_centre=args.centre,
-        data_dir=args.data_dir, device=args.device,
-    )
+    return DistanceConfig(**values(PATH_DATA, args), seeds=seed_range(args, pre), **values(PARAMS, args, pre),
+                          train=train_config(args, pre), device=args.device)
 
 
-def summary_table(result: dict) -> str:
+def summary_table(result: DistanceRecord) -> str:
     rows = []
-    for kind, res in result["models"].items():
-        for w, pw in res["per_width"].items():
+    for kind, res in result.models.items():
+        for w, pw in res.per_width.items():
             rows.append([kind, w] + [mean_pm(pw[m]) for m in ("function_abs", "function_rel", "function_lin",
                                                                 "kernel_drift", "kernel_distance",
                                                                 "init_vs_analytic")]
@@ -75,11 +64,10 @@ def summary_table(result: dict) -> str:
     out = [text_table(["model", "width", "||f_m-f_NTK||", "relative", "vs f_lin (rel)", "kernel drift", "Fort dist",
                        "Theta0 vs analytic", "test acc"], rows), ""]
     trows = []
-    for kind, res in result["models"].items():
+    for kind, res in result.models.items():
         for metric in METRICS:
-            tr = res["trends"][metric]
-            trows.append([kind, metric, tr["verdict"], tr["spearman"], tr["loglog_slope"],
-                          f"{tr['seeds_agreeing']}/{tr['seeds']}"])
+            tr = res.trends[metric]
+            trows.append([kind, metric, tr.verdict, tr.spearman, tr.loglog_slope, f"{tr.seeds_agreeing}/{tr.seeds}"])
     out.append(text_table(["model", "metric", "trend vs width", "Spearman rho", "log-log slope", "seeds agree"],
                           trows))
     return "\n".join(out)
@@ -88,9 +76,8 @@ def summary_table(result: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     result = run_ntk_distance(cfg, seed_map=seed_map(args, "ntk-distance"))
-    result["executor"] = args.executor
-    result["preset"] = args.preset
-    prov = result["data"]
+    record = {**result.to_dict(), "executor": args.executor, "preset": args.preset}
+    prov = result.data
     print(f"NTK distance vs width — {prov.get('label', cfg.dataset)}, task {cfg.task}, "
           f"n_train={cfg.n_train}, n_test={cfg.n_test}, seeds={len(cfg.seeds)}, "
           f"protocol {cfg.train.protocol} ({cfg.train.optimizer}, {cfg.train.epochs} epochs), loss {cfg.train.loss}, "
@@ -100,6 +87,6 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from reports.figures import distance_vs_width
 
-        distance_vs_width(result, args.plot)
-    emit_json(args.json, result)
+        distance_vs_width(decode(record), args.plot)
+    emit_json(args.json, record)
     return 0

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
-from theory.errors import UserInputError
+from ntkm.codec import read_json
+from ntkm.errors import UserInputError
+from verify.commands.options import options
 from verify.outputs import check_output_dir, output_set
 
 NAME = "report"
@@ -23,10 +26,16 @@ ORDER = 6
 REPORT_MEMBERS = ("claims.md", "claims.html", "claims.pdf", "figures")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("record", help="a claims.json written by 'verify claims'")
-    p.add_argument("--out", default=None, help="output folder (default: the record's folder)")
-    p.add_argument("--no-pdf", action="store_true", help="skip the PDF")
+@dataclass(frozen=True)
+class ReportOptions:
+    """`verify report`'s options."""
+
+    record: str = field(metadata={"help": "a claims.json written by 'verify claims'", "positional": True})
+    out: str | None = field(default=None, metadata={"help": "output folder (default: the record's folder)"})
+    no_pdf: bool = field(default=False, metadata={"help": "skip the PDF"})
+
+
+OPTIONS = options(ReportOptions, "record", "out", "no_pdf")
 
 
 def check_claims_record(record: Any, path: Path) -> None:
@@ -46,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise UserInputError(f"{path} does not exist; pass the claims.json that 'verify claims' wrote")
     try:
-        record = json.loads(path.read_text())
+        record = read_json(path)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserInputError(f"{path} is not valid JSON ({exc.__class__.__name__}); pass a claims.json") from None
     check_claims_record(record, path)

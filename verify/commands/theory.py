@@ -8,14 +8,16 @@ every check ran, and 1 only if a check crashed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-from empirics.records import library_versions, to_jsonable
+from empirics.records import library_versions
+from ntkm.codec import dumps, encode
 from theory.checks import CRASHED, CheckResult, run_all_checks
-from verify.commands._common import emit_json, json_target
+from verify.commands._common import emit_json
+from verify.commands.options import JSON, options
 
 NAME = "theory"
 HELP = "check the paper's theorems (Thm 4.1, 4.2, 4.7, Prop 4.5, stacking, truncation, LOO)"
@@ -26,14 +28,14 @@ DESCRIPTION = (
 ORDER = 10
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--json",
-        metavar="FILE",
-        type=json_target,
-        help="also write the results as JSON to FILE (atomically); '-' prints only the JSON to stdout",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random test matrices (default 0)")
+@dataclass(frozen=True)
+class TheoryOptions:
+    """`verify theory`'s own option."""
+
+    seed: int = field(default=0, metadata={"help": "seed of the random test matrices (default %(default)s)"})
+
+
+OPTIONS = (JSON, *options(TheoryOptions, "seed"))
 
 
 def _table(results: list[CheckResult]) -> str:
@@ -56,7 +58,7 @@ def _record(results: list[CheckResult], seed: int, seconds: float) -> dict[str, 
         "seed": seed,
         "wall_s": seconds,
         "library_versions": library_versions(),
-        "checks": to_jsonable(results),
+        "checks": encode(results),
     }
 
 
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     results = run_all_checks(seed=args.seed)
     record = _record(results, args.seed, time.perf_counter() - start)
     if args.json == "-":
-        sys.stdout.write(json.dumps(to_jsonable(record), indent=2) + "\n")
+        sys.stdout.write(dumps(record))
     else:
         print(_table(results))
         if args.json:

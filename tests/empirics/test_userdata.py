@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from tolerances import F32_ROUNDING
 
 from empirics import cifar
 from empirics import datasets as D
 from empirics.userdata import load_data, load_split, load_user_dataset
-from theory.errors import UserInputError
+from ntkm.errors import UserInputError
 from verify.cli import main
 
 CLASSES3 = ["cat", "dog", "ship"]
@@ -141,7 +142,7 @@ def test_npz_with_four_arrays(tmp_path: Path):
     y_tr, y_te = np.arange(20) % 4, np.arange(8) % 4
     np.savez(tmp_path / "d.npz", x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te)
     ds = load_user_dataset(tmp_path / "d.npz", n_train=20, n_test=8, sample="first")
-    np.testing.assert_allclose(ds.x_train[3], x_tr[3].transpose(2, 0, 1).reshape(-1), rtol=1e-6)
+    np.testing.assert_allclose(ds.x_train[3], x_tr[3].transpose(2, 0, 1).reshape(-1), rtol=F32_ROUNDING)
     assert ds.image_shape == (3, 5, 5) and ds.num_classes == 4 and ds.provenance["files"][0]["sha256"] == _sha(
         tmp_path / "d.npz")
 

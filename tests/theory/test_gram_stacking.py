@@ -9,10 +9,11 @@ import sympy as sp
 from hypothesis import given
 from hypothesis import strategies as st
 from theory_strategies import full_rank_wide, matrices
+from tolerances import F64_ROUNDING
 
+from ntkm.errors import UserInputError
 from theory.checks import HOLDS_CORRECTED, check_stacking
 from theory.conditioning import EPS, condition_numbers, kappa_power_exact, log10_kappa_power
-from theory.errors import UserInputError
 from theory.gram import gram_power, stacked_attention, stacked_kernel, stacked_kernel_power
 from theory.symbolic import stacked_kernel_is_gram_power, symbolic_matrix
 
@@ -67,7 +68,7 @@ def test_self_stacking_float64(X: np.ndarray, k: int) -> None:
     p = stacked_kernel_power(k, "self")
     assert np.linalg.norm(K - gram_power(X, p)) <= 50 * p * sum(X.shape) * EPS * max(1.0, np.linalg.norm(X) ** (2 * p))
     Y = stacked_attention(X, k, "self")
-    assert np.allclose(Y, gram_power(X, (3**k - 1) / 2) @ X, atol=1e-12)
+    assert np.allclose(Y, gram_power(X, (3**k - 1) / 2) @ X, atol=F64_ROUNDING)
 
 
 def test_counterexample_self_stacking_is_not_g_to_2k_plus_1() -> None:

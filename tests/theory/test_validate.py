@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ntkm.errors import UserInputError
 from theory.conditioning import condition_numbers, eigenvalues_of_gram, kappa_power, kappa_power_exact
-from theory.errors import UserInputError
 from theory.gram import attention_features, gram, linearized_attention, truncate
-from theory.kernels import arccos0, empirical_ntk_two_layer, ntk_two_layer
+from theory.kernels import analytic_ntk_two_layer, arccos0, empirical_ntk_two_layer
 
 BAD_MATRICES = [
     np.empty((0, 3)),
@@ -74,6 +74,6 @@ def test_kernels_reject_mismatched_widths() -> None:
     with pytest.raises(UserInputError):
         arccos0(np.ones((2, 3)), np.ones((2, 4)))
     with pytest.raises(UserInputError):
-        ntk_two_layer(np.ones((2, 3)), np.ones((2, 2)))
+        analytic_ntk_two_layer(np.ones((2, 3)), np.ones((2, 2)))
     with pytest.raises(UserInputError):
         empirical_ntk_two_layer(np.ones((2, 3)), None, np.ones((5, 2)))

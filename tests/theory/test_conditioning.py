@@ -11,6 +11,7 @@ import sympy as sp
 from hypothesis import given
 from hypothesis import strategies as st
 from theory_strategies import full_rank_wide, matrices
+from tolerances import F64_LOG10, F64_ROUNDING, F64_ULPS
 
 from theory.checks import HOLDS, check_thm47_kappa
 from theory.conditioning import (
@@ -57,7 +58,7 @@ def test_symbolic_exact_integer_gram() -> None:
     kappa = lam[-1] / lam[0]
     kappa3 = lam3[-1] / lam3[0]
     assert sp.simplify(kappa3 - kappa**3) == 0
-    assert float(kappa) == pytest.approx(condition_numbers(np.array(X.tolist(), dtype=float))["kappa"], rel=1e-14)
+    assert float(kappa) == pytest.approx(condition_numbers(np.array(X.tolist(), dtype=float))["kappa"], rel=F64_ULPS)
 
 
 @given(matrices())
@@ -129,7 +130,7 @@ def test_condition_numbers_consistency(X: np.ndarray) -> None:
         assert math.isfinite(info["log10_kappa_eff"])
     for key in ("kappa", "kappa_d", "kappa_eff"):
         if math.isfinite(info[key]):
-            assert info[f"log10_{key}"] == pytest.approx(math.log10(info[key]), abs=1e-12)
+            assert info[f"log10_{key}"] == pytest.approx(math.log10(info[key]), abs=F64_ROUNDING)
 
 
 def test_rank_deficient_and_zero_matrices() -> None:
@@ -157,7 +158,7 @@ def test_kappa_power_log_space(kappa: float, p: float) -> None:
     assert math.isfinite(log10)
     value = kappa_power(kappa, p)
     if log10 < 300:
-        assert value == pytest.approx(10**log10, rel=1e-9)
+        assert value == pytest.approx(10**log10, rel=F64_LOG10)
     elif log10 > 309:
         assert value == math.inf
     assert kappa_power(math.inf, 3) == math.inf and log10_kappa_power(math.inf, 3) == math.inf

@@ -10,6 +10,7 @@ import sympy as sp
 from hypothesis import given
 from hypothesis import strategies as st
 from theory_strategies import full_rank_wide, matrices
+from tolerances import F64_ALGORITHM, F64_KAPPA, F64_SOLVE
 
 from theory.checks import HOLDS_CORRECTED, check_truncation
 from theory.conditioning import condition_numbers, kappa_of_gram, matrix_with_singular_values
@@ -52,8 +53,8 @@ def test_restricted_kappa_is_ratio_of_singular_values(X: np.ndarray, r: int) -> 
         return
     if s[r - 1] > 1e-6 * s[0]:
         assert info["rank"] == r
-        assert info["kappa_eff"] == pytest.approx((s[0] / s[r - 1]) ** 2, rel=1e-6)
-    assert info["kappa_eff"] <= info_x["kappa_eff"] * (1 + 1e-6)
+        assert info["kappa_eff"] == pytest.approx((s[0] / s[r - 1]) ** 2, rel=F64_KAPPA)
+    assert info["kappa_eff"] <= info_x["kappa_eff"] * (1 + F64_KAPPA)
     if r < X.shape[0]:
         assert info["kappa"] == math.inf
 
@@ -62,15 +63,15 @@ def test_restricted_kappa_is_ratio_of_singular_values(X: np.ndarray, r: int) -> 
 def test_monotone_in_r_and_ridge_increases(X: np.ndarray) -> None:
     n = X.shape[0]
     effs = [condition_numbers(truncate(X, r))["kappa_eff"] for r in range(1, n + 1)]
-    assert all(a <= b * (1 + 1e-8) for a, b in zip(effs, effs[1:], strict=False))
-    assert effs[-1] == pytest.approx(condition_numbers(X)["kappa"], rel=1e-8)
+    assert all(a <= b * (1 + F64_SOLVE) for a, b in zip(effs, effs[1:], strict=False))
+    assert effs[-1] == pytest.approx(condition_numbers(X)["kappa"], rel=F64_SOLVE)
     if n >= 2:
         s = np.linalg.svd(X, compute_uv=False)
         ridge = 1e-3 * s[0] ** 2
         full = kappa_of_gram(gram(X) + ridge * np.eye(n))
         trunc = kappa_of_gram(gram(truncate(X, n - 1)) + ridge * np.eye(n))
-        assert trunc >= full * (1 - 1e-8)
-        assert trunc == pytest.approx((s[0] ** 2 + ridge) / ridge, rel=1e-6)
+        assert trunc >= full * (1 - F64_SOLVE)
+        assert trunc == pytest.approx((s[0] ** 2 + ridge) / ridge, rel=F64_KAPPA)
 
 
 def test_truncated_attention_features_equal_features_of_truncated_data() -> None:
@@ -78,7 +79,7 @@ def test_truncated_attention_features_equal_features_of_truncated_data() -> None
     X = matrix_with_singular_values(10, 6, np.logspace(0, -3, 6), rng)
     Q = rng.standard_normal((4, 6))
     for r in (1, 3, 5):
-        assert np.allclose(attention_features(X, Q, rank=r), attention_features(truncate(X, r), Q), atol=1e-10)
+        assert np.allclose(attention_features(X, Q, rank=r), attention_features(truncate(X, r), Q), atol=F64_ALGORITHM)
 
 
 def test_check_reports_corrected() -> None:

@@ -8,6 +8,7 @@ import sympy as sp
 from hypothesis import given
 from hypothesis import strategies as st
 from theory_strategies import matrices, normwise_tol
+from tolerances import F64_ALGORITHM, F64_FEATURES, F64_ROUNDING
 
 from theory.checks import HOLDS, check_thm41
 from theory.gram import attention_features, gram, gram_power, linearized_attention, truncate
@@ -92,7 +93,7 @@ def test_attention_features_rows_are_unit_or_zero(X: np.ndarray, k: int) -> None
     F = attention_features(X, X, k=k)
     norms = np.linalg.norm(F, axis=1)
     assert np.all(np.isfinite(F))
-    assert np.all((np.abs(norms - 1) < 1e-12) | (norms == 0))
+    assert np.all((np.abs(norms - 1) < F64_ROUNDING) | (norms == 0))
 
 
 def test_attention_features_zero_and_orthogonal_rows_give_zeros() -> None:
@@ -107,9 +108,10 @@ def test_attention_features_zero_and_orthogonal_rows_give_zeros() -> None:
 @given(matrices(kinds=("gaussian", "pixels")), st.floats(1e-3, 1e3), st.integers(1, 4))
 def test_attention_features_scale_free_and_power(X: np.ndarray, c: float, k: int) -> None:
     F = attention_features(X, X, k=k)
-    assert np.allclose(attention_features(c * X, X, k=k), F, atol=1e-9)
+    assert np.allclose(attention_features(c * X, X, k=k), F, atol=F64_FEATURES)
     raw = attention_features(X, X, k=k, normalize=False)
-    assert np.allclose(raw, X @ np.linalg.matrix_power(X.T @ X, k), rtol=1e-9, atol=1e-9 * np.abs(raw).max())
+    assert np.allclose(raw, X @ np.linalg.matrix_power(X.T @ X, k), rtol=F64_FEATURES,
+                       atol=F64_FEATURES * np.abs(raw).max())
 
 
 @given(matrices(), st.integers(1, 6))
@@ -134,5 +136,5 @@ def test_attention_features_lanczos_path_for_wide_data() -> None:
     Q = rng.uniform(0, 1, (5, 300))
     raw = Q @ (X.T @ X) @ (X.T @ X)
     expected = raw / np.linalg.norm(raw, axis=1, keepdims=True)
-    assert np.allclose(attention_features(X, Q, k=2), expected, atol=1e-12)
-    assert np.allclose(attention_features(X, Q, k=2, rank=40), expected, atol=1e-10)
+    assert np.allclose(attention_features(X, Q, k=2), expected, atol=F64_ROUNDING)
+    assert np.allclose(attention_features(X, Q, k=2, rank=40), expected, atol=F64_ALGORITHM)

@@ -10,15 +10,16 @@ import sympy as sp
 from hypothesis import given
 from hypothesis import strategies as st
 from theory_strategies import matrices
+from tolerances import ANGLE, ANGLE_ABS, F64_ROUNDING, F64_ZERO
 
 from theory.checks import HOLDS, check_thm42, ntk_convergence
 from theory.gram import attention_features
 from theory.kernels import (
+    analytic_ntk_mlp_attn,
+    analytic_ntk_two_layer,
     arccos0,
     arccos1,
     empirical_ntk_two_layer,
-    ntk_mlp_attn,
-    ntk_two_layer,
     sample_first_layer,
 )
 
@@ -53,9 +54,9 @@ def test_sympy_agrees_with_numpy(t: float) -> None:
     y = np.array([[math.cos(t), math.sin(t)]])
     e0 = float(_sympy_arccos_cache[0].subs(theta, t))
     e1 = float(_sympy_arccos_cache[1].subs(theta, t))
-    assert abs(arccos0(x, y)[0, 0] - e0) < 1e-7
-    assert abs(arccos1(x, y)[0, 0] - e1) < 1e-7
-    assert abs(ntk_two_layer(x, y)[0, 0] - math.cos(t) * e0) < 1e-7
+    assert abs(arccos0(x, y)[0, 0] - e0) < ANGLE
+    assert abs(arccos1(x, y)[0, 0] - e1) < ANGLE
+    assert abs(analytic_ntk_two_layer(x, y)[0, 0] - math.cos(t) * e0) < ANGLE
 
 
 _sympy_arccos_cache = {0: _sympy_arccos(0), 1: _sympy_arccos(1)}
@@ -75,10 +76,10 @@ def test_monte_carlo_matches_closed_forms() -> None:
 
 @given(matrices())
 def test_kernels_are_finite_symmetric_bounded(X: np.ndarray) -> None:
-    K0, K1, N = arccos0(X), arccos1(X), ntk_two_layer(X)
+    K0, K1, N = arccos0(X), arccos1(X), analytic_ntk_two_layer(X)
     for K in (K0, K1, N):
         assert np.all(np.isfinite(K))
-        assert np.allclose(K, K.T, rtol=1e-12, atol=0)
+        assert np.allclose(K, K.T, rtol=F64_ROUNDING, atol=0)
     assert np.all((K0 >= 0) & (K0 <= 0.5))
     nz = np.linalg.norm(X, axis=1) > 0
     assert np.allclose(np.diag(K0)[nz], 0.5)
@@ -87,7 +88,7 @@ def test_kernels_are_finite_symmetric_bounded(X: np.ndarray) -> None:
 
 @given(matrices(kinds=("gaussian", "pixels", "near_duplicate", "scaled_columns")))
 def test_ntk_is_psd(X: np.ndarray) -> None:
-    N = ntk_two_layer(X)
+    N = analytic_ntk_two_layer(X)
     lam = np.linalg.eigvalsh(N)
     assert lam[0] >= -1e-6 * max(lam[-1], 1e-300)
 
@@ -95,16 +96,16 @@ def test_ntk_is_psd(X: np.ndarray) -> None:
 @given(matrices(kinds=("gaussian", "pixels")), st.floats(1e-3, 1e3))
 def test_homogeneity(X: np.ndarray, c: float) -> None:
     """Scale-free angle, degree-2 kernels; to the documented sqrt(eps)-level angle accuracy."""
-    assert np.allclose(arccos0(c * X), arccos0(X), atol=1e-8)
-    assert np.allclose(ntk_two_layer(c * X), c**2 * ntk_two_layer(X), rtol=1e-7, atol=1e-300)
-    assert np.allclose(arccos1(c * X), c**2 * arccos1(X), rtol=1e-7, atol=1e-300)
+    assert np.allclose(arccos0(c * X), arccos0(X), atol=ANGLE_ABS)
+    assert np.allclose(analytic_ntk_two_layer(c * X), c**2 * analytic_ntk_two_layer(X), rtol=ANGLE, atol=1e-300)
+    assert np.allclose(arccos1(c * X), c**2 * arccos1(X), rtol=ANGLE, atol=1e-300)
 
 
 def test_zero_vectors_and_antipodes() -> None:
     X = np.array([[0.0, 0.0], [1.0, 0.0], [-2.0, 0.0]])
     assert np.array_equal(arccos0(X)[0], np.zeros(3))
-    assert arccos0(X)[1, 2] == 0.0 and arccos1(X)[1, 2] == pytest.approx(0.0, abs=1e-15)
-    assert not np.any(np.isnan(ntk_two_layer(X)))
+    assert arccos0(X)[1, 2] == 0.0 and arccos1(X)[1, 2] == pytest.approx(0.0, abs=F64_ZERO)
+    assert not np.any(np.isnan(analytic_ntk_two_layer(X)))
 
 
 def test_fast_empirical_ntk_equals_jacobian_contraction() -> None:
@@ -129,17 +130,18 @@ def test_empirical_ntk_of_raw_inputs_converges() -> None:
     rng = np.random.default_rng(5)
     X = rng.standard_normal((6, 4))
     W, a = sample_first_layer(16384, 4, rng)
-    err = np.abs(empirical_ntk_two_layer(X, None, W, a) - ntk_two_layer(X))
+    err = np.abs(empirical_ntk_two_layer(X, None, W, a) - analytic_ntk_two_layer(X))
     sd = 0.5 * np.abs(X @ X.T) / math.sqrt(16384)
     assert np.all(err <= 5 * sd + 1e-12)
 
 
 @given(matrices(kinds=("gaussian", "pixels")), st.integers(1, 2))
-def test_ntk_mlp_attn_is_ntk_on_attention_features(X: np.ndarray, k: int) -> None:
+def test_analytic_ntk_mlp_attn_is_ntk_on_attention_features(X: np.ndarray, k: int) -> None:
     F = attention_features(X, X, k=k)
-    assert np.allclose(ntk_mlp_attn(X, X, k=k), ntk_two_layer(F), atol=1e-12)
+    assert np.allclose(analytic_ntk_mlp_attn(X, X, k=k), analytic_ntk_two_layer(F), atol=F64_ROUNDING)
     Q = X[::-1]
-    assert np.allclose(ntk_mlp_attn(X, Q, X, k=k), ntk_two_layer(attention_features(X, Q, k=k), F), atol=1e-12)
+    assert np.allclose(analytic_ntk_mlp_attn(X, Q, X, k=k), analytic_ntk_two_layer(attention_features(X, Q, k=k), F),
+                       atol=F64_ROUNDING)
 
 
 def test_check_reports_holds() -> None:

@@ -1,8 +1,8 @@
 """The one exception type that means "the user asked for something invalid".
 
 The `verify` CLI turns it into a one-line message and a non-zero exit code, without a
-traceback. It lives in `theory` because every other package may raise it (imports point
-one way: theory <- empirics <- verify).
+traceback. It lives in the base package `ntkm` because every layer (theory, empirics, verify,
+reports) may raise it and imports point one way (docs/DESIGN.md, tests/test_layering.py).
 """
 
 

@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from theory_strategies import matrices
 
+from ntkm.errors import UserInputError
 from theory.checks import HOLDS, check_loo
 from theory.conditioning import EPS
-from theory.errors import UserInputError
 from theory.gram import gram_power
-from theory.kernels import ntk_two_layer
+from theory.kernels import analytic_ntk_two_layer
 from theory.krr import krr_fit, krr_predict, loo_brute_force, loo_influence, loo_predictions, loo_residuals
 from theory.symbolic import loo_residual
 
@@ -39,8 +39,8 @@ def test_symbolic_training_residual() -> None:
 def _kernel_problem(X: np.ndarray, kind: str, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     rng = np.random.default_rng(seed)
     if kind == "ntk":
-        K = ntk_two_layer(X)
-        Kt = ntk_two_layer(rng.standard_normal((3, X.shape[1])) * np.abs(X).max(), X)
+        K = analytic_ntk_two_layer(X)
+        Kt = analytic_ntk_two_layer(rng.standard_normal((3, X.shape[1])) * np.abs(X).max(), X)
     else:
         K = gram_power(X, 3)
         Q = rng.standard_normal((3, X.shape[1]))
@@ -74,7 +74,7 @@ def test_negative_control_wrong_formula_is_detected() -> None:
     """Dropping the correction term (no-LOO predictions) is far outside the tolerance used above."""
     rng = np.random.default_rng(2)
     X = rng.standard_normal((8, 3))
-    K, Kt = ntk_two_layer(X), ntk_two_layer(X[:3] + 0.3, X)
+    K, Kt = analytic_ntk_two_layer(X), analytic_ntk_two_layer(X[:3] + 0.3, X)
     Y = rng.standard_normal((8, 2))
     full = krr_predict(Kt, krr_fit(K, Y, 0.05))
     brute = loo_brute_force(K, Y, 0.05, Kt)
@@ -109,7 +109,7 @@ def test_training_residuals_and_fit(X: np.ndarray, seed: int) -> None:
     if X.shape[0] < 2:
         return
     rng = np.random.default_rng(seed)
-    K = ntk_two_layer(X)
+    K = analytic_ntk_two_layer(X)
     ridge = 0.1 * max(float(np.trace(K)), 1e-12)
     Y = rng.standard_normal(X.shape[0])
     alpha = krr_fit(K, Y, ridge)
@@ -123,7 +123,7 @@ def test_training_residuals_and_fit(X: np.ndarray, seed: int) -> None:
 def test_influence_is_loss_difference() -> None:
     rng = np.random.default_rng(8)
     X = rng.standard_normal((10, 3))
-    K, Kt = ntk_two_layer(X), ntk_two_layer(X[:4] + 0.1, X)
+    K, Kt = analytic_ntk_two_layer(X), analytic_ntk_two_layer(X[:4] + 0.1, X)
     Y, Yt = rng.standard_normal((10, 2)), rng.standard_normal((4, 2))
     infl = loo_influence(K, Y, 0.1, Kt, Yt)
     loo = loo_brute_force(K, Y, 0.1, Kt)

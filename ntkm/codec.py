@@ -1,0 +1,172 @@
+"""The suite's one JSON codec: every stored record (the unit cache, claims.json, audit records, `--json`
+output) is written with `dumps` / `write_json` and read with `loads` / `read_json`.
+
+Representation (unchanged from the records written before this module existed): NaN and +-infinity are
+stored as the strings "nan", "inf" and "-inf" (strict JSON has no such numbers); numpy scalars and arrays,
+torch tensors, tuples, paths and dataclasses become plain JSON values. Reading turns those three strings back
+into floats, so a record read back holds the numbers it was written with. `from_dict` builds a dataclass
+from its stored dict (nested dataclasses, tuples and the non-finite floats restored by field type).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import math
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ntkm.io import atomic_write_text
+
+#: The strings that stand for the non-finite floats in a stored record.
+NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+#: Field metadata key: a dataclass field so marked is left out of its stored dict while it is None (the key
+#: is absent from the record, as in records whose producer adds it only sometimes).
+OMIT_NONE = "omit_none"
+
+T = TypeVar("T")
+
+
+def encode(obj: Any) -> Any:
+    """`obj` as plain JSON values: dataclasses and mappings as dicts (keys as strings), sequences, numpy and
+    torch values as lists and numbers, enum members as their values, paths as strings, NaN / +-inf as "nan" /
+    "inf" / "-inf"."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not (f.metadata.get(OMIT_NONE) and getattr(obj, f.name) is None)}
+    if isinstance(obj, enum.Enum):
+        return encode(obj.value)
+    if isinstance(obj, Mapping):
+        return {str(k): encode(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [encode(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, np.ndarray):
+        return encode(obj.tolist())
+    if isinstance(obj, np.generic):
+        return encode(obj.item())
+    if isinstance(obj, float):
+        if math.isnan(obj) or math.isinf(obj):
+            return str(obj)
+        return obj
+    if hasattr(obj, "detach") and hasattr(obj, "tolist"):  # torch tensors
+        return encode(obj.detach().cpu().tolist())
+    return obj
+
+
+def decode(obj: Any) -> Any:
+    """A stored JSON value with "nan", "inf" and "-inf" turned back into floats (everywhere in it)."""
+    if isinstance(obj, dict):
+        return {k: decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode(v) for v in obj]
+    if isinstance(obj, str) and obj in NONFINITE:
+        return NONFINITE[obj]
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    """The stored text of `obj`: indented JSON of `encode(obj)`, one trailing newline."""
+    return json.dumps(encode(obj), indent=2, sort_keys=False) + "\n"
+
+
+def loads(text: str | bytes) -> Any:
+    """A record from its stored text, non-finite floats restored (`json.JSONDecodeError` on bad JSON)."""
+    return decode(json.loads(text))
+
+
+def canonical(obj: Any) -> str:
+    """The canonical one-line text of `obj` (keys sorted, no spaces): what digests and cache keys hash."""
+    return json.dumps(encode(obj), sort_keys=True, separators=(",", ":"))
+
+
+def stable_hash(obj: Any, length: int = 16) -> str:
+    """sha256 of the canonical JSON form of `obj`, truncated to `length` hex digits (cache keys, digests)."""
+    return hashlib.sha256(canonical(obj).encode()).hexdigest()[:length]
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """`dumps(obj)` written atomically to `path` (readers never see half a record)."""
+    atomic_write_text(path, dumps(obj))
+
+
+def read_json(path: str | Path) -> Any:
+    """The record stored at `path` (`OSError`, `UnicodeDecodeError` or `json.JSONDecodeError` when unreadable)."""
+    return loads(Path(path).read_text())
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
+    """The dataclass `cls` built from its stored dict (the inverse of `encode` on a `cls` instance).
+
+    Fields are converted by their annotated type: nested dataclasses, tuples (stored as lists), lists and
+    dicts of those, and floats (the strings "nan" / "inf" / "-inf" included). Keys that are not fields of
+    `cls` are refused (`TypeError`), so a stored record of another shape is not silently misread.
+    """
+    if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = set(data) - names
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field(s) {', '.join(sorted(unknown))}")
+    missing = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise TypeError(f"stored {cls.__name__} lacks required field(s) {', '.join(missing)}")
+    return cls(**{k: _typed(hints[k], v) for k, v in data.items()})
+
+
+def _typed(tp: Any, v: Any) -> Any:
+    """The stored value `v` as annotated type `tp` (unknown annotations: the decoded value as stored)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        return _typed(options[0], v) if len(options) == 1 else decode(v)
+    if tp is float:
+        return float(NONFINITE.get(v, v)) if isinstance(v, (str, int, float)) and not isinstance(v, bool) else v
+    if dataclasses.is_dataclass(tp) and isinstance(v, Mapping):
+        return from_dict(tp, v)
+    if origin is tuple and isinstance(v, list):
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_typed(args[0], x) for x in v)
+        if args and len(args) == len(v):
+            return tuple(_typed(a, x) for a, x in zip(args, v, strict=True))
+        return tuple(decode(v))
+    if origin is list and isinstance(v, list):
+        return [_typed(args[0], x) for x in v] if args else decode(v)
+    if origin is dict and isinstance(v, Mapping):
+        return {k: _typed(args[1], x) for k, x in v.items()} if args else decode(v)
+    return decode(v)
+
+
+def optional(default: Any = None) -> Any:
+    """A dataclass field that is absent from the stored dict while it is None (see `OMIT_NONE`)."""
+    return dataclasses.field(default=default, metadata={OMIT_NONE: True})
+
+
+class Record:
+    """Base of the suite's typed stored records (dataclasses): `to_dict` is the stored dict, `from_dict` reads it
+    back (the one codec both ways: `encode` and the module's `from_dict`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored dict of this record (`encode`: NaN / inf as strings, tuples as lists)."""
+        return encode(self)
+
+    @classmethod
+    def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
+        """The record read back from its stored dict (`TypeError` naming the record on a missing or unknown
+        field)."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"stored {cls.__name__} is a {type(data).__name__}, not a dict")
+        return from_dict(cls, data)

@@ -1,0 +1,158 @@
+"""The `verify audit` report: the template's context from an audit record, and the rendered HTML page.
+
+Works on plain data only (the record as `verify.audit.run_audit` returns it or `--json` saved it, and the texts
+passed in), so a saved record renders again without recomputing anything.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from reports.render import image_data_uri, render_html
+from reports.text import eps_label
+
+
+def _flat_rows(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested dicts as (dotted key, text) rows for the appendix tables."""
+    rows: list[tuple[str, str]] = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            rows += _flat_rows(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}")
+    elif isinstance(obj, list) and obj and all(isinstance(v, dict) for v in obj):
+        for i, v in enumerate(obj):
+            rows += _flat_rows(v, f"{prefix}[{i}]")
+    else:
+        text = ", ".join(str(v) for v in obj) if isinstance(obj, (list, tuple)) else str(obj)
+        rows.append((prefix, text))
+    return rows
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f} %"
+
+
+def report_context(result: dict[str, Any], figures: dict[str, str], realistic_reason: str) -> dict[str, Any]:
+    """Everything the template shows, as formatted values (reads the record, computes nothing new);
+    `realistic_reason` says why the default budget is realistic (`verify.audit_budget.REALISTIC_REASON`)."""
+    cfg = result["config"]
+    models = result["models"]
+    user = models["user"]
+    risk = result["risk"]
+    worst = user["worst_attack"].upper()
+    k = user["n_selected"]
+    b = user["baseline"]
+    summary = [
+        f"Perturbing the {k} training examples with the largest influence ({_pct(cfg['tau'])} of "
+        f"{result['data']['n_train']}) by at most ±{eps_label(cfg['eps'])} per pixel flipped the sign of the "
+        "influence of "
+        f"{_pct(user['worst_flip_rate'])} of them (worst attack: {worst}); random noise of the same size flips "
+        f"{_pct(b['mean'])} ± {_pct(b['std'])}.",
+    ]
+    if "relu" in models and "attn" in models:
+        summary.append("On the same data the paper's reference networks flip "
+                       f"{_pct(models['relu']['worst_flip_rate'])} (2L-ReLU) and "
+                       f"{_pct(models['attn']['worst_flip_rate'])} (MLP-Attn).")
+    else:
+        summary.append(f"No reference networks were trained (--no-reference); the paper-reported scale "
+                       f"{_pct(risk['relu_reference'])} (2L-ReLU) and {_pct(risk['attn_reference'])} (MLP-Attn) "
+                       "is used.")
+    summary.append(f"After the {worst} perturbation the ranking of all training points by influence keeps a Spearman "
+                   f"correlation of {user['worst_rho_all']:.2f} with the original (1 = unchanged).")
+    panels = result.get("panels", {})
+    if risk.get("left_out"):
+        summary.append(f"{' and '.join(risk['left_out'])}: the reference trained on your data did not pass the "
+                       "adequacy gate (it did not learn), so it is marked in the table and left out of the risk scale.")
+    val = panels.get("validity", {})
+    if val.get("verdict"):
+        summary.append(f"Influence is {str(val['verdict']).upper()} for this model when checked against re-fitting it "
+                       f"({val.get('reason', '')}).")
+        if val["verdict"] != "trustworthy":
+            summary.append("So the flip rates above describe how malleable the kernel predictor's ranking is; they are "
+                           "not a validated prediction of what re-fitting your model on altered data would do.")
+    bud = panels.get("budget", {})
+    if bud.get("by_eps"):
+        summary.append(f"Breaking budget (the attack first exceeds random noise): {bud['breaking_label']}.")
+    note = projection_note(result["model"].get("projection"))
+    if note:
+        summary.append(note)
+    key_rows, sharp_rows = [], []
+    for key, m in models.items():
+        gate = m.get("gate")
+        key_rows.append({"key": key, "label": m["label"], "flip": m["worst_flip_rate"],
+                         "worst": m["worst_attack"].upper(), "noise": m["baseline"]["mean"],
+                         "noise_std": m["baseline"]["std"], "rho": m["worst_rho_all"], "acc": m["test_acc"],
+                         "train_acc": m.get("train_acc"), "gate": gate,
+                         "excluded": bool(gate and not gate["passed"]),
+                         "kappa": m["ntk"]["kappa"], "rho_gn": m["rho_ntk_gn"], "sharp": m["sharpness"]["value"]})
+        s = m["sharpness"]
+        sharp_rows.append({"label": m["label"], "value": s["value"],
+                           "fd": str(s.get("hvp", "")).startswith("central"), "w2": s.get("sharpness_w2"),
+                           "per_loss": s.get("sharpness_per_loss"), "loss": s.get("loss"),
+                           "residual": s.get("residual"), "error": s.get("error")})
+    model = result["model"]
+    model_rows = [(k2, v) for k2, v in _flat_rows({kk: vv for kk, vv in model.items() if kk != "spec"})]
+    if model.get("spec"):
+        model_rows += _flat_rows(model["spec"], "spec")
+    env = {"created": result["created"], "versions": result["versions"], "device": result["device"],
+           "timings (s)": {k2: f"{v:.1f}" for k2, v in result["timings"].items()}}
+    refs = ("The 2L-ReLU and MLP-Attn references are the paper's two networks trained by the suite on the same data "
+            f"(width {cfg['ref_width']}, the width-consistent protocol: Adam without weight decay to a plateau of the "
+            f"training loss, at most {cfg['ref_epochs']} epochs). A reference below the adequacy gate is marked "
+            "'below gate' and left out of the risk scale." if cfg["reference"]
+            else "No references were trained (--no-reference).")
+    return {
+        "model_name": Path(model["path"]).name, "model": model, "data": result["data"], "created": result["created"],
+        "risk": risk, "summary": summary, "key_rows": key_rows, "sharp_rows": sharp_rows, "cfg": cfg,
+        "n_selected": k, "references_note": refs, "levers": result["levers"], "user": user,
+        "worst_label": worst, "attack_names": [a.upper() for a in cfg["attacks"]], "diag": result["diagnostics"],
+        "definitions": result["definitions"], "fig": figures, "model_rows": model_rows,
+        "data_rows": _flat_rows({"train": result["data"]["train"], "test": result["data"]["test"],
+                                 "image_shape": result["data"]["image_shape"], "task": result["data"]["task"]}),
+        "settings_rows": _flat_rows(cfg), "env_rows": _flat_rows(env),
+        "panels": panels, "eps_label": eps_label(cfg["eps"]), "realistic_reason": realistic_reason,
+        "outcome_rows": _outcome_rows(panels.get("outcome", {})),
+        "projection_note": note,
+    }
+
+
+def projection_note(proj: dict[str, Any] | None) -> str:
+    """One sentence on a projected kernel and its measured error (empty for the exact kernel)."""
+    if not proj or not proj.get("dim"):
+        return ""
+    e = proj.get("error", {})
+    if proj.get("structure") == "kronecker":
+        what = (f"a Kronecker-structured random projection of its per-example gradients (weights projected to a "
+                f"target of {proj['dim']} dimensions, biases and batch-norm scales exact: {proj.get('width')} features "
+                f"per output; {proj['kind']}, seed {proj['seed']}; {proj['reason']})")
+    else:
+        what = (f"a random projection of its per-example gradients to k = {proj['dim']} dimensions "
+                f"({proj['kind']}, seed {proj['seed']}; {proj['reason']})")
+    return (f"Your model's kernel is {what}. Against the exact kernel on {e.get('n')} "
+            f"training and {e.get('n_test')} test points its entries differ by "
+            f"{_pct(e.get('kernel_rel_error', math.nan))} (train) and "
+            f"{_pct(e.get('test_kernel_rel_error', math.nan))} (test-train), relative Frobenius error, "
+            f"and it ranks influence with Spearman rho {e.get('influence_spearman', math.nan):.2f} against the exact "
+            "ranking: read every influence-based number with that in mind.")
+
+
+OUTCOME_LABELS = {"acc_change": "test accuracy change", "target_flip": "targeted predictions changed",
+                  "target_loss_change": "targeted mean loss change"}
+
+
+def _outcome_rows(panel: dict[str, Any]) -> list[dict[str, Any]]:
+    """The outcome table's rows: each metric for the levers, random points and their difference."""
+    return [{"label": OUTCOME_LABELS.get(k, k), "pct": k != "target_loss_change", **v}
+            for k, v in panel.get("rows", {}).items()]
+
+
+def render_report(result: dict[str, Any], realistic_reason: str) -> str:
+    """The audit report as one self-contained HTML string (figures embedded; `realistic_reason` as in
+    `report_context`)."""
+    from reports.audit_figures import all_figures
+
+    with tempfile.TemporaryDirectory() as tmp:
+        figs = {k: image_data_uri(p) for k, p in all_figures(result, tmp).items()}
+    return render_html("audit.html", report_context(result, figs, realistic_reason))

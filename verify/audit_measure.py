@@ -1,0 +1,324 @@
+"""The measurements `verify audit` makes on one network (`measure_network`), and the tools they use.
+
+For the user's model and each reference network:
+- the empirical NTK ("mean" reduction) on the training subset and test set: the suite's closed form for its
+  own networks (`SuiteKernels`), `empirics.audit_ntk` (exact, memory-bounded) for any other model, or its
+  random projection to k dimensions when the Jacobians do not fit memory or `projection_dim` asks
+  (`GenericKernels`; the choice and its error in `verify.audit_projection`);
+- NTK leave-one-out influence of each training point on the test loss (`empirics.influence`), and
+  Gauss-Newton influence on the same kernel via Woodbury (`empirics.gauss_newton`), with their Spearman
+  rank correlation;
+- the flip-rate protocol (`empirics.malleability`: top tau by |influence|, attack them at eps, recompute
+  the kernel, count total-influence sign flips, Spearman rho): for a user model the kernel rows and columns
+  of the perturbed points are recomputed; for the suite's networks the whole kernel (MLP-Attn's context C
+  changes with every training point). The random-noise baseline (random signs times eps on the same
+  points) is run with `baseline_seeds` seeds;
+- the spectrum and condition number of the empirical NTK (`ntk_spectrum`);
+- sharpness: the top Hessian eigenvalue of the mean training loss (cross-entropy, or MSE on +-1 for one
+  output), by power iteration on Hessian-vector products (`top_hessian`, `empirics.landscape`), on the
+  points `hessian_subset` chooses.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+
+from empirics.attacks import ATTACKS, AttackConfig, attack
+from empirics.audit_ntk import JacobianFeatures, ModelJacobian, ProjectedJacobian
+from empirics.audit_structured import ProjectedStructured
+from empirics.common import Tensors
+from empirics.gauss_newton import gn_influence_mean, loss_residuals
+from empirics.influence import InfluenceResult, influence_from_kernels, model_kernels
+from empirics.landscape import power_iteration, scale_aware
+from empirics.losses import loss_fn, predict_labels, targets
+from empirics.malleability import compare, n_top, top_by_abs
+from empirics.models import TwoLayerNet
+from empirics.progress import log
+from empirics.records import peak_rss_gib
+from reports.text import eps_label
+from verify.audit_config import AuditConfig
+from verify.modelio import FlatInput
+
+# --- kernels ---------------------------------------------------------------------------------------
+
+
+class SuiteKernels:
+    """Kernels of the suite's own networks: closed form, recomputed whole on modified data."""
+
+    method = "closed form (empirics.ntk.empirical_ntk), float64"
+
+    def __init__(self, model: TwoLayerNet):
+        self.model = model
+
+    def clean(self, x: torch.Tensor, xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        return model_kernels(self.model, x, xt)
+
+    def perturbed(self, x_new: torch.Tensor, sel: np.ndarray, K: np.ndarray, Kst: np.ndarray,
+                  xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        return model_kernels(self.model, x_new, xt)
+
+
+#: The projected kernels (dense R of per-example Jacobians; Kronecker R of structured per-example gradients).
+PROJECTED = (ProjectedJacobian, ProjectedStructured)
+
+
+class GenericKernels:
+    """Kernels of any model from per-example Jacobians; on modified data only the rows and columns of
+    the modified points are recomputed (a user model has no training-set context)."""
+
+    def __init__(self, jac: ModelJacobian | ProjectedJacobian | ProjectedStructured, max_bytes: int):
+        self.jac = jac
+        self.max_bytes = max_bytes
+        self._train: JacobianFeatures | None = None
+        self._test: JacobianFeatures | None = None
+
+    @property
+    def method(self) -> str:
+        if isinstance(self.jac, PROJECTED):
+            return f"{self.jac.method}, float64 kernel"
+        return f"{self.jac.method}; exact, {self.jac.dtype} Jacobians, float64 kernel"
+
+    def clean(self, x: torch.Tensor, xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        per = self.jac.bytes_per_example()
+        if per * (len(x) + len(xt)) <= self.max_bytes:
+            self._train = self.jac.features(x, label="jacobians (train)")
+            self._test = self.jac.features(xt, label="jacobians (test)")
+            return self.jac.gram(self._train, self._train).numpy(), self.jac.gram(self._test, self._train).numpy()
+        log(f"audit: Jacobians of all points need {per * (len(x) + len(xt)) / 2**30:.1f} GiB > the memory budget; "
+            "assembling the kernel in blocks (slower)")
+        return (self.jac.kernel(x, max_bytes=self.max_bytes).numpy(),
+                self.jac.kernel(xt, x, max_bytes=self.max_bytes).numpy())
+
+    def perturbed(self, x_new: torch.Tensor, sel: np.ndarray, K: np.ndarray, Kst: np.ndarray,
+                  xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        s = torch.as_tensor(sel)
+        if self._train is not None and self._test is not None:
+            fp = self.jac.features(x_new[s], label="jacobians (perturbed)")
+            rows = self.jac.gram(fp, self._train).numpy()
+            rows[:, sel] = self.jac.gram(fp, fp).numpy()
+            cols = self.jac.gram(self._test, fp).numpy()
+        else:
+            rows = self.jac.kernel(x_new[s], x_new, max_bytes=self.max_bytes).numpy()
+            cols = self.jac.kernel(xt, x_new[s], max_bytes=self.max_bytes).numpy()
+        K2, Kst2 = K.copy(), Kst.copy()
+        K2[sel, :] = rows
+        K2[:, sel] = rows.T
+        Kst2[:, sel] = cols
+        return K2, Kst2
+
+
+# --- measurements --------------------------------------------------------------------------------
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    if len(a) < 2 or np.all(a == a[0]) or np.all(b == b[0]):
+        return float("nan")
+    return float(stats.spearmanr(a, b).statistic)
+
+
+def ntk_spectrum(K: np.ndarray) -> dict[str, Any]:
+    """Eigenvalues (descending) and condition number of a kernel matrix; kappa is inf when lambda_min <= 0."""
+    ev = np.linalg.eigvalsh((K + K.T) / 2)[::-1]
+    top, bottom = float(ev[0]), float(ev[-1])
+    tol = max(K.shape) * np.finfo(np.float64).eps * abs(top)
+    kappa = top / bottom if bottom > tol else math.inf
+    return {"lambda_max": top, "lambda_min": bottom, "kappa": kappa,
+            "log10_kappa": math.log10(kappa) if math.isfinite(kappa) and kappa > 0 else math.inf,
+            "rank": int(np.sum(ev > tol)), "eigenvalues": ev.tolist()}
+
+
+def _flat_grad(model: torch.nn.Module, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+               create_graph: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    with torch.enable_grad():
+        out = model(x)
+        loss = loss_fn(out.shape[1])(out, y).mean()
+        grads = torch.autograd.grad(loss, params, create_graph=create_graph, allow_unused=True)
+    grads = tuple(torch.zeros_like(p) if g is None else g for g, p in zip(grads, params, strict=True))
+    return loss, grads
+
+
+def top_hessian(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, iters: int, seed: int,
+                finite_differences: bool = False) -> dict[str, Any]:
+    """Top Hessian eigenvalue of the mean training loss w.r.t. all trained parameters (power iteration on
+    Hessian-vector products), with the scale-aware normalisations of `empirics.landscape.scale_aware`.
+
+    Products come from double backward; where an operation has no second derivative (e.g. PyTorch's CPU
+    flash attention) they come from central differences of gradients, `(g(t + h v) - g(t - h v)) / 2h`
+    with `h = 1e-3 max(1, ||theta||)` (also when `finite_differences`), and `hvp` says which.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    sizes = [p.numel() for p in params]
+    shapes = [p.shape for p in params]
+    like = torch.zeros(sum(sizes), dtype=params[0].dtype)
+    t0 = time.perf_counter()
+
+    def split(v: torch.Tensor) -> list[torch.Tensor]:
+        return [c.reshape(s) for c, s in zip(torch.split(v, sizes), shapes, strict=True)]
+
+    try:
+        if finite_differences:
+            raise RuntimeError("asked for")
+        loss, grads = _flat_grad(model, params, x, y, create_graph=True)
+        if not any(g.requires_grad for g in grads):
+            raise RuntimeError("the gradient does not depend on the parameters")
+
+        def hvp(v: torch.Tensor) -> torch.Tensor:
+            hs = torch.autograd.grad(grads, params, grad_outputs=split(v), retain_graph=True, allow_unused=True)
+            return torch.cat([torch.zeros(n, dtype=v.dtype) if h is None else h.reshape(-1)
+                              for h, n in zip(hs, sizes, strict=True)])
+
+        hvp(like)
+        how = "double backward"
+    except RuntimeError as exc:
+        reason = str(exc).splitlines()[0][:160]
+        loss, _ = _flat_grad(model, params, x, y)
+        with torch.no_grad():
+            h = 1e-3 * max(1.0, float(torch.sqrt(sum((p.double() ** 2).sum() for p in params))))
+
+        def hvp(v: torch.Tensor) -> torch.Tensor:
+            parts = split(v)
+            with torch.no_grad():
+                for p, d in zip(params, parts, strict=True):
+                    p.add_(d, alpha=h)
+            try:
+                _, gp = _flat_grad(model, params, x, y)
+                with torch.no_grad():
+                    for p, d in zip(params, parts, strict=True):
+                        p.sub_(d, alpha=2 * h)
+                _, gm = _flat_grad(model, params, x, y)
+            finally:
+                with torch.no_grad():
+                    for p, d in zip(params, parts, strict=True):
+                        p.add_(d, alpha=h)
+            return torch.cat([((a - b) / (2 * h)).reshape(-1) for a, b in zip(gp, gm, strict=True)])
+
+        how = f"central differences of gradients (no double backward: {reason})"
+    try:
+        res = power_iteration(hvp, like, iters, seed, tol=1e-4)
+    except RuntimeError as exc:
+        return {"value": float("nan"), "error": str(exc).splitlines()[0][:200], "wall_s": time.perf_counter() - t0}
+    w2 = float(sum((p.detach().double() ** 2).sum() for p in params))
+    f2 = float((x.double() ** 2).sum(dim=1).mean())
+    lv = float(loss.detach())
+    res.update(scale_aware(res["value"], lv, w2, f2))
+    res.update({"loss": lv, "weight_norm2": w2, "hvp": how, "wall_s": time.perf_counter() - t0})
+    return res
+
+
+#: Sharpness runs on all training points while points x parameters stays within this; beyond it, on a seeded
+#: subsample of `HESSIAN_VALUES // parameters` points (at least `HESSIAN_MIN_POINTS`): a Hessian-vector product costs
+#: about four backward passes over its points, so a ResNet-18 on 1,000 images would spend most of the audit here.
+HESSIAN_VALUES = 1_200_000_000
+HESSIAN_MIN_POINTS = 32
+
+
+def hessian_subset(n: int, n_params: int, points: int | None, seed: int) -> np.ndarray:
+    """Sorted indices of the training points the sharpness is measured on (`--hessian-points`, else the rule above)."""
+    m = points if points is not None else max(HESSIAN_MIN_POINTS, HESSIAN_VALUES // max(1, n_params))
+    if m >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed + 7919).choice(n, m, replace=False))
+
+
+def _seed(base: int, name: str, k: int = 0) -> int:
+    return 1_000_003 * base + 10_007 * ATTACKS.index(name) + k
+
+
+def measure_network(label: str, model: FlatInput, provider: SuiteKernels | GenericKernels, t: Tensors,
+                    cfg: AuditConfig, n_params: int, width: int) -> dict[str, Any]:
+    """Every audit measurement for one network (see the module docstring)."""
+    times: dict[str, float] = {}
+    peak: dict[str, float] = {}
+    x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
+    c = t.out_dim
+    tic = time.perf_counter()
+    log(f"audit: {label}: empirical NTK ({len(x)} training + {len(xt)} test points)")
+    K, Kst = provider.clean(x, xt)
+    times["kernel"] = time.perf_counter() - tic
+    peak["kernel"] = peak_rss_gib()
+    tic = time.perf_counter()
+    Y = targets(y, c, torch.float64).numpy()
+    Yt = targets(yt, c, torch.float64).numpy()
+    clean = influence_from_kernels(K, Kst, Y, Yt, yt.numpy(), ridge=None, ridge_rel=cfg.ridge_rel)
+    lam = clean.ridge
+    with torch.no_grad():
+        out_tr, out_te = model(x), model(xt)
+    gn_per_test = gn_influence_mean(K, Kst, loss_residuals(out_tr, y), loss_residuals(out_te, yt), lam)
+    gn = gn_per_test.sum(axis=1)
+    times["influence"] = time.perf_counter() - tic
+    peak["influence"] = peak_rss_gib()
+    n = len(x)
+    k = n_top(cfg.tau, n)
+    sel = top_by_abs(clean.total, k)
+
+    def probe(chosen: np.ndarray, name: str, eps: float, seed: int) -> tuple[dict[str, Any], InfluenceResult,
+                                                                        torch.Tensor]:
+        ct = torch.as_tensor(chosen)
+        x_adv = attack(model, x[ct], y[ct], AttackConfig(name, eps, steps=cfg.steps, seed=seed))
+        x_new = x.index_copy(0, ct, x_adv)
+        K2, Kst2 = provider.perturbed(x_new, chosen, K, Kst, xt)
+        new = influence_from_kernels(K2, Kst2, Y, Yt, yt.numpy(), ridge=lam)
+        m = compare(clean, new, chosen)
+        m["max_abs_perturbation"] = float((x_new - x).abs().max())
+        return m, new, x_adv
+
+    def trial(name: str, seed: int) -> tuple[dict[str, Any], InfluenceResult, torch.Tensor]:
+        return probe(sel, name, cfg.eps, seed)
+
+    tic = time.perf_counter()
+    attacks: dict[str, Any] = {}
+    adv_pixels: dict[str, torch.Tensor] = {}
+    for name in cfg.attacks:
+        log(f"audit: {label}: {name.upper()} on the top {k} points, eps={eps_label(cfg.eps)}")
+        m, new, x_adv = trial(name, _seed(cfg.seed, name))
+        m["new_total"] = new.total.tolist()
+        attacks[name] = m
+        adv_pixels[name] = x_adv
+    times["attacks"] = time.perf_counter() - tic
+    peak["attacks"] = peak_rss_gib()
+    tic = time.perf_counter()
+    log(f"audit: {label}: random-noise baseline ({cfg.baseline_seeds} seeds)")
+    base = [trial("random", _seed(cfg.seed, "random", s))[0] for s in range(cfg.baseline_seeds)]
+    flips = np.array([b["flip_rate"] for b in base])
+    times["baseline"] = time.perf_counter() - tic
+    peak["baseline"] = peak_rss_gib()
+    tic = time.perf_counter()
+    hsub = hessian_subset(len(x), n_params, cfg.hessian_points, cfg.seed)
+    log(f"audit: {label}: sharpness ({cfg.hessian_iters} Hessian-vector products on {len(hsub)} of {len(x)} points)")
+    hs = torch.as_tensor(hsub)
+    sharp = top_hessian(model, x[hs], y[hs], cfg.hessian_iters, cfg.seed)
+    sharp["points"], sharp["of"] = len(hsub), len(x)
+    times["sharpness"] = time.perf_counter() - tic
+    peak["sharpness"] = peak_rss_gib()
+    worst = max(cfg.attacks, key=lambda a: attacks[a]["flip_rate"])
+    with torch.no_grad():
+        acc_tr = float((predict_labels(out_tr) == y).double().mean())
+        acc_te = float((predict_labels(out_te) == yt).double().mean())
+    return {
+        "label": label, "parameters": int(n_params), "width": int(width), "kernel_method": provider.method,
+        "train_acc": acc_tr, "test_acc": acc_te,
+        "kernel_test_acc": clean.test_acc, "kernel_test_loss": clean.test_loss, "ridge": lam,
+        "influence_total": clean.total.tolist(), "gn_total": gn.tolist(),
+        "rho_ntk_gn": _spearman(clean.total, gn),
+        "sign_agreement_ntk_gn": float(np.mean(np.sign(clean.total) == np.sign(gn))),
+        "positive_fraction": float(np.mean(clean.total > 0)),
+        "selected": sel.tolist(), "n_selected": int(k),
+        "attacks": attacks,
+        "adversarial_pixels": {a: v.numpy() for a, v in adv_pixels.items()},
+        "baseline": {"flip_rates": flips.tolist(), "mean": float(flips.mean()), "std": float(flips.std(ddof=1)),
+                     "rho_all": [b["rho_all"] for b in base],
+                     "rho_all_mean": float(np.nanmean([b["rho_all"] for b in base]))},
+        "worst_attack": worst, "worst_flip_rate": float(attacks[worst]["flip_rate"]),
+        "worst_rho_all": float(attacks[worst]["rho_all"]),
+        "ntk": ntk_spectrum(K),
+        "sharpness": sharp,
+        "timings": times, "peak_rss_gib_after": peak,
+        "_context": {"probe": lambda c, a, e, s: probe(c, a, e, s)[:2], "clean": clean,
+                     "gn_per_test": gn_per_test},
+    }

@@ -1,0 +1,54 @@
+"""The names of the experiment units of `verify claims`, written once.
+
+A unit's name is its key in the results table, the stem of its cache file and what a claim lists in
+`Claim.units`; empirical units run once per training protocol as `name@protocol` (`at`). The claims
+modules, `verify.experiments` and the tests build every name with these functions, so a renamed unit
+cannot leave a rule reading a name that no longer exists. (`reports.claims_report` spells the few names
+its figures need literally: `reports` imports nothing from `verify`.)
+"""
+
+from __future__ import annotations
+
+THEORY = "theory"
+PREMISE = "premise:thm4.7"
+KAPPA_BINARY = "kappa:binary"
+
+
+def kappa(dataset: str) -> str:
+    """kappa(G) against n for one data set."""
+    return f"kappa:{dataset}"
+
+
+def ntk_distance(dataset: str, variant: str | None = None) -> str:
+    """The NTK-distance sweep over widths (`variant`: centred, softmax, qkv; None: the paper's models)."""
+    return f"ntk-distance:{dataset}" + (f":{variant}" if variant else "")
+
+
+def malleability(dataset: str, task_or_variant: str) -> str:
+    """A flip-rate unit: `task_or_variant` is the task (10class, binary) or a variant's name."""
+    return f"malleability:{dataset}:{task_or_variant}"
+
+
+def malleability_adv(dataset: str) -> str:
+    """The adversarial-training flip-rate unit."""
+    return f"malleability-adv:{dataset}"
+
+
+def malleability_eps(dataset: str) -> str:
+    """The flip-rate unit with an eps sweep."""
+    return f"malleability-eps:{dataset}"
+
+
+def landscape(dataset: str) -> str:
+    """The loss-landscape unit."""
+    return f"landscape:{dataset}"
+
+
+def influence_retrain(model: str) -> str:
+    """The leave-one-out retraining check of one network."""
+    return f"influence-retrain:{model}"
+
+
+def at(name: str, protocol: str) -> str:
+    """The name of unit `name` trained under claims protocol `protocol`."""
+    return f"{name}@{protocol}"
