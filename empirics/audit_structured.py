@@ -208,7 +208,10 @@ class StructuredJacobian:
                         got, want = seen[name][pos], one[name][pos]
                         if got.shape[0] != k or got.shape[1:] != want.shape[1:]:
                             return False
-                        if not torch.allclose(got[j:j + 1], want, rtol=1e-4, atol=1e-6):
+                        # batch size changes the float rounding of a convolution (about 1e-7 of the values'
+                        # scale); an example seen through another one differs by the scale itself
+                        scale = float(want.abs().max())
+                        if not torch.allclose(got[j:j + 1], want, rtol=1e-4, atol=1e-5 * max(1.0, scale)):
                             return False
         return True
 

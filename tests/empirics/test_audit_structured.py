@@ -193,3 +193,19 @@ def test_audit_uses_the_structured_projection_and_reports_its_error(tmp_path):
     assert 0 < proj["error"]["kernel_rel_error"] < 1
     assert rec["models"]["user"]["sharpness"]["points"] == 60
     assert "Kronecker-structured random projection" in out.with_suffix(".html").read_text()
+
+
+def test_float32_rounding_of_large_activations_is_not_taken_for_mixing():
+    """A trained float32 network has activations in the tens: batch size changes a convolution's rounding at about
+    1e-7 of that scale, which must not read as examples mixing (a ResNet-18 after 4 epochs was refused before)."""
+    net = _net(torch.float32)
+    with torch.no_grad():
+        net.c1.weight.mul_(400.0)
+        net.c3.weight.mul_(40.0)
+    gm = _graph(net)
+    xs = torch.rand(3, *SHAPE, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        big = float(net.c3(torch.tanh(net.b2(net.c2(torch.relu(net.b1(net.c1(xs))))))).abs().max())
+    assert big > 10
+    jac, why = StructuredJacobian.build(gm, SHAPE)
+    assert jac is not None, why
