@@ -15,6 +15,7 @@ Both record the data provenance and every choice (n, sample, seed, widths); noth
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ import torch
 from empirics.datasets import load_dataset
 from empirics.models import ModelSpec, build_model
 from empirics.ntk import empirical_ntk
+from ntkm.codec import Record, encode
 from ntkm.errors import UserInputError
 from theory.conditioning import condition_numbers, kernel_spectrum, log10_kappa_power
 from theory.gram import attention_features
@@ -63,7 +65,7 @@ def premise_row(X: np.ndarray, widths: tuple[int, ...] | list[int], seed: int = 
 
 
 def premise_unit(datasets: list[str], ns: list[int], widths: list[int], sample: str, seed: int,
-                 data_dir: str | None) -> dict[str, Any]:
+                 data_dir: str | None) -> PremiseRecord:
     """`premise_row` for the first (or seeded balanced) n training images of each data set and n.
 
     Sizes the available data cannot provide are listed under `missing`, as in the kappa sweep.
@@ -80,11 +82,12 @@ def premise_unit(datasets: list[str], ns: list[int], widths: list[int], sample: 
             row = premise_row(ds.x_train, widths, seed)
             rows.append({"dataset": ds_name, **row, "provenance_label": ds.provenance.get("label", ds_name),
                          "seconds": round(time.perf_counter() - t0, 3)})
-    return {"datasets": list(datasets), "sample": sample, "widths": list(widths), "rows": rows, "missing": missing}
+    return PremiseRecord.from_dict(encode({"datasets": list(datasets), "sample": sample, "widths": list(widths),
+                                           "rows": rows, "missing": missing}))
 
 
 def binary_kappa_unit(datasets: list[str], ns: list[int], seeds: list[int], sample: str,
-                      data_dir: str | None) -> dict[str, Any]:
+                      data_dir: str | None) -> BinaryKappaRecord:
     """kappa(G) of the binary-task subset and of the 10-class subset of the same size, per data set,
     n and seed (`sample` "balanced": each seed draws its own class-balanced subsets)."""
     rows, missing = [], []
@@ -103,4 +106,27 @@ def binary_kappa_unit(datasets: list[str], ns: list[int], seeds: list[int], samp
                     missing.append({"dataset": ds_name, "n": n, "seed": seed, "reason": str(exc)})
                     continue
                 rows.append(rec)
-    return {"datasets": list(datasets), "sample": sample, "seeds": list(seeds), "rows": rows, "missing": missing}
+    return BinaryKappaRecord.from_dict(encode({"datasets": list(datasets), "sample": sample, "seeds": list(seeds),
+                                               "rows": rows, "missing": missing}))
+
+
+@dataclass(frozen=True)
+class PremiseRecord(Record):
+    """The result of `premise_unit`: one `premise_row` per data set and n loaded, and the sizes that were not."""
+
+    datasets: list[str]
+    sample: str
+    widths: list[int]
+    rows: list[dict[str, Any]]
+    missing: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class BinaryKappaRecord(Record):
+    """The result of `binary_kappa_unit`: kappa(G) of the binary and 10-class subsets per data set, n and seed."""
+
+    datasets: list[str]
+    sample: str
+    seeds: list[int]
+    rows: list[dict[str, Any]]
+    missing: list[dict[str, Any]]

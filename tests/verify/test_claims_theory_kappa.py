@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from empirics.premise import BinaryKappaRecord, PremiseRecord
 from theory.paper import PAPER_KAPPA
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, UNDERDETERMINED
 from verify.claims.kappa import (
@@ -121,14 +122,15 @@ def test_premise_claim_reports_both_networks_from_a_json_record() -> None:
     rec = {"datasets": ["mnist", "cifar10"], "sample": "first", "widths": [256], "missing": [],
            "rows": [_premise_row("mnist", 32, 9.2, 4.1), _premise_row("cifar10", 64, 11.8, 5.2)]}
     results = json.loads(json.dumps({"premise:thm4.7": rec}, allow_nan=True).replace("Infinity", '"inf"'))
-    o = evaluate_premise(results)
+    o = evaluate_premise(_typed(results))
     assert o.verdict == NOT
     assert "MLP-Attn NTK" in o.ours and "2L-ReLU NTK" in o.ours and "JPEG" in o.ours
     row = o.numbers["rows"][0]
     assert row["attn_analytic_kappa"] == pytest.approx(10**4.1) and row["relu_empirical_kappa"] == {"256": 10**2.2}
     assert o.condition and o.protocol
     assert evaluate_premise({}).verdict == NA
-    assert evaluate_premise({"premise:thm4.7": {**rec, "rows": [], "missing": [{"reason": "x"}]}}).verdict == NA
+    empty = _typed({"premise:thm4.7": {**rec, "rows": [], "missing": [{"reason": "x"}]}})
+    assert evaluate_premise(empty).verdict == NA
 
 
 # ---- binary-cifar-kappa -----------------------------------------------------------------------
@@ -149,23 +151,32 @@ def _binary_record(cifar: list[tuple[float, float]]) -> dict[str, Any]:
             rows.append({"dataset": ds, "n": 32 * (1 + i // 2), "seed": i % 2,
                          "binary": {"kappa": pair[0], "provenance_label": JPEG_LABEL},
                          "10class": {"kappa": pair[1], "provenance_label": JPEG_LABEL}})
-    return {"kappa:binary": {"sample": "balanced", "seeds": [0, 1], "rows": rows, "missing": []}}
+    return {"kappa:binary": {"datasets": ["cifar10", "mnist"], "sample": "balanced", "seeds": [0, 1], "rows": rows,
+                             "missing": []}}
+
+
+def _typed(results: dict[str, Any]) -> dict[str, Any]:
+    """Stored premise-unit dicts read back as their records, as the unit cache does."""
+    kinds = {"premise:thm4.7": PremiseRecord, "kappa:binary": BinaryKappaRecord}
+    return {k: kinds[k].from_dict(v) for k, v in results.items()}
 
 
 @pytest.mark.claim("binary-cifar-kappa")
 def test_binary_claim_states_ratios_and_what_it_tests() -> None:
-    o = evaluate_binary_kappa(_binary_record([(1.0, 2.0), (1.0, 4.0), (3.0, 6.0), (1.0, 8.0)]))
+    o = evaluate_binary_kappa(_typed(_binary_record([(1.0, 2.0), (1.0, 4.0), (3.0, 6.0), (1.0, 8.0)])))
     assert o.verdict == HOLDS and o.seeds == 2
     assert "premise of the explanation only" in o.ours and "MNIST 3 vs 8" in o.ours
     assert o.numbers["ratio_by_n"]["cifar10"]["32"] == [0.5, 0.25]
-    assert evaluate_binary_kappa(_binary_record([(3.0, 2.0), (5.0, 4.0), (7.0, 6.0), (9.0, 8.0)])).verdict == NOT
-    assert evaluate_binary_kappa(_binary_record([(1.0, 2.0), (5.0, 4.0), (1.0, 6.0), (1.0, 8.0)])).verdict == PARTLY
-    empty = {"kappa:binary": {"sample": "balanced", "seeds": [0], "rows": [],
+    higher = _typed(_binary_record([(3.0, 2.0), (5.0, 4.0), (7.0, 6.0), (9.0, 8.0)]))
+    assert evaluate_binary_kappa(higher).verdict == NOT
+    mixed = _typed(_binary_record([(1.0, 2.0), (5.0, 4.0), (1.0, 6.0), (1.0, 8.0)]))
+    assert evaluate_binary_kappa(mixed).verdict == PARTLY
+    empty = {"kappa:binary": {"datasets": ["cifar10"], "sample": "balanced", "seeds": [0], "rows": [],
                               "missing": [{"dataset": "cifar10", "reason": "no data"}]}}
-    assert evaluate_binary_kappa(empty).verdict == NA
+    assert evaluate_binary_kappa(_typed(empty)).verdict == NA
     only_mnist = _binary_record([(1.0, 2.0)])
     only_mnist["kappa:binary"]["rows"] = [r for r in only_mnist["kappa:binary"]["rows"] if r["dataset"] == "mnist"]
-    assert evaluate_binary_kappa(only_mnist).verdict == NA
+    assert evaluate_binary_kappa(_typed(only_mnist)).verdict == NA
 
 
 # ---- prop4.5 ----------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from theory.paper import PAPER_DATASET_LABELS, PAPER_KAPPA
 from verify.claims import units
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, UNDERDETERMINED, Claim, Outcome, Results, Verdict, unavailable
 from verify.presets import PresetSizes
-from verify.records import KappaRecord
 
 # ---- condition numbers on real data (Sec. 4.3) ------------------------------------------------
 
@@ -42,13 +41,13 @@ def jpeg_caveat(label: str) -> str:
 
 
 def _loaded(results: Results, unit: str) -> Any:
-    """The unit's record (a `KappaRecord`, or the dict of a premise unit of `empirics.premise`), or the "not
-    measurable" outcome when it is missing or loaded no data."""
+    """The unit's record (a `KappaRecord`, or a `PremiseRecord` / `BinaryKappaRecord` of `empirics.premise`), or the
+    "not measurable" outcome when it is missing or loaded no data."""
     why = unavailable(results, (unit,))
     if why:
         return Outcome("-", NA, why)
     rec = results[unit]
-    rows, missing = (rec.rows, rec.missing) if isinstance(rec, KappaRecord) else (rec["rows"], rec["missing"])
+    rows, missing = rec.rows, rec.missing
     if not rows:
         return Outcome("-", NA, "no data could be loaded: " + "; ".join(m["reason"] for m in missing))
     return rec
@@ -169,7 +168,7 @@ def evaluate_premise(results: Results) -> Outcome:
     rec = _loaded(results, units.PREMISE)
     if isinstance(rec, Outcome):
         return rec
-    rows = rec["rows"]
+    rows = rec.rows
     verdict, gaps, condition = judge_premise(rows)
     parts = []
     for r, g in zip(rows, gaps, strict=True):
@@ -177,9 +176,9 @@ def evaluate_premise(results: Results) -> Outcome:
                      f"10^{_f(r['log10_kappa_G_cubed']):.2f}; MLP-Attn NTK {_ntk_text(r['ntk']['attn'])}; "
                      f"2L-ReLU NTK {_ntk_text(r['ntk']['relu'])}; gap 10^{g:.1f}")
     caveats = sorted({jpeg_caveat(r.get("provenance_label", "")) for r in rows} - {""})
-    protocol = (f"first n raw training images ({rec['sample']} sample), n in {sorted({r['n'] for r in rows})}; "
+    protocol = (f"first n raw training images ({rec.sample} sample), n in {sorted({r['n'] for r in rows})}; "
                 "kappa(G) from the singular values of X, kappa(G)^3 in log space; analytic NTKs (Thm 4.2) and the "
-                f"closed-form empirical NTK at initialisation (float64, widths {rec['widths']}, seed "
+                f"closed-form empirical NTK at initialisation (float64, widths {rec.widths}, seed "
                 f"{rows[0]['seed']}), condition numbers from eigvalsh")
     ours = "; ".join(parts) + (f". CIFAR-10 {caveats[0]}." if caveats else ".")
     return Outcome(ours, verdict, protocol, {"rows": [_premise_numbers(r, g) for r, g in zip(rows, gaps, strict=True)]},
@@ -230,26 +229,26 @@ def evaluate_binary_kappa(results: Results) -> Outcome:
     rec = _loaded(results, units.KAPPA_BINARY)
     if isinstance(rec, Outcome):
         return rec
-    cifar = _ratios(rec["rows"], "cifar10")
+    cifar = _ratios(rec.rows, "cifar10")
     if not cifar:
         return Outcome("-", NA, "no CIFAR-10 subset could be loaded: "
-                       + "; ".join(m["reason"] for m in rec["missing"] if m["dataset"] == "cifar10"))
+                       + "; ".join(m["reason"] for m in rec.missing if m["dataset"] == "cifar10"))
     verdict, condition = judge_binary_kappa(cifar)
-    mnist = _ratios(rec["rows"], "mnist")
-    labels = {r["binary"]["provenance_label"] for r in rec["rows"] if r["dataset"] == "cifar10"}
+    mnist = _ratios(rec.rows, "mnist")
+    labels = {r["binary"]["provenance_label"] for r in rec.rows if r["dataset"] == "cifar10"}
     caveat = next((jpeg_caveat(lab) for lab in labels if jpeg_caveat(lab)), "")
     ours = (f"kappa(G) binary / 10-class, geometric mean over seeds: CIFAR-10 automobile vs airplane "
             f"{_ratio_text(cifar)}" + (f"; MNIST 3 vs 8 (contrast) {_ratio_text(mnist)}" if mnist else "")
             + ". Tests the premise of the explanation only, not the causal link."
             + (f" CIFAR-10 {caveat}." if caveat else ""))
-    protocol = (f"kappa(G) from the singular values of the raw pixels of {rec['sample']} subsets of the training "
-                f"split, binary task and 10 classes at equal n, seeds {rec['seeds']}")
+    protocol = (f"kappa(G) from the singular values of the raw pixels of {rec.sample} subsets of the training "
+                f"split, binary task and 10 classes at equal n, seeds {rec.seeds}")
     rows = [{"dataset": r["dataset"], "n": r["n"], "seed": r["seed"], "kappa_binary": r["binary"]["kappa"],
-             "kappa_10class": r["10class"]["kappa"]} for r in rec["rows"]]
+             "kappa_10class": r["10class"]["kappa"]} for r in rec.rows]
     return Outcome(ours, verdict, protocol,
                    {"rows": rows, "ratio_by_n": {"cifar10": {str(n): q for n, q in cifar.items()},
                                                  "mnist": {str(n): q for n, q in mnist.items()}}},
-                   seeds=len(rec["seeds"]), condition=condition)
+                   seeds=len(rec.seeds), condition=condition)
 
 
 KAPPA_CLAIMS = [
@@ -270,7 +269,7 @@ KAPPA_CLAIMS = [
 
 def kappa_extra_units(p: PresetSizes, data_dir: str | None) -> dict[str, Any]:
     """The units of `thm4.7-premise` and `binary-cifar-kappa`, sized by preset `p`."""
-    from empirics.premise import binary_kappa_unit, premise_unit
+    from empirics.premise import BinaryKappaRecord, PremiseRecord, binary_kappa_unit, premise_unit
     from verify.runner import Unit
 
     datasets = list(PAPER_DATASET_LABELS)
@@ -279,5 +278,5 @@ def kappa_extra_units(p: PresetSizes, data_dir: str | None) -> dict[str, Any]:
                "data_dir": data_dir}
     binary = {"datasets": datasets, "ns": list(p.get("binary_kappa_ns", (32, 64, 120))), "seeds": list(p["seeds"]),
               "sample": "balanced", "data_dir": data_dir}
-    return {units.PREMISE: Unit(units.PREMISE, premise, premise_unit),
-            units.KAPPA_BINARY: Unit(units.KAPPA_BINARY, binary, binary_kappa_unit)}
+    return {units.PREMISE: Unit(units.PREMISE, premise, premise_unit, PremiseRecord),
+            units.KAPPA_BINARY: Unit(units.KAPPA_BINARY, binary, binary_kappa_unit, BinaryKappaRecord)}
