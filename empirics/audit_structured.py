@@ -428,14 +428,12 @@ class ProjectedStructured:
                 if part is None:
                     continue
                 rd = self.jac.rows(nd, d[nd.name])
-                if part.exact:
-                    g = torch.einsum("nso,nsi->noi", rd, self.jac.patches(nd, a[nd.name])).reshape(n, -1)
-                else:
-                    if nd.name not in proj_in:
-                        proj_in[nd.name] = self._project_in(nd, a[nd.name])
-                    r_out = self._r[nd.name][0]
-                    po = rd if r_out is None else rd @ r_out
-                    g = torch.einsum("nso,nsi->noi", po, proj_in[nd.name]).reshape(n, -1)
+                if nd.name not in proj_in:  # the input side is the same for every output: once per batch
+                    proj_in[nd.name] = (self.jac.patches(nd, a[nd.name]) if part.exact
+                                        else self._project_in(nd, a[nd.name]))
+                r_out = None if part.exact else self._r[nd.name][0]
+                po = rd if r_out is None else rd @ r_out
+                g = torch.einsum("nso,nsi->noi", po, proj_in[nd.name]).reshape(n, -1)
                 out[:, cc, col:col + g.shape[1]] = g
                 col += g.shape[1]
         return out
