@@ -16,9 +16,10 @@ the paper's sizes and adds them up per unit from the unit's own config (`verify.
   training kernel (what influence and the NTK predictor cost);
 - the eigendecomposition behind kappa (`numpy.linalg.eigvalsh`), scaled as n^3 from one measured size.
 
-A unit's estimate is its networks x epochs x epoch time plus its kernel work (counted from its config: each
-malleability measurement recomputes the kernel once per attack, the noise baseline, intervention and eps;
-a landscape evaluates the loss at its interpolation points, its grid, and its Hessian products). Epochs
+A unit's estimate is its networks x epochs x epoch time plus its kernel work, counted from its config by the
+suite's one cost model (`verify.costs`: each malleability measurement recomputes the kernel once per attack,
+the noise baseline, intervention and eps; a landscape evaluates the loss at its interpolation points, its
+grid, and its Hessian products), priced here with the primitives measured on this machine. Epochs
 are the maximum: the plateau-trained protocol usually stops earlier, so the proper protocol's estimate is
 an upper bound. `--validate` runs one whole paper unit (`influence-retrain:relu@paper`) and prints its
 measured time beside its estimate, so the model is checked against a real unit on this machine.
@@ -40,10 +41,7 @@ import numpy as np
 import torch
 
 from benchmarks.harness import environment
-
-D = {"mnist": 784, "cifar10": 3072}
-#: The models a unit trains when its config does not name them (the experiments' default).
-MODELS = ("relu", "attn")
+from verify.costs import D, networks, unit_seconds
 
 
 def _log(msg: str) -> None:
@@ -124,6 +122,10 @@ class Primitives:
     solve: dict[int, float]
     eig_per_n3: float
 
+    def epoch_s(self, kind: str, d: int, n: int, m: int, regime: str) -> float:
+        """The measured epoch (a plateau-stopped one priced as a full epoch: an upper bound)."""
+        return self.epoch[(kind, d, n, m)]
+
     def kernel(self, d: int, n: int, m: int) -> float:
         """An NTK of n points at width m: measured at (d, m) and n_ref points, scaled as n^2."""
         return self.ntk[(d, m)] * (n / self.n_ref) ** 2
@@ -132,58 +134,11 @@ class Primitives:
         ref = max(self.solve)
         return self.solve[ref] * (n / ref) ** 3
 
+    def eig(self, n: int) -> float:
+        return self.eig_per_n3 * n**3
 
-def _networks(name: str, cfg: dict[str, Any]) -> list[tuple[str, str, int, int, int, float]]:
-    """(kind, dataset, n, m, epochs, cost factor) of every network a unit trains."""
-    tr = cfg.get("train", {})
-    epochs = int(tr.get("epochs", 0))
-    seeds = len(cfg.get("seeds", [0]))
-    models = cfg.get("models", MODELS)
-    ds = cfg.get("dataset", "mnist")
-    if name.startswith("ntk-distance"):
-        return [(k, ds, cfg["n_train"], w, epochs, 1.0) for _ in range(seeds) for k in models for w in cfg["widths"]]
-    if name.startswith("malleability") or name.startswith("landscape"):
-        nets = [(k, ds, cfg["n_train"], cfg["width"], epochs, 1.0) for _ in range(seeds) for k in models]
-        if cfg.get("seed_baseline"):
-            nets = nets * 2
-        if cfg.get("adv_train"):
-            adv_epochs = min(epochs, cfg.get("adv_max_epochs") or epochs)
-            nets += [(k, ds, cfg["n_train"], cfg["width"], adv_epochs, cfg.get("adv_steps", 7) + 1.0)
-                     for _ in range(seeds) for k in models]
-        return nets
-    if name.startswith("influence-retrain"):
-        return [(cfg["model"], "mnist", cfg["n_train"], cfg["width"], epochs, 1.0)] * (cfg.get("n_remove", 12) + 1)
-    return []
-
-
-def _kernel_work(name: str, cfg: dict[str, Any], prim: Primitives) -> float:
-    """Seconds of kernel, solve and eigen work a unit does besides training."""
-    d = D.get(cfg.get("dataset", "mnist"), 784)
-    seeds = len(cfg.get("seeds", [0]))
-    models = len(cfg.get("models", MODELS))
-    if name.startswith("ntk-distance"):
-        n = cfg["n_train"]
-        return sum(seeds * models * (2 * prim.kernel(d, n, w) + prim.solve_at(n)) for w in cfg["widths"])
-    if name.startswith("malleability"):
-        n = cfg["n_train"] + cfg["n_test"]
-        per = (len(cfg.get("attacks", [])) + 1) * len(cfg.get("interventions", ["transformed"]))
-        per *= 1 + len(cfg.get("eps_sweep", []))
-        trainings = 2 if cfg.get("adv_train") else 1
-        return seeds * models * trainings * (per + 1) * (prim.kernel(d, n, cfg["width"]) + prim.solve_at(n))
-    if name.startswith("influence-retrain"):
-        n = cfg["n_train"] + cfg["n_test"]
-        return prim.kernel(784, n, cfg["width"]) + prim.solve_at(n)
-    if name.startswith("kappa") or name.startswith("premise"):
-        return sum(prim.eig_per_n3 * n**3 for n in cfg.get("ns", cfg.get("premise_ns", [])))
-    return 0.0
-
-
-def _landscape_passes(cfg: dict[str, Any]) -> float:
-    """One landscape's work in training epochs, per network: a full-batch loss evaluation (interpolation points,
-    the 2-D grid) is a forward pass, about a third of an epoch (forward, backward, update); a Hessian-vector
-    product (Lanczos iterations, Hutchinson samples) is a forward and two backward passes, about one epoch."""
-    return (cfg.get("points", 21) + cfg.get("grid", 11) ** 2) / 3 + cfg.get("hessian_iters", 20) \
-        + cfg.get("hutchinson_samples", 10)
+    def unit(self) -> float:
+        return 0.0
 
 
 def estimate_units(prim: Primitives, device: str) -> list[dict[str, Any]]:
@@ -192,16 +147,9 @@ def estimate_units(prim: Primitives, device: str) -> list[dict[str, Any]]:
 
     rows = []
     for name, unit in units_for("paper").items():
-        cfg = unit.config
-        train_s = 0.0
-        for kind, ds, n, m, epochs, factor in _networks(name, cfg):
-            train_s += epochs * factor * prim.epoch[(kind, D[ds], n, m)]
-        extra = _kernel_work(name, cfg, prim)
-        if name.startswith("landscape"):
-            extra += sum(len(cfg.get("seeds", [0])) * _landscape_passes(cfg)
-                         * prim.epoch[(kind, D[cfg["dataset"]], cfg["n_train"], cfg["width"])]
-                         for kind in cfg.get("models", MODELS))
-        rows.append({"unit": name, "train_s": train_s, "other_s": extra, "total_s": train_s + extra, "device": device})
+        cost = unit_seconds(name, unit.config, prim)  # every network counted, as if each unit ran alone
+        rows.append({"unit": name, "train_s": cost.train_s, "other_s": cost.other_s, "total_s": cost.total_s,
+                     "device": device})
     return rows
 
 
@@ -209,8 +157,8 @@ def needed_epochs() -> set[tuple[str, int, int, int]]:
     """(model, d, n, m) of every network the paper preset trains."""
     from verify.experiments import units_for
 
-    return {(kind, D[ds], n, m) for name, unit in units_for("paper").items()
-            for kind, ds, n, m, _, _ in _networks(name, unit.config)}
+    return {(net.kind, D[net.dataset], net.n, net.m) for name, unit in units_for("paper").items()
+            for net in networks(name, unit.config)}
 
 
 def measure_primitives(device: str) -> Primitives:

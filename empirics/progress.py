@@ -1,4 +1,8 @@
-"""A dependency-free progress line on stderr (quiet when stderr is not a terminal, unless forced)."""
+"""A dependency-free progress line on stderr (quiet when stderr is not a terminal, unless forced).
+
+`NTKM_PROGRESS=0` silences the bars and the log lines, `NTKM_PROGRESS=1` forces both; `NTKM_PROGRESS_BARS=0`
+turns off only the bars (the parallel workers of `verify claims` do, as two bars would share one line).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ class Progress:
         self.start = time.perf_counter()
         if enabled is None:
             enabled = sys.stderr.isatty() or os.environ.get("NTKM_PROGRESS") == "1"
-        self.enabled = enabled and os.environ.get("NTKM_PROGRESS") != "0"
+        bars = os.environ.get("NTKM_PROGRESS_BARS") != "0"
+        self.enabled = enabled and bars and os.environ.get("NTKM_PROGRESS") != "0"
         self._last = 0.0
 
     def update(self, n: int = 1, note: str = "") -> None:

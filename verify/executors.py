@@ -1,10 +1,20 @@
-"""Where experiment units run: in this process (`local`) or as Ray tasks on a cluster (`ray`); one cache either way.
+"""Where experiment units run: on this machine (`local`) or as Ray tasks on a cluster (`ray`); one cache either way.
 
-The local executor runs the units one after another (`Cache.run`). The Ray executor submits every unit
-that is not cached as one Ray task with the resources it needs (`cpus_per_unit` CPUs, and a GPU per
-unit when the device is cuda). A worker imports the installed suite, checks that its code is the
-driver's (the code version in the cache key; a node with another commit refuses), and calls the same
-unit function; the driver writes each result into the same cache as the local executor
+The local executor runs the units one after another in this process (`Cache.run`) with `jobs` 1, and with more
+jobs in that many worker processes (started with 'spawn', one torch thread each unless `NTKM_THREADS` says
+otherwise): the units that share trained networks form a group (`verify.costs.groups`; a worker trains such a
+network once, as one process running them in turn would), and the groups go to the workers longest first by
+the cost model (`verify.costs.longest_first`), each worker taking the next when it is free. A worker runs its
+units through the same `Cache.run`: the same per-unit lock, the same atomic cache entry the moment a unit
+finishes. A worker loads the code of theory/ and empirics/ when it starts and refuses to run units if that is not
+the code of the cache key (the source changed after the run started). On SIGINT or SIGTERM the workers are
+ended (they ignore SIGINT themselves, so a Ctrl-C reaches only this process's handler) and the units in progress
+are lost; finished units stay cached for `--resume`.
+
+The Ray executor submits every unit that is not cached as one Ray task with the resources it needs
+(`cpus_per_unit` CPUs, and a GPU per unit when the device is cuda). A worker imports the installed suite,
+checks that its code is the driver's (the code version in the cache key; a node with another commit
+refuses), and calls the same unit function; the driver writes each result into the same cache as the local executor
 (`Cache.store`), so `--resume`, the reports and claims.json do not depend on where a unit ran. A task
 lost with its worker or node is retried by Ray (`max_retries`); every unit is stored exactly once, by
 the driver. A unit whose input is bad (`UserInputError`: missing data, no CUDA) stops the run with its
@@ -19,11 +29,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import multiprocessing
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from ntkm.errors import UserInputError
@@ -50,6 +64,8 @@ class ExecutorConfig:
         "help": "CPUs each unit's Ray task reserves (torch uses that many threads in it; default: %(default)s)"})
     gpus_per_unit: float = 0.0
     max_retries: int = 3
+    #: Worker processes of the local executor (1: the units one after another in this process).
+    jobs: int = 1
 
     def __post_init__(self) -> None:
         if self.name not in EXECUTORS:
@@ -58,6 +74,8 @@ class ExecutorConfig:
             raise UserInputError("--ray-address needs --executor ray")
         if not self.cpus_per_unit > 0 or self.gpus_per_unit < 0 or self.max_retries < 0:
             raise UserInputError("--cpus-per-unit must be > 0 (and GPUs per unit and retries >= 0)")
+        if not isinstance(self.jobs, int) or self.jobs < 1:
+            raise UserInputError(f"--jobs must be a whole number >= 1, got {self.jobs}; e.g. --jobs 2")
 
 
 def executor_from_args(args: Any, device: str | None = None) -> ExecutorConfig:
@@ -68,13 +86,127 @@ def executor_from_args(args: Any, device: str | None = None) -> ExecutorConfig:
 
 def run_units(units: list[Unit], cache: Cache, log: Log, ex: ExecutorConfig) -> dict[str, tuple[UnitResult, bool]]:
     """(result, was_cached) for every unit, in the order given, computed where `ex` says."""
-    if ex.name == "local":
-        out = {}
-        for i, u in enumerate(units, 1):
-            log(f"({i}/{len(units)})")
+    if ex.name == "ray":
+        return _run_ray(units, cache, log, ex)
+    if ex.jobs > 1:
+        return _run_parallel(units, cache, log, ex.jobs)
+    out = {}
+    for i, u in enumerate(units, 1):
+        log(f"({i}/{len(units)})")
+        out[u.name] = cache.run(u, log)
+    return out
+
+
+# ---- local worker processes ----------------------------------------------------------------------------------
+
+#: Resident memory one worker may need: the peak of a whole quick run in one process (4.4 GB, README), so that
+#: the default number of workers fits in the memory available.
+WORKER_BYTES = 4.4e9
+
+
+def _available_memory() -> float | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def default_jobs(threads: int = 1) -> int:
+    """Worker processes by default: the usable cores (this process's CPU affinity) over the torch threads per
+    worker, and no more than the available memory holds at `WORKER_BYTES` each."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    jobs = cores // max(1, threads)
+    mem = _available_memory()
+    if mem is not None:
+        jobs = min(jobs, int(mem // WORKER_BYTES))
+    return max(1, jobs)
+
+
+#: In a worker: whether the code it loaded at start differs from the driver's (its units would be cached under a
+#: key of other code).
+_STALE: list[bool] = []
+
+
+def _worker_init(threads: int, version: str) -> None:
+    """A worker: Ctrl-C goes to the driver (which ends the workers), SIGTERM ends it silently, torch uses
+    `threads` threads, progress bars are off (two workers' bars would overwrite each other's line); it loads every
+    module of theory/ and empirics/ now and compares that code with the driver's."""
+    import pkgutil
+
+    import torch
+
+    import empirics
+    import theory
+    from verify.runner import code_version
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.environ["NTKM_PROGRESS_BARS"] = "0"
+    torch.set_num_threads(max(1, threads))
+    for pkg in (theory, empirics):
+        for mod in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}."):
+            with contextlib.suppress(ImportError):
+                importlib.import_module(mod.name)
+    _STALE.append(code_version() != version)
+
+
+def _run_group(cache: Cache, group: list[Unit]) -> list[tuple[str, UnitResult, bool]]:
+    """In a worker: the group's units one after another through the cache (its log lines name the worker)."""
+    from empirics.progress import log
+
+    if any(_STALE):
+        raise UserInputError("the source of theory/ or empirics/ changed after this run started (a worker would run "
+                             "other code than its cache key says); rerun with --resume")
+    tag = multiprocessing.current_process().name.rsplit("-", 1)[-1]
+    out = []
+    for u in group:
+        res, cached = cache.run(u, lambda msg: log(f"{msg}  [worker {tag}]"))
+        out.append((u.name, res, cached))
+    return out
+
+
+def _split_cached(units: list[Unit], cache: Cache, log: Log) -> tuple[dict[str, tuple[UnitResult, bool]], list[Unit]]:
+    """The units the cache holds, as (result, True), and the others, in the order given."""
+    out: dict[str, tuple[UnitResult, bool]] = {}
+    todo = []
+    for u in units:
+        hit = cache.get(u)
+        if hit is not None:
+            log(f"[cached] {u.name}")
+            out[u.name] = (hit, True)
+        else:
+            todo.append(u)
+    return out, todo
+
+
+def _run_parallel(units: list[Unit], cache: Cache, log: Log, jobs: int) -> dict[str, tuple[UnitResult, bool]]:
+    from verify.costs import longest_first
+
+    out, todo = _split_cached(units, cache, log)
+    by_name = {u.name: u for u in todo}
+    tasks = [[by_name[n] for n in g] for g, _ in longest_first([(u.name, u.config) for u in todo])]
+    workers = min(jobs, len(tasks))
+    if workers <= 1:
+        for u in todo:
             out[u.name] = cache.run(u, log)
-        return out
-    return _run_ray(units, cache, log, ex)
+        return {u.name: out[u.name] for u in units}
+    import torch
+
+    log(f"[local]  {len(todo)} unit(s) in {len(tasks)} group(s) of units sharing trained networks, on {workers} "
+        "worker processes, longest first")
+    ctx = multiprocessing.get_context("spawn")
+    done = 0
+    with ctx.Pool(workers, initializer=_worker_init, initargs=(torch.get_num_threads(), cache.version)) as pool:
+        for finished in pool.imap_unordered(partial(_run_group, cache), tasks, chunksize=1):
+            for name, res, cached in finished:
+                out[name] = (res, cached)
+            done += len(finished)
+            log(f"[local]  {done}/{len(todo)} unit(s) finished")
+    return {u.name: out[u.name] for u in units}
 
 
 # ---- Ray ----------------------------------------------------------------------------------------------
@@ -94,7 +226,7 @@ def check_address(address: str | None, timeout_s: float = 5.0) -> None:
         return
     hostport = address.split("://", 1)[1] if "://" in address else address
     host, sep, port = hostport.rpartition(":")
-    if not sep or not host or not port.isdigit():
+    if not sep or not host or not (port.isascii() and port.isdigit()):
         raise UserInputError(f"--ray-address '{address}' is not HOST:PORT (e.g. 10.0.0.5:6379, as printed by "
                              "'ray start --head'), ray://HOST:PORT or auto")
     try:
@@ -151,15 +283,7 @@ def _cause(exc: BaseException) -> BaseException | None:
 
 def _run_ray(units: list[Unit], cache: Cache, log: Log, ex: ExecutorConfig) -> dict[str, tuple[UnitResult, bool]]:
     ray = _import_ray()
-    out: dict[str, tuple[UnitResult, bool]] = {}
-    todo = []
-    for u in units:
-        hit = cache.get(u)
-        if hit is not None:
-            log(f"[cached] {u.name}")
-            out[u.name] = (hit, True)
-        else:
-            todo.append(u)
+    out, todo = _split_cached(units, cache, log)
     if todo:
         with ray_session(ray, ex.address), contextlib.ExitStack() as locks:
             for u in sorted(todo, key=lambda u: u.name):  # one order for every run: no lock cycles

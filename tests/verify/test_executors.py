@@ -8,13 +8,14 @@ unreachable cluster address is a one-line error.
 from __future__ import annotations
 
 import json
-import math
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from claims_json import claims_of as _claims
+from claims_json import same
+from claims_json import strip as _strip
 
 from verify.cli import main
 
@@ -26,41 +27,13 @@ pytestmark = pytest.mark.slow
 #: Claims whose smoke units cover every kind of experiment unit (theory, kappa, NTK distance, malleability,
 #: landscape, influence retraining, the centred variant) under both protocols.
 ONLY = "thm4.2,kappa-mnist,ntk-relu-mnist,flip-binary-mnist,landscape-mnist,influence-retrain,ntk-attn-centred-mnist"
-#: Run-dependent fields of a unit's result (timings, the machine, the digest of the exact bits), left out of
-#: the comparison.
-VOLATILE = {"wall_s", "unit_wall_s", "device", "measure_wall_s", "train_wall_s", "seconds", "elapsed_s",
-            "result_sha256"}
 #: Floats agree to this relative tolerance: a Ray worker runs BLAS with one thread (Ray sets OMP_NUM_THREADS
 #: to the task's CPUs), which changes the summation order of float64 reductions at the 1e-15 level.
 REL = 1e-9
 
 
-def _same(a, b, path="") -> list[str]:
-    """Where two JSON values differ (floats compared to `REL`, everything else exactly)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        if set(a) != set(b):
-            return [f"{path}: keys {sorted(set(a) ^ set(b))}"]
-        return [d for k in a for d in _same(a[k], b[k], f"{path}/{k}")]
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return [f"{path}: length {len(a)} != {len(b)}"]
-        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _same(x, y, f"{path}/{i}")]
-    if isinstance(a, float) and isinstance(b, float):
-        return [] if math.isclose(a, b, rel_tol=REL, abs_tol=1e-12) or (a != a and b != b) else [f"{path}: {a} {b}"]
-    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
-
-
-def _strip(v):
-    if isinstance(v, dict):
-        return {k: _strip(x) for k, x in v.items() if k not in VOLATILE and not k.endswith("_wall_s")}
-    if isinstance(v, list):
-        return [_strip(x) for x in v]
-    return v
-
-
-def _claims(out: Path) -> dict:
-    rec = json.loads((out / "claims.json").read_text())
-    return {"claims": _strip(rec["claims"]), "results": _strip(rec["results"]), "units": sorted(rec["units"])}
+def _same(a, b) -> list[str]:
+    return same(a, b, REL)
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import time
 from dataclasses import dataclass, field
@@ -15,8 +16,9 @@ from empirics.records import device_info, git_state, library_versions
 from ntkm.codec import write_json
 from ntkm.errors import UserInputError
 from verify.claims import PROTOCOLS, VERDICTS, all_claims, claim_row, protocol_units
-from verify.commands.options import EXECUTOR, PRESET, DataOptions, options
-from verify.executors import executor_from_args, run_units
+from verify.commands._common import emit_json, json_target
+from verify.commands.options import EXECUTOR, PRESET, DataOptions, Param, options
+from verify.executors import ExecutorConfig, default_jobs, executor_from_args, run_units
 from verify.experiments import units_for
 from verify.presets import preset
 from verify.runner import Cache
@@ -40,10 +42,20 @@ class ClaimsOptions:
     device: str | None = field(default=None, metadata={
         "help": "device of every unit that trains networks: cpu or cuda (default: auto, CUDA when visible; a given "
                 "device is part of each unit's config and cache key)"})
+    jobs: int | None = field(default=None, metadata={
+        "metavar": "N", "help": "worker processes of the local executor, each running whole units (default: the "
+                                "usable cores, fewer when memory is short; 1: one unit after another here)"})
+    plan: bool = field(default=False, metadata={
+        "help": "list every unit the run would compute (honouring --only, --preset, --resume), its config and "
+                "estimated time, and the estimated wall time with --jobs; trains nothing"})
+    json: str | None = field(default=None, metadata={
+        "metavar": "FILE", "help": "with --plan: also write the plan as JSON to FILE, atomically ('-': only the "
+                                   "JSON, to stdout)"})
 
 
 OPTIONS = (PRESET, *options(ClaimsOptions, "only", "out", "resume"), *options(DataOptions, "data_dir"),
-           *options(ClaimsOptions, "list", "no_pdf", "device"), *EXECUTOR)
+           *options(ClaimsOptions, "list", "no_pdf", "device", "jobs", "plan", Param("json", type=json_target)),
+           *EXECUTOR)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     preset(args.preset)
     if args.device not in (None, "auto", "cpu") and not str(args.device).startswith("cuda"):
         raise UserInputError(f"unknown device '{args.device}'; choose cpu or cuda")
-    executor = executor_from_args(args, args.device)
+    executor = with_jobs(executor_from_args(args, args.device), args.jobs)
+    if args.json is not None and not args.plan:
+        raise UserInputError("--json writes the plan: add --plan (the run itself writes claims.json to --out)")
     if args.only:
         wanted = [s.strip() for s in args.only.split(",") if s.strip()]
         known = {c.id for c in claims}
@@ -67,14 +81,16 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise UserInputError(f"--out {out} is a file; give a folder")
     cache = Cache(out / "cache")
+    units = units_for(args.preset, args.data_dir, args.device)
+    needed = sorted({u for c in claims for p in (PROTOCOLS if c.empirical else (None,)) for u in protocol_units(c, p)},
+                    key=list(units).index)
+    if args.plan:
+        return show_plan(args, claims, [units[n] for n in needed], cache if args.resume else None, executor.jobs)
     if not args.resume and cache.folder.exists():
         for f in cache.folder.glob("*.json"):
             f.unlink()
     t0 = time.perf_counter()
     git = git_state()  # the code that runs is the code checked out now
-    units = units_for(args.preset, args.data_dir, args.device)
-    needed = sorted({u for c in claims for p in (PROTOCOLS if c.empirical else (None,)) for u in protocol_units(c, p)},
-                    key=list(units).index)
     ran = run_units([units[n] for n in needed], cache, log, executor)
     results: dict[str, Any] = {name: res.payload for name, (res, _) in ran.items()}
     unit_meta: dict[str, Any] = {name: {"cached": cached, "wall_s": res.unit_wall_s, "config": res.unit_config}
@@ -90,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         "versions": library_versions(),
         "device": device_info(),
         "executor": {"name": executor.name, "address": executor.address, "cpus_per_unit": executor.cpus_per_unit,
-                     "gpus_per_unit": executor.gpus_per_unit},
+                     "gpus_per_unit": executor.gpus_per_unit, "jobs": executor.jobs},
         "wall_s": time.perf_counter() - t0,
         "summary": {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS},
         "summary_by_protocol": {p: {v: sum(r["by_protocol"][p]["verdict"] == v for r in rows if r["empirical"])
@@ -120,6 +136,40 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {r['verdict']:<41} {r['id']}")
     print("wrote " + ", ".join(str(p) for p in [out / "claims.json", *written]))
     return 0 if written.pdf_ok else 3
+
+
+def with_jobs(ex: ExecutorConfig, jobs: int | None) -> ExecutorConfig:
+    """The executor with `--jobs` workers (default: `default_jobs` for the local executor; Ray places units itself)."""
+    if ex.name != "local":
+        if jobs is not None:
+            raise UserInputError("--jobs is for the local executor; with --executor ray each unit is a Ray task "
+                                 "(size them with --cpus-per-unit)")
+        return ex
+    if jobs is not None and jobs < 1:
+        raise UserInputError(f"--jobs must be a whole number >= 1, got {jobs}; e.g. --jobs 2 (1: one unit after "
+                             "another)")
+    import torch
+
+    return dataclasses.replace(ex, jobs=jobs if jobs is not None else default_jobs(torch.get_num_threads()))
+
+
+def show_plan(args: argparse.Namespace, claims: list[Any], units: list[Any], cache: Cache | None, jobs: int) -> int:
+    """`--plan`: the table on stdout (unless the JSON goes there) and the JSON record with --json."""
+    from verify import plan
+
+    needed_by: dict[str, list[str]] = {}
+    for c in claims:
+        for p in PROTOCOLS if c.empirical else (None,):
+            for u in protocol_units(c, p):
+                needed_by.setdefault(u, [])
+                if c.id not in needed_by[u]:
+                    needed_by[u].append(c.id)
+    record = {"preset": args.preset, "only": args.only, "resume": bool(args.resume),
+              **plan.build(units, cache, jobs, needed_by)}
+    if args.json != "-":
+        print(plan.text(record))
+    emit_json(args.json, record)
+    return 0
 
 
 def summary_line(s: dict[str, int]) -> str:

@@ -1,0 +1,87 @@
+"""`verify claims --plan`: the units a run computes (checked against a real run's units), cached ones marked as
+cached with --resume, seeds and sizes from the units' configs, valid JSON, and nothing trained or removed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from verify.cli import main
+from verify.experiments import units_for
+from verify.plan import _ranges
+
+#: Claims whose units are quick to compute (the theory checks, kappa on MNIST).
+CHEAP = "thm4.1,kappa-mnist"
+
+
+def _plan(capsys, *argv: str) -> dict:
+    assert main(["claims", "--preset", "smoke", "--plan", "--json", "-", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def computed(tmp_path_factory) -> Path:
+    """A real run of the cheap claims (their units cached in out/cache)."""
+    out = tmp_path_factory.mktemp("ran")
+    assert main(["claims", "--preset", "smoke", "--only", CHEAP, "--out", str(out), "--no-pdf", "--jobs", "1"]) == 0
+    return out
+
+
+def test_plan_lists_the_units_a_run_computes(computed: Path, capsys):
+    ran = json.loads((computed / "claims.json").read_text())["units"]
+    plan = _plan(capsys, "--only", CHEAP, "--out", str(computed / "elsewhere"))
+    assert [r["unit"] for r in plan["units"]] == list(ran)
+    assert not any(r["cached"] for r in plan["units"]) and plan["to_compute"] == len(ran)
+
+
+def test_resume_shows_cached_units_as_cached_and_the_rest_with_an_estimate(computed: Path, capsys):
+    before = sorted(p.name for p in (computed / "cache").iterdir())
+    plan = _plan(capsys, "--only", f"{CHEAP},ntk-relu-mnist", "--out", str(computed), "--resume", "--jobs", "2")
+    ran = set(json.loads((computed / "claims.json").read_text())["units"])
+    rows = {r["unit"]: r for r in plan["units"]}
+    assert {n for n, r in rows.items() if r["cached"]} == ran
+    rest = [r for n, r in rows.items() if n not in ran]
+    assert rest and all(r["estimated_s"] > 0 and r["networks"] > 0 for r in rest)
+    assert plan["jobs"] == 2 and plan["cached"] == len(ran) and plan["to_compute"] == len(rest)
+    assert plan["estimated_wall_s"] <= plan["estimated_total_s"] + 1e-9
+    smoke = units_for("smoke")
+    for r in rest:  # the plan's sizes are the units' own configs
+        cfg = smoke[r["unit"]].config
+        assert r["config"]["seeds"] == cfg["seeds"] and r["config"]["widths"] == cfg["widths"]
+        assert r["config"]["epochs"] == cfg["train"]["epochs"] and r["config"]["protocol"] == cfg["train"]["protocol"]
+        assert r["claims"] == ["ntk-relu-mnist"]
+    assert sorted(p.name for p in (computed / "cache").iterdir()) == before  # nothing trained, nothing removed
+    # without --resume the run would recompute everything: nothing is shown as cached, and the cache stays
+    assert not any(r["cached"] for r in _plan(capsys, "--only", CHEAP, "--out", str(computed))["units"])
+    assert sorted(p.name for p in (computed / "cache").iterdir()) == before
+
+
+def test_plan_table_and_json_file(tmp_path: Path, capsys):
+    target = tmp_path / "plan.json"
+    out = tmp_path / "out"
+    assert main(["claims", "--preset", "smoke", "--plan", "--only", "ntk-relu-mnist", "--out", str(out), "--json",
+                 str(target), "--jobs", "1"]) == 0
+    table = capsys.readouterr().out
+    plan = json.loads(target.read_text())
+    assert [r["unit"] for r in plan["units"]] == [ln.split()[0] for ln in table.splitlines()[1:-1]]
+    seeds = units_for("smoke")["ntk-distance:mnist@paper"].config["seeds"]
+    row = next(ln for ln in table.splitlines() if ln.startswith("ntk-distance:mnist@paper "))
+    assert row.split()[1:3] == [str(len(seeds)), _ranges(seeds)]
+    assert "wall with --jobs 1" in table.splitlines()[-1] and plan["estimated_wall_s"] == plan["estimated_total_s"]
+    assert not out.exists() and not list(tmp_path.glob(".*tmp*"))
+
+
+def test_json_without_plan_is_one_line(tmp_path: Path, capsys):
+    rc = main(["claims", "--preset", "smoke", "--only", "thm4.1", "--out", str(tmp_path / "o"), "--json",
+               str(tmp_path / "p.json")])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(err) == 1 and "add --plan" in err[0]
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("values, text", [([0, 1, 2], "0-2"), ([0, 1, 2, 5, 7, 8], "0-2,5,7-8"), ([3], "3"),
+                                          ([], "")])
+def test_seed_ranges(values, text):
+    assert _ranges(values) == text

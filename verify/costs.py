@@ -1,0 +1,357 @@
+"""The cost model of experiment units: what a unit computes, counted from its config, and its estimated seconds.
+
+One model, two sources of primitive costs. `networks` lists every network a unit trains (model, data set, n,
+width, epochs, a cost factor and the network's identity) and `unit_seconds` adds up its training epochs, its
+kernel work (`kernel_work`: empirical NTKs, Cholesky solves, eigendecompositions) and its landscape passes,
+each priced by a `Primitives` object. `benchmarks.scale` prices them with primitives it measures at the paper's
+sizes; `verify claims` (`--plan`, and the local executor's longest-first order) with `CALIBRATED`, an analytic
+model whose constants were fitted to the measured unit times of a quick run (`fit`, reported by
+`python -m benchmarks.costs`).
+
+A process remembers the networks it trained (`empirics.common.train_network`), so a unit whose networks an
+earlier unit of the same process trained costs only its measurements. `plan` estimates in run order with that
+memo, `groups` keeps the units that share networks together (the local executor runs a group in one worker), and
+`makespan` is the wall time of groups taken longest first by `jobs` workers.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+#: Input dimension per data set.
+D = {"mnist": 784, "cifar10": 3072}
+#: The models a unit trains when its config does not name them (the experiments' default).
+MODELS = ("relu", "attn")
+#: The training batch of both claims protocols.
+BATCH = 128
+#: Classes of the output layer (a binary task has fewer; the difference is below the model's resolution).
+OUT = 10
+#: `empirics.malleability.OTHER_INIT`: the seed offset of the seed baseline's second network.
+OTHER_INIT = 10_000
+
+
+class Network(NamedTuple):
+    """One network a unit trains: `epochs` at most, each costing `factor` plain epochs (PGD adversarial training:
+    its steps + 1); `regime` is "full" when every epoch runs (the paper protocol, adversarial training) and
+    "plateau" when training may stop at a plateau before `epochs`; `key` identifies it for the process's memo of
+    trained networks (None: never shared)."""
+
+    kind: str
+    dataset: str
+    n: int
+    m: int
+    epochs: int
+    factor: float
+    regime: str
+    key: tuple[Any, ...] | None
+
+
+class Primitives(Protocol):
+    """Seconds of the primitives a unit is made of."""
+
+    def epoch_s(self, kind: str, d: int, n: int, m: int, regime: str) -> float:
+        """One training epoch (batch 128) of `kind` at input dimension d, n points, width m; under the "plateau"
+        regime, the expected cost of one epoch of the maximum (a model may price it as a full epoch: an upper
+        bound)."""
+
+    def kernel(self, d: int, n: int, m: int) -> float:
+        """One empirical NTK of n points at width m."""
+
+    def solve_at(self, n: int) -> float:
+        """One float64 Cholesky solve of an n x n kernel."""
+
+    def eig(self, n: int) -> float:
+        """One symmetric eigendecomposition of an n x n matrix."""
+
+    def unit(self) -> float:
+        """A unit's fixed cost (imports, data loading, records)."""
+
+
+def _regime(cfg: Mapping[str, Any]) -> str:
+    """How a unit's standard training runs: every epoch (the paper protocol) or until a plateau."""
+    return "full" if cfg.get("train", {}).get("protocol", "paper") == "paper" else "plateau"
+
+
+def _net_key(cfg: Mapping[str, Any], kind: str, n: int, m: int, seed: int, epochs: int, adv: bool) -> tuple[Any, ...]:
+    """What makes two units' networks the same training: data subset, model (the attention options only for the
+    attention models), width, seed, training config."""
+    tr = cfg.get("train", {})
+    model = (kind,) if kind == "relu" else (kind, bool(cfg.get("attn_centre", False)))
+    return (cfg.get("dataset", "mnist"), cfg.get("task", "10class"), n, cfg.get("n_test"), cfg.get("preprocess"),
+            seed, *model, m, tr.get("protocol"), epochs, adv, cfg.get("device"))
+
+
+def distance_default(name: str, fallback: Any) -> Any:
+    """The default of an NTK-distance config field that a unit's config leaves out (`fallback` without it)."""
+    import dataclasses
+
+    from empirics.distance import DistanceConfig
+
+    field = {f.name: f for f in dataclasses.fields(DistanceConfig)}.get(name)
+    return fallback if field is None or field.default is dataclasses.MISSING else field.default
+
+
+def networks(name: str, cfg: Mapping[str, Any]) -> list[Network]:
+    """Every network unit `name` trains (from its config `cfg`)."""
+    tr = cfg.get("train", {})
+    epochs = int(tr.get("epochs", 0))
+    regime = _regime(cfg)
+    seeds = list(cfg.get("seeds", [0]))
+    models = cfg.get("models", MODELS)
+    ds = cfg.get("dataset", "mnist")
+
+    def net(kind: str, n: int, m: int, seed: int, ep: int = epochs, factor: float = 1.0, adv: bool = False,
+            protocol: str | None = None) -> Network:
+        key = _net_key({**cfg, "train": {**tr, "protocol": protocol or tr.get("protocol")}}, kind, n, m, seed, ep, adv)
+        return Network(kind, ds, n, m, ep, factor, "full" if adv or protocol else regime, key)
+
+    if name.startswith("ntk-distance"):
+        nets = [net(k, cfg["n_train"], w, s) for s in seeds for k in models for w in cfg["widths"]]
+        if cfg.get("gd_mse", distance_default("gd_mse", False)):  # the gd-mse twin of each network but qkv's
+            nets += [net(k, cfg["n_train"], w, s, protocol="gd-mse") for s in seeds for k in models if k != "qkv"
+                     for w in cfg["widths"]]
+        return nets
+    if name.startswith("malleability") or name.startswith("landscape"):
+        n, m = cfg["n_train"], cfg["width"]
+        nets = [net(k, n, m, s) for s in seeds for k in models]
+        if cfg.get("seed_baseline"):
+            nets += [net(k, n, m, s + OTHER_INIT) for s in seeds for k in models]
+        if cfg.get("adv_train"):
+            adv_epochs = min(epochs, cfg.get("adv_max_epochs") or epochs)
+            factor = cfg.get("adv_steps", 7) + 1.0
+            nets += [net(k, n, m, s, adv_epochs, factor, adv=True) for s in seeds for k in models]
+        return nets
+    if name.startswith("influence-retrain"):
+        one = Network(cfg["model"], ds, cfg["n_train"], cfg["width"], epochs, 1.0, regime, None)
+        return [one] * (cfg.get("n_remove", 12) + 1)
+    return []
+
+
+def landscape_passes(cfg: Mapping[str, Any]) -> float:
+    """One landscape's work in training epochs, per network: a full-batch loss evaluation (interpolation points,
+    the 2-D grid) is a forward pass, about a third of an epoch (forward, backward, update); a Hessian-vector
+    product (Lanczos iterations, Hutchinson samples) is a forward and two backward passes, about one epoch."""
+    return (cfg.get("points", 21) + cfg.get("grid", 11) ** 2) / 3 + cfg.get("hessian_iters", 20) \
+        + cfg.get("hutchinson_samples", 10)
+
+
+def kernel_work(name: str, cfg: Mapping[str, Any], prim: Primitives) -> float:
+    """Seconds of kernel, solve and eigen work a unit does besides training (each malleability measurement
+    recomputes the kernel once per attack, the noise baseline, intervention and eps)."""
+    d = D.get(cfg.get("dataset", "mnist"), 784)
+    seeds = len(cfg.get("seeds", [0]))
+    models = len(cfg.get("models", MODELS))
+    if name.startswith("ntk-distance"):
+        n = cfg["n_train"]
+        return sum(seeds * models * (2 * prim.kernel(d, n, w) + prim.solve_at(n)) for w in cfg["widths"])
+    if name.startswith("malleability"):
+        n = cfg["n_train"] + cfg["n_test"]
+        per = (len(cfg.get("attacks", [])) + 1) * len(cfg.get("interventions", ["transformed"]))
+        per *= 1 + len(cfg.get("eps_sweep", []))
+        trainings = 2 if cfg.get("adv_train") else 1
+        return seeds * models * trainings * (per + 1) * (prim.kernel(d, n, cfg["width"]) + prim.solve_at(n))
+    if name.startswith("influence-retrain"):
+        n = cfg["n_train"] + cfg["n_test"]
+        return prim.kernel(784, n, cfg["width"]) + prim.solve_at(n)
+    if name.startswith("kappa") or name.startswith("premise"):
+        return sum(prim.eig(n) for n in cfg.get("ns", cfg.get("premise_ns", [])))
+    return 0.0
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """A unit's estimated seconds: training (networks not already trained in its process) and everything else."""
+
+    train_s: float
+    other_s: float
+    networks: int
+    reused: int
+
+    @property
+    def total_s(self) -> float:
+        return self.train_s + self.other_s
+
+
+def unit_seconds(name: str, cfg: Mapping[str, Any], prim: Primitives,
+                 trained: set[tuple[Any, ...]] | None = None) -> UnitCost:
+    """The estimated cost of one unit; the keys of the networks it trains are added to `trained`, and those
+    already there (trained by an earlier unit in the same process) cost nothing."""
+    train_s, reused = 0.0, 0
+    nets = networks(name, cfg)
+    for net in nets:
+        if trained is not None and net.key is not None:
+            if net.key in trained:
+                reused += 1
+                continue
+            trained.add(net.key)
+        train_s += net.epochs * net.factor * prim.epoch_s(net.kind, D.get(net.dataset, 784), net.n, net.m,
+                                                          net.regime)
+    other = kernel_work(name, cfg, prim) + prim.unit()
+    if name.startswith("landscape"):
+        d = D.get(cfg.get("dataset", "mnist"), 784)
+        other += sum(len(cfg.get("seeds", [0])) * landscape_passes(cfg)
+                     * prim.epoch_s(kind, d, cfg["n_train"], cfg["width"], "full")
+                     for kind in cfg.get("models", MODELS))
+    return UnitCost(train_s, other, len(nets), reused)
+
+
+# ---- the calibrated analytic primitives ----------------------------------------------------------------------
+
+#: The constants of `Analytic`, each the seconds of one unit of its feature.
+CONSTANT_NAMES = ("step", "flop", "step_plateau_relu", "flop_plateau_relu", "step_plateau_attn", "flop_plateau_attn",
+                  "kernel", "solve", "eig", "unit")
+#: The dimension of the query, key and value projections of model qkv (`empirics.models.ModelSpec.qkv_dim`).
+QKV_DIM = 64
+
+
+def flops(kind: str, d: int, n: int, m: int) -> tuple[float, float]:
+    """Multiply-adds of a forward pass per example and per batch: the hidden layer and the head; MLP-Attn's d x d
+    context product per example; softmax attention over the n training inputs per example; the trained QKV
+    attention's projections per example and its k x k mixing matrix through the d x d context per batch."""
+    per_example = d * m + m * OUT
+    per_batch = 0.0
+    if kind == "attn":
+        per_example += d * d
+    elif kind == "softmax":
+        per_example += 2 * n * d
+    elif kind == "qkv":
+        per_example += d * QKV_DIM + QKV_DIM * QKV_DIM
+        per_batch += d * d * QKV_DIM + d * QKV_DIM * QKV_DIM
+    return per_example, per_batch
+
+
+@dataclass(frozen=True)
+class Analytic:
+    """Primitives as linear functions of `CONSTANT_NAMES`: an epoch costs `step` per batch plus `flop` per
+    multiply-add (`flops`); a plateau-stopped epoch has its own constants for ReLU and for the attention models
+    (which absorb the fraction of the maximum epochs each runs); a kernel n^2 (d + m), a solve and an
+    eigendecomposition n^3."""
+
+    c: Mapping[str, float]
+
+    def epoch_s(self, kind: str, d: int, n: int, m: int, regime: str) -> float:
+        suffix = "" if regime == "full" else "_plateau_relu" if kind == "relu" else "_plateau_attn"
+        steps = math.ceil(n / BATCH)
+        per_example, per_batch = flops(kind, d, n, m)
+        return steps * self.c[f"step{suffix}"] + (n * per_example + steps * per_batch) * self.c[f"flop{suffix}"]
+
+    def kernel(self, d: int, n: int, m: int) -> float:
+        return n * n * (d + m) * self.c["kernel"]
+
+    def solve_at(self, n: int) -> float:
+        return n**3 * self.c["solve"]
+
+    def eig(self, n: int) -> float:
+        return n**3 * self.c["eig"]
+
+    def unit(self) -> float:
+        return self.c["unit"]
+
+
+#: Where `CALIBRATED`'s constants come from (README: how well they predict).
+CALIBRATION_SOURCE = ("fitted by `python -m benchmarks.costs results/claims-quick.json`: the 43 units of the quick run "
+                      "at 6d6ecfc (3 seeds, one unit after another on 2 shared cores)")
+CALIBRATED = Analytic({
+    "step": 0.00188,
+    "flop": 1.52e-11,
+    "step_plateau_relu": 0.0,
+    "flop_plateau_relu": 1.48e-11,
+    "step_plateau_attn": 0.000751,
+    "flop_plateau_attn": 2.68e-13,
+    "kernel": 1.25e-10,
+    "solve": 3.17e-11,
+    "eig": 4.46e-11,
+    "unit": 0.515,
+})
+
+
+def plan(units: Sequence[tuple[str, Mapping[str, Any]]], prim: Primitives = CALIBRATED) -> dict[str, UnitCost]:
+    """Estimated cost of every (name, config), in this order in one process (networks trained by an earlier unit
+    are reused)."""
+    trained: set[tuple[Any, ...]] = set()
+    return {name: unit_seconds(name, cfg, prim, trained) for name, cfg in units}
+
+
+def groups(units: Sequence[tuple[str, Mapping[str, Any]]]) -> list[list[str]]:
+    """The units that share a trained network, transitively, as groups (each in the given order; groups in the
+    order of their first unit): run in one process, a group trains each network once."""
+    parent = list(range(len(units)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[tuple[Any, ...], int] = {}
+    for i, (name, cfg) in enumerate(units):
+        for net in networks(name, cfg):
+            if net.key is None:
+                continue
+            j = owner.setdefault(net.key, i)
+            parent[find(i)] = find(j)
+    out: dict[int, list[str]] = {}
+    for i, (name, _) in enumerate(units):
+        out.setdefault(find(i), []).append(name)
+    return list(out.values())
+
+
+def longest_first(units: Sequence[tuple[str, Mapping[str, Any]]],
+                  prim: Primitives = CALIBRATED) -> list[tuple[list[str], float]]:
+    """The groups of `units` with their estimated seconds, longest first (ties by first name: one order for every
+    run)."""
+    cfgs = dict(units)
+    out = []
+    for g in groups(units):
+        cost = plan([(n, cfgs[n]) for n in g], prim)
+        out.append((g, sum(c.total_s for c in cost.values())))
+    return sorted(out, key=lambda gc: (-gc[1], gc[0][0]))
+
+
+def makespan(seconds: Iterable[float], jobs: int) -> float:
+    """Wall time of tasks taken in this order by `jobs` workers, each taking the next task when it is free."""
+    free = [0.0] * max(1, jobs)
+    for s in seconds:
+        heapq.heapreplace(free, free[0] + s)
+    return max(free)
+
+
+# ---- calibration ---------------------------------------------------------------------------------------------
+
+def features(units: Sequence[tuple[str, Mapping[str, Any]]]) -> list[list[float]]:
+    """Per unit (in run order, one process), its estimated seconds under each constant alone set to 1: the model is
+    linear in its constants, so these are the columns of the fit."""
+    cols = []
+    for cname in CONSTANT_NAMES:
+        basis = Analytic({k: 1.0 if k == cname else 0.0 for k in CONSTANT_NAMES})
+        cols.append([c.total_s for c in plan(units, basis).values()])
+    return [list(row) for row in zip(*cols, strict=True)]
+
+
+def fit(units: Sequence[tuple[str, Mapping[str, Any]]], wall_s: Sequence[float]) -> dict[str, float]:
+    """Non-negative constants minimising the squared relative error of the estimates against measured seconds."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    x = np.asarray(features(units), dtype=float)
+    y = np.asarray(wall_s, dtype=float)
+    scale = x.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls((x / scale) / y[:, None], np.ones_like(y))
+    return {k: float(v) for k, v in zip(CONSTANT_NAMES, coef / scale, strict=True)}
+
+
+def agreement(predicted: Sequence[float], measured: Sequence[float]) -> dict[str, float]:
+    """How well estimates predict: Spearman rank correlation, and the median and range of measured / estimated."""
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    r = m / np.where(p > 0, p, np.nan)
+    return {"spearman": float(spearmanr(p, m).statistic), "median_ratio": float(np.nanmedian(r)),
+            "ratio_p10": float(np.nanpercentile(r, 10)), "ratio_p90": float(np.nanpercentile(r, 90)),
+            "total_ratio": float(m.sum() / p.sum()), "units": int(len(m))}

@@ -1,0 +1,94 @@
+"""`verify claims --plan`: the units a run would compute, their configs and estimated times, without training.
+
+Each unit is shown with what sizes its numbers (seeds, widths, n, epochs, protocol, preprocessing where its
+config has one), whether the cache already holds it (with `--resume`), and its estimated seconds from the cost
+model (`verify.costs`, networks shared within a group counted once, as the local executor runs them). The totals
+are the estimated time one unit after another and the estimated wall time with the run's `--jobs` workers
+(groups taken longest first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from verify import costs
+from verify.runner import Cache, Unit
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out: list[str] = []
+    vals = sorted(set(values))
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        out.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def summary(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a unit's config that size it (absent fields left out)."""
+    tr = cfg.get("train") or {}
+    seeds = cfg.get("seeds", [cfg["seed"]] if "seed" in cfg else None)
+    widths = cfg.get("widths", [cfg["width"]] if "width" in cfg else None)
+    out = {"seeds": seeds, "widths": widths, "n_train": cfg.get("n_train"), "n_test": cfg.get("n_test"),
+           "ns": cfg.get("ns"), "epochs": tr.get("epochs"), "protocol": tr.get("protocol"),
+           "preprocess": cfg.get("preprocess", cfg.get("preprocessing")), "dataset": cfg.get("dataset"),
+           "models": cfg.get("models", [cfg["model"]] if "model" in cfg else None)}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def build(units: Sequence[Unit], cache: Cache | None, jobs: int, needed_by: Mapping[str, list[str]],
+          prim: costs.Primitives = costs.CALIBRATED) -> dict[str, Any]:
+    """The plan record: every unit in run order, cached ones marked (`cache` None: nothing is reused)."""
+    cached = {u.name for u in units if cache is not None and cache.get(u) is not None}
+    todo = [(u.name, u.config) for u in units if u.name not in cached]
+    grouped = costs.longest_first(todo, prim)
+    est: dict[str, costs.UnitCost] = {}
+    group_of: dict[str, int] = {}
+    cfgs = dict(todo)
+    for i, (g, _) in enumerate(grouped, 1):
+        est.update(costs.plan([(n, cfgs[n]) for n in g], prim))
+        group_of.update(dict.fromkeys(g, i))
+    rows = []
+    for u in units:
+        row: dict[str, Any] = {"unit": u.name, "cached": u.name in cached, "config": summary(u.config),
+                               "claims": needed_by.get(u.name, [])}
+        if u.name in est:
+            c = est[u.name]
+            row.update(estimated_s=c.total_s, group=group_of[u.name], networks=c.networks,
+                       networks_reused=c.reused)
+        rows.append(row)
+    total = sum(c.total_s for c in est.values())
+    return {"units": rows, "to_compute": len(todo), "cached": len(cached), "jobs": jobs,
+            "estimated_total_s": total, "estimated_wall_s": costs.makespan([s for _, s in grouped], jobs),
+            "groups": len(grouped),
+            "cost_model": {"constants": dict(getattr(prim, "c", {})), "source": costs.CALIBRATION_SOURCE}}
+
+
+def _duration(s: float) -> str:
+    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+
+
+def text(plan: Mapping[str, Any]) -> str:
+    """The plan as a table for the terminal."""
+    w = max([len(r["unit"]) for r in plan["units"]] + [4])
+    head = f"{'unit':<{w}} {'seeds':>5} {'seed ids':<9} {'protocol':<17} {'epochs':>6} {'n':>5} {'widths':<14} " \
+           f"{'prep':<7} {'estimate':>9}"
+    lines = [head]
+    for r in plan["units"]:
+        c = r["config"]
+        seeds = c.get("seeds") or []
+        widths = ",".join(str(w) for w in c.get("widths") or []) or "-"
+        est = "cached" if r["cached"] else _duration(r["estimated_s"])
+        lines.append(f"{r['unit']:<{w}} {len(seeds) or '-':>5} {_ranges(seeds) or '-':<9} "
+                     f"{c.get('protocol', '-'):<17} {c.get('epochs', '-'):>6} {c.get('n_train', '-'):>5} "
+                     f"{widths[:14]:<14} {c.get('preprocess', '-'):<7} {est:>9}")
+    lines.append(f"{len(plan['units'])} units: {plan['to_compute']} to compute, {plan['cached']} cached; estimated "
+                 f"{_duration(plan['estimated_total_s'])} one after another, {_duration(plan['estimated_wall_s'])} "
+                 f"wall with --jobs {plan['jobs']} ({plan['groups']} groups of units sharing networks)")
+    return "\n".join(lines)
