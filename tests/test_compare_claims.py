@@ -55,3 +55,41 @@ def test_the_command_reads_gzip_and_exits_nonzero_on_a_difference(tmp_path, caps
 def test_the_stored_baseline_is_a_smoke_claims_record():
     base = cc.load(ROOT / "tests" / "data" / "smoke-claims-43279c4.json.gz")
     assert base["preset"] == "smoke" and len(base["claims"]) >= 26
+
+
+def test_machine_descriptions_are_ignored_but_a_units_configured_device_is_not():
+    old = {**copy.deepcopy(RECORD), "device": {"platform": "a"}, "units": {"u": {"config": {"device": "cpu"}}}}
+    new = copy.deepcopy(old)
+    new["device"] = {"platform": "b", "cuda": True}
+    assert cc.differences(old, new) == []
+    new["units"]["u"]["config"]["device"] = "cuda"
+    assert cc.differences(old, new) == ["/units/u/config/device: 'cpu' != 'cuda'"]
+
+
+def test_tolerance_admits_float_noise_and_verdicts_mode_reads_only_verdicts(tmp_path, capsys):
+    old = {**copy.deepcopy(RECORD), "claims": [
+        {"id": "a", "verdict": "holds", "value": 0.125, "by_protocol": {"proper": {"verdict": "holds"}}},
+        {"id": "b", "verdict": "partly", "value": 1.0}]}
+    noisy = copy.deepcopy(old)
+    noisy["claims"][0]["value"] *= 1 + 1e-7
+    paths = [tmp_path / "old.json", tmp_path / "new.json"]
+    paths[0].write_text(json.dumps(old))
+    paths[1].write_text(json.dumps(noisy))
+    files = [str(p) for p in paths]
+    assert cc.main(files) == 1
+    assert cc.main(["--tolerance", "1e-6", *files]) == 0
+    assert cc.main(["--tolerance=1e-8", *files]) == 1
+    moved = copy.deepcopy(noisy)
+    moved["claims"][0]["by_protocol"]["proper"]["verdict"] = "does not hold"
+    moved["claims"][1]["value"] = 3.0
+    paths[1].write_text(json.dumps(moved))
+    capsys.readouterr()
+    assert cc.main(["--verdicts", *files]) == 1
+    assert "a by_protocol/proper/verdict: 'holds' != 'does not hold'" in capsys.readouterr().out
+    moved["reproducibility"] = {"knife_edge": [{"claim": "a", "where": "by_protocol/proper", "verdicts": []}]}
+    paths[1].write_text(json.dumps(moved))
+    assert cc.main(["--verdicts", *files]) == 0
+    assert "(knife edge)" in capsys.readouterr().out
+    assert cc.main(["--tolerance", "much", *files]) == 2
+    assert cc.main(["--frobnicate", *files]) == 2
+    assert "unknown option --frobnicate" in capsys.readouterr().err
