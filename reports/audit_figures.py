@@ -274,7 +274,11 @@ def validity(panel: dict[str, Any], path: str | Path) -> Path:
         ax.errorbar([j], [s["value"]], yerr=[[s["value"] - lo], [hi - s["value"]]], fmt="o", color=USER_COLOR,
                     capsize=4)
         ax.text(j + 0.08, s["value"], f"{s['value']:.2f}", fontsize=7, va="center")
-    ax.axhline(panel.get("lds_min", 0.2), color="#1a7f37", ls=":", lw=1, label="trustworthy threshold")
+    ceil = panel.get("ceiling", {}).get("value", math.nan)
+    if math.isfinite(ceil):
+        ax.axhline(ceil, color="#555", ls="--", lw=1, label="noise ceiling")
+        ax.axhline(panel["fraction_min"] * ceil, color="#1a7f37", ls=":", lw=1,
+                   label=f"validation bar ({panel['fraction_min']:g} x ceiling)")
     ax.axhline(0, color="#999", lw=0.6)
     ax.set_xticks(range(len(names)), [n for _, n in names], fontsize=7)
     ax.set_xlim(-0.5, len(names) - 0.5)

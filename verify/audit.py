@@ -13,8 +13,10 @@ context and HTML in `reports.audit_report`.
    sharpness (`verify.audit_measure.measure_network`); and the kernel-regime diagnostics: kappa of the
    data Gram matrix and of the empirical NTK, the v1 / v2 width bounds of Thm 4.7, each model's width
    (its widest layer) and parameter count.
-3. The risk level (`verify.audit_risk`), the lever examples (the top-|influence| training points, with
-   which attacks flipped them), and the report (`reports/templates/audit.html`).
+3. The risk level (`verify.audit_risk`; issued only for a model that beats chance on the test data and whose
+   influence the validity panel finds trustworthy, else "not measurable" or "not validated"), the lever
+   examples (the top-|influence| training points, with which attacks flipped them), and the report
+   (`reports/templates/audit.html`).
 4. The panels (`--skip` leaves any out): budget curves (`verify.audit_budget`); and, re-fitting the user's
    model (`verify.audit_refit`: warm start from the saved weights, or the user's `--train-fn`), the
    validity panel (`verify.audit_validity`), the outcome table and the planted-poison self-test
@@ -55,7 +57,7 @@ from verify.audit_measure import PROJECTED, GenericKernels, SuiteKernels, measur
 from verify.audit_outcome import outcome_curves, outcome_panel, poison_panel
 from verify.audit_projection import choose_projection, projected_kernel, projection_error
 from verify.audit_refit import Refitter, load_train_fn
-from verify.audit_risk import NOT_MEASURABLE, assess_risk
+from verify.audit_risk import NOT_MEASURABLE, assess_risk, model_gate
 from verify.audit_validity import validity_panel
 from verify.modelio import (
     FlatInput,
@@ -193,7 +195,7 @@ def _panels(cfg: AuditConfig, st: _Stage, ctx: dict[str, Any], t: Tensors, model
     if "validity" in cfg.panels:
         out["validity"] = st.run("validity", validity_panel, refit, x, y, xt, yt, clean.per_test, ctx["gn_per_test"],
                                  (user["train_acc"], user["test_acc"]), cfg.tau, cfg.lds_subsets, cfg.lds_fraction,
-                                 cfg.refit_seeds - 1, cfg.seed, cfg.target_test, out_dim)
+                                 cfg.refit_seeds - 1, cfg.seed, cfg.target_test, out_dim, cfg.lds_repeats)
     if "budget" in cfg.panels and "outcome" in cfg.panels:
         bud = out["budget"]
         out["budget"]["refit"] = st.run("outcome", outcome_curves, refit, model, x, y, xt, yt, clean.per_test,
@@ -298,9 +300,10 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
             models[kind] = ref
     user = models["user"]
     ctx = user.pop("_context")
-    risk = assess_risk(models, cfg.reference, cfg.eps)
     panels = _panels(cfg, st, ctx, t, model, refit_net, fit_module, provider, loaded, input_shape, out_dim, max_bytes,
                      user)
+    gate = model_gate(user["test_acc"], test.y, out_dim)
+    risk = assess_risk(models, cfg.reference, cfg.eps, gate, panels.get("validity"))
     levers = _levers(user, train, cfg)
     for m in models.values():
         m.pop("adversarial_pixels", None)

@@ -2,8 +2,9 @@
 record is one this version can draw (`check_record`, also used by `--render`), a Markdown summary for a
 pull-request comment, and `verify audit diff OLD.json NEW.json` (what moved beyond its interval).
 
-Exit codes of their own: `FAIL_ON_EXIT` (4) when the risk level reaches `--fail-on` (after every output was
-written); `DIFF_MOVED_EXIT` (5) when `verify audit diff` finds a quantity that moved beyond its interval.
+Exit codes of their own: `FAIL_ON_EXIT` (4) when the risk level reaches `--fail-on`, or no level could be issued
+("not measurable", "not validated"), after every output was written; `DIFF_MOVED_EXIT` (5) when `verify audit
+diff` finds a quantity that moved beyond its interval.
 
 Diff rule (fixed before any comparison): a categorical quantity (risk level, validity verdict, breaking budget)
 moved when its value differs; a numeric one moved when the 95 % intervals of the two records are disjoint.
@@ -19,15 +20,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+from empirics.intervals import wilson
 from ntkm.codec import decode
 from ntkm.errors import UserInputError
 from verify.audit_config import SCHEMA_VERSION, SUMMARY_MARKER
-from verify.audit_risk import NOT_MEASURABLE, RISK_LEVELS
+from verify.audit_risk import ALL_LEVELS, NOT_MEASURABLE, RISK_LEVELS
 
 FAIL_ON_EXIT = 4
 DIFF_MOVED_EXIT = 5
 FAIL_LEVELS = ("medium", "high")
-_Z95 = 1.959963984540054
 
 
 def schema_path() -> Path:
@@ -40,9 +41,12 @@ def load_schema() -> dict[str, Any]:
 
 
 def reaches(level: str, threshold: str | None) -> bool:
-    """Whether a risk level reaches the `--fail-on` threshold ("not measurable" reaches none)."""
-    if threshold is None or level not in RISK_LEVELS:
+    """Whether a risk level reaches the `--fail-on` threshold. "not measurable" and "not validated" reach every
+    threshold: a gate that cannot read a level fails closed, so an unchecked model never passes as low."""
+    if threshold is None:
         return False
+    if level not in RISK_LEVELS:
+        return True
     return RISK_LEVELS.index(level) >= RISK_LEVELS.index(threshold)
 
 
@@ -129,7 +133,7 @@ def check_record(rec: dict[str, Any], where: str, option: str = "--render") -> N
         need = {"worst_flip_rate": _NUMBER, "worst_attack": str, "baseline": dict, "n_selected": int}
         bad = [f"models.user.{k}" for k, t in need.items() if not isinstance(user.get(k), t)]
         risk = rec["risk"]
-        if not bad and risk.get("level") not in (*RISK_LEVELS, NOT_MEASURABLE):
+        if not bad and risk.get("level") not in ALL_LEVELS:
             bad = ["risk.level"]
         if not bad and not all(isinstance(risk.get(k), _NUMBER) for k in ("relu_reference", "attn_reference")):
             bad = ["risk.relu_reference / risk.attn_reference"]
@@ -170,16 +174,6 @@ def _pct(v: float) -> str:
     return "n/a" if not isinstance(v, (int, float)) or not math.isfinite(v) else f"{100 * v:.1f} %"
 
 
-def wilson(p: float, n: int) -> tuple[float, float]:
-    """95 % Wilson score interval of a proportion p observed on n trials."""
-    if n <= 0 or not math.isfinite(p):
-        return (-math.inf, math.inf)
-    z2 = _Z95 ** 2
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = _Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
 def summary_markdown(rec: dict[str, Any]) -> str:
     """A short Markdown summary of an audit record for a pull-request comment."""
     risk, models, user = rec["risk"], rec["models"], rec["models"]["user"]
@@ -204,6 +198,10 @@ def summary_markdown(rec: dict[str, Any]) -> str:
     if val.get("verdict"):
         lds = val.get("lds", {}).get("ntk")
         extra = f" (LDS {lds['value']:.2f} [{lds['lo']:.2f}, {lds['hi']:.2f}])" if lds else ""
+        ceil = val.get("ceiling", {})
+        if lds and "fraction" in lds and ceil:
+            extra += (f", {lds['fraction']:.2f} [{lds['fraction_lo']:.2f}, {lds['fraction_hi']:.2f}] of the noise "
+                      f"ceiling {ceil['value']:.2f}")
         rows.append(("influence against re-fits", f"{val['verdict']}{extra}"))
     bud = panels.get("budget", {})
     if bud.get("breaking_label"):
@@ -221,12 +219,14 @@ def summary_markdown(rec: dict[str, Any]) -> str:
                      f"{err.get('kernel_rel_error', float('nan')):.3f}, influence rank correlation "
                      f"{err.get('influence_spearman', float('nan')):.3f} on {err.get('n', 0)} points"))
     cfg = rec["config"]
-    lines = [SUMMARY_MARKER, f"### Malleability audit of `{name}`: **{str(risk['level']).upper()}** risk", "",
+    head = (f"**{str(risk['level']).upper()}** risk" if risk["level"] in RISK_LEVELS
+            else f"risk **{str(risk['level']).upper()}**")
+    lines = [SUMMARY_MARKER, f"### Malleability audit of `{name}`: {head}", "",
              "| | |", "|---|---|"]
     lines += [f"| {a} | {b} |" for a, b in rows]
     lines += ["", f"Rule: {risk['rule']}.", ""]
     if risk.get("reason"):
-        lines += [f"Not measurable: {risk['reason']}.", ""]
+        lines += [f"{str(risk['level']).capitalize()}: {risk['reason']}.", ""]
     advice = rec["risk"].get("advice") or []
     if advice:
         lines += [f"Next step: {advice[0]}", ""]

@@ -83,6 +83,9 @@ class AuditConfig:
                 "saved weights)"})
     lds_subsets: int = field(default=24, metadata={
         "help": "random subsets (re-fits) of the linear datamodeling score (default: %(default)s)"})
+    lds_repeats: int = field(default=2, metadata={
+        "help": "re-fits of each LDS subset with different seeds: their agreement sets the noise ceiling, their mean "
+                "is the target (default: %(default)s)"})
     lds_fraction: float = field(default=0.1, metadata={
         "help": "fraction of training points each LDS subset leaves out (default: %(default)s)"})
     refit_seeds: int = field(default=3, metadata={
@@ -127,6 +130,8 @@ class AuditConfig:
             (self.max_memory_gb > 0, f"--max-memory-gb must be > 0, got {self.max_memory_gb}"),
             (set(self.panels) <= set(PANELS), f"--skip takes panels from {', '.join(PANELS)}"),
             (self.lds_subsets >= 3, f"--lds-subsets must be >= 3, got {self.lds_subsets}"),
+            (self.lds_repeats >= 2,
+             f"--lds-repeats must be >= 2 (the noise ceiling needs two re-fits to compare), got {self.lds_repeats}"),
             (0.0 < self.lds_fraction < 1.0, f"--lds-fraction must be in (0, 1), got {self.lds_fraction}"),
             (self.refit_seeds >= 2, f"--refit-seeds must be >= 2 (an interval needs two), got {self.refit_seeds}"),
             (self.outcome_targets >= 1, f"--outcome-targets must be >= 1, got {self.outcome_targets}"),
@@ -169,7 +174,10 @@ DEFINITIONS = {
               "--train-fn from scratch), compared with a control re-fit of the unaltered set with the same seed.",
     "lds": "Linear datamodeling score: Spearman correlation, over random subsets of the training set, between the "
            "predicted change of a test point's loss (sum of the left-out points' influences) and the actual change "
-           "after re-fitting, averaged over test points.",
+           "after re-fitting (the mean of --lds-repeats re-fits), averaged over test points.",
+    "noise_ceiling": "The highest LDS a perfect predictor could reach given the re-fits' own noise: from how well "
+                     "repeated re-fits of the same subsets agree (r1) and the number of repeats k, "
+                     "sqrt(k r1 / (1 + (k - 1) r1)). An estimator's LDS is also reported as a fraction of it.",
     "breaking_budget": "The smallest eps at which the attack's flip rate exceeds the random-noise ceiling of the same "
                        "eps, significantly (Fisher exact test).",
     "self_influence": "A training point's squared leave-one-out error under kernel ridge regression with the NTK: "

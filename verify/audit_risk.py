@@ -11,6 +11,15 @@ from the paper's reported 3-4 % and 19-35 % for 10 classes at eps = 0.3).
                                         than the kernel-regime 2L-ReLU reference
     high           F >= max(A, N, R)    as malleable as the MLP-Attn reference (and above noise)
     medium         otherwise
+
+That level is issued only when it can be trusted (`assess_risk`, rules fixed before any measurement):
+
+- **not measurable** when a flip rate is NaN, or when the user's model fails `MODEL_GATE_RULE` (no better than
+  chance on `--test`): the influence of a model that has learnt nothing says nothing about its training data;
+- **not validated** when the validity panel did not run (`--skip validity`) or its verdict is not trustworthy
+  (`verify.audit_validity`: the NTK influence behind the flip rates must reach `FRACTION_MIN` of the noise
+  ceiling of the re-fits, and removing the top levers must beat random removal); the record keeps the level the
+  scale would give as `unvalidated_level`, the best LDS reached and what would help.
 """
 
 from __future__ import annotations
@@ -20,12 +29,20 @@ from typing import Any
 
 import numpy as np
 
-from empirics.protocols import GATE_TEXT
+from empirics.intervals import wilson
+from empirics.protocols import GATE_TEST, GATE_TEXT, chance_accuracy
 from reports.text import eps_label
 from theory.paper import PAPER_AUDIT_REFERENCE
+from verify.audit_validity import ESTIMATOR_LABELS, FRACTION_MIN, TRUSTWORTHY
 
 RISK_LEVELS = ("low", "medium", "high")
 NOT_MEASURABLE = "not measurable"
+NOT_VALIDATED = "not validated"
+#: The levels `verify audit` can issue: a risk level, or why none could be issued.
+ALL_LEVELS = (*RISK_LEVELS, NOT_VALIDATED, NOT_MEASURABLE)
+MODEL_GATE_RULE = (f"your model must beat chance on --test: test accuracy >= chance + {GATE_TEST:g}(1 - chance) and "
+                   "the lower end of its 95 % Wilson interval above chance, where chance is the larger of 1 / classes "
+                   "(1/2 for one output) and the share of the most frequent test label")
 
 
 def risk_level(flip: float, baseline: list[float], relu_flip: float | None, attn_flip: float | None) -> dict[str, Any]:
@@ -57,7 +74,59 @@ def risk_level(flip: float, baseline: list[float], relu_flip: float | None, attn
                     "without A there is no high)"}
 
 
+def model_gate(test_acc: float, y_test: np.ndarray, out_dim: int) -> dict[str, Any]:
+    """Whether the user's model beats chance on the test points (`MODEL_GATE_RULE`)."""
+    n = int(len(y_test))
+    classes = max(out_dim, 2)
+    shares = np.bincount(np.asarray(y_test, dtype=np.int64), minlength=classes) / max(n, 1)
+    chance = max(chance_accuracy(out_dim, classes), float(shares.max()) if n else 0.0)
+    need = chance + GATE_TEST * (1 - chance)
+    lo, hi = wilson(test_acc, n)
+    why = ""
+    if not test_acc >= need:
+        why = (f"your model's test accuracy {test_acc:.3f} on {n} test points is below {need:.3f} (chance {chance:.3f} "
+               f"+ {GATE_TEST:g}(1 - chance)): it has not learnt the task")
+    elif not lo > chance:
+        why = (f"your model's test accuracy {test_acc:.3f} is not significantly above chance {chance:.3f} (95 % "
+               f"Wilson interval [{lo:.3f}, {hi:.3f}] on {n} test points)")
+    return {"passed": not why, "reason": why or "passed", "test_acc": float(test_acc), "test_acc_lo": lo,
+            "test_acc_hi": hi, "chance": chance, "need": need, "n_test": n, "rule": MODEL_GATE_RULE}
+
+
+def _not_validated(validity: dict[str, Any] | None) -> str:
+    """Why the risk level cannot be issued, with the best LDS reached and what would help (empty when validated)."""
+    if validity is None:
+        return "the validity panel was not run (--skip validity), so the influence behind the flip rates is unchecked"
+    if validity.get("verdict") == TRUSTWORTHY:
+        return ""
+    why = f"the influence behind the flip rates is {validity.get('verdict', 'unchecked')} against re-fits"
+    scores = validity.get("lds") or {}
+    if not scores:
+        return f"{why} ({validity.get('reason', '')})"
+    best = validity.get("best") or max(scores, key=lambda k: scores[k]["value"])
+    s, c = scores[best], validity.get("ceiling", {})
+    why += (f"; the best estimator, {ESTIMATOR_LABELS.get(best, best)}, reached LDS {s['value']:.2f} "
+            f"[{s['lo']:.2f}, {s['hi']:.2f}], {s.get('fraction', math.nan):.2f} "
+            f"[{s.get('fraction_lo', math.nan):.2f}, {s.get('fraction_hi', math.nan):.2f}] of the noise ceiling "
+            f"{c.get('value', math.nan):.2f} (bar: the lower end at least {FRACTION_MIN:g})")
+    return why
+
+
+VALIDATION_HELP = ("What would help: more subsets (--lds-subsets) and repeats (--lds-repeats) narrow the intervals "
+                   "and raise the ceiling; a from-scratch re-fit with your own recipe (--train-fn) measures what "
+                   "retraining does, where a warm start keeps part of what the model learnt from the points left out; "
+                   "where the control re-fit was not adequate because the warm start improved the model, a model "
+                   "trained closer to convergence (or fewer --refit-epochs, a lower --refit-lr) keeps the re-fits "
+                   "about the model you saved.")
+
+
 ADVICE = {
+    NOT_VALIDATED: [
+        "No risk level is issued: the influence that the flip rates rank did not predict what re-fitting your model "
+        "does well enough (see the validity panel), so a flip rate would describe the kernel predictor, not your "
+        "model.",
+        VALIDATION_HELP,
+    ],
     NOT_MEASURABLE: [
         "No risk level can be given for these data: check that the training inputs vary (not all-zero or constant "
         "images, not one example repeated) and that the model's outputs depend on them, then re-run the audit.",
@@ -87,9 +156,12 @@ ADVICE = {
 }
 
 
-def assess_risk(models: dict[str, Any], trained: bool, eps: float) -> dict[str, Any]:
+def assess_risk(models: dict[str, Any], trained: bool, eps: float, gate: dict[str, Any] | None = None,
+                validity: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record's risk entry for the measured `models` (`user`, and `relu` / `attn` when `trained`): the level by
-    `risk_level`, where the reference scale came from, the advice and the adequacy gate's text.
+    `risk_level`, issued only when the user's model passes `gate` (`model_gate`; None: not checked) and `validity`
+    (the validity panel; None: not run) is trustworthy (the module docstring), where the reference scale came from,
+    the advice and the adequacy gate's text.
 
     A reference trained here sets its flip rate unless it failed the adequacy gate (then it is left out); without
     trained references the paper-reported rates (`theory.paper.PAPER_AUDIT_REFERENCE`) are the scale.
@@ -112,6 +184,15 @@ def assess_risk(models: dict[str, Any], trained: bool, eps: float) -> dict[str, 
         if abs(eps - 0.3) > 1e-9:
             risk["references"] += (f"; the paper measured them at eps 0.3, not at the eps {eps_label(eps)} "
                                    "used here")
+    risk["unvalidated_level"] = risk["level"]
+    risk["model_gate"] = gate
+    if risk["level"] != NOT_MEASURABLE and gate is not None and not gate["passed"]:
+        risk["level"], risk["reason"] = NOT_MEASURABLE, gate["reason"]
+    elif risk["level"] != NOT_MEASURABLE:
+        why = _not_validated(validity)
+        if why:
+            risk["level"], risk["reason"] = NOT_VALIDATED, why
+    risk["validated"] = risk["level"] in RISK_LEVELS
     risk["advice"] = ADVICE[risk["level"]]
     risk["gate"] = GATE_TEXT
     return risk

@@ -3,11 +3,16 @@
 Every "actual" number is a re-fit (`verify.audit_refit`) minus the control re-fit with the same seed.
 
 - **Linear datamodeling score (LDS**, Park et al. 2023, TRAK): `subsets` random subsets, each leaving out
-  a fraction `fraction` of the training points; for each the model is fitted again. Predicted change of
-  test point t's loss: the sum of the left-out points' influences on t (NTK leave-one-out, and
-  Gauss-Newton); actual: the re-fitted model's loss of t minus the control's. LDS is the Spearman
-  correlation over subsets, averaged over test points; its 95 % interval is a bootstrap that resamples
-  subsets and test points together.
+  a fraction `fraction` of the training points; each is fitted again `repeats` times with different seeds
+  (each against the control of its seed). Predicted change of test point t's loss: the sum of the left-out
+  points' influences on t (NTK leave-one-out, and Gauss-Newton); actual: the mean over the repeats of the
+  re-fitted model's loss of t minus the control's. LDS is the Spearman correlation over subsets, averaged
+  over test points; its 95 % interval is a bootstrap that resamples subsets and test points together.
+- **Noise ceiling**: re-fits are noisy (another batch order moves every loss), so even a perfect predictor
+  cannot reach LDS 1. Two repeats of the same subset agree at a rank correlation r1 (per test point, over
+  subsets, averaged); the mean of k repeats then has reliability k r1 / (1 + (k - 1) r1) and the ceiling is
+  its square root (`ceiling_from_agreement`). Each estimator's LDS is also reported as a fraction of the
+  ceiling, with the interval of the ratio from the same bootstrap.
 - **Removal of the top levers**: the k most helpful training points (largest total NTK influence) left
   out and the model fitted again, against k random points; predicted and actual change of the mean test
   loss. The re-fit noise is the spread (std) of the mean test loss over control re-fits with different seeds.
@@ -22,11 +27,12 @@ is chaotic in its data, e.g. one whose initialisation depends on them, shows up 
 ignores the seed).
 
 **Verdict** (rule fixed before any measurement, `VALIDITY_RULE`): not measurable when the control re-fit
-is not adequate; **trustworthy** when the lower end of the NTK influence's LDS interval is above
-`LDS_MIN` and removing the top levers raises the re-fitted test loss by more than removing as many random
-points plus twice the re-fit noise; **fragile** when the upper end of the LDS interval is below `LDS_MIN`,
-or the top-lever removal does not pass that test; inconclusive otherwise (the removal test passes but the
-LDS interval straddles `LDS_MIN`).
+is not adequate; **trustworthy** when the lower end of the interval of the NTK influence's LDS as a fraction
+of the ceiling is at least `FRACTION_MIN` and removing the top levers raises the re-fitted test loss by more
+than removing as many random points plus twice the re-fit noise; **fragile** when the upper end of that
+interval is below `FRACTION_MIN`, or the top-lever removal does not pass that test; inconclusive otherwise
+(the interval straddles `FRACTION_MIN`, or the repeats do not agree at all: a ceiling of 0). The risk level
+(`verify.audit_risk`) is issued only with a trustworthy verdict: the flip rates rest on the NTK influence.
 """
 
 from __future__ import annotations
@@ -40,13 +46,17 @@ from scipy import stats
 from empirics.progress import log
 from verify.audit_refit import Refitter, labels_of, per_example_loss, refit_adequacy
 
-LDS_MIN = 0.2
+#: The bar of validation, fixed before any measurement: the lower end of the 95 % interval of an estimator's LDS as a
+#: fraction of the noise ceiling must reach it (half of what a perfect predictor of the re-fits could reach).
+FRACTION_MIN = 0.5
+ESTIMATOR_LABELS = {"ntk": "NTK leave-one-out", "gn": "Gauss-Newton"}
 TRUSTWORTHY, FRAGILE, INCONCLUSIVE, NOT_MEASURABLE = "trustworthy", "fragile", "inconclusive", "not measurable"
-VALIDITY_RULE = (f"trustworthy if the lower end of the LDS 95 % interval (NTK influence) is above {LDS_MIN:g} and "
-                 "removing the top levers raises the re-fitted test loss by more than removing as many random points "
-                 f"plus 2 x the re-fit noise; fragile if the upper end of the LDS interval is below {LDS_MIN:g} or the "
-                 "top-lever removal fails that test; inconclusive otherwise; not measurable if the control re-fit "
-                 "is not adequate")
+VALIDITY_RULE = (f"trustworthy if the lower end of the 95 % interval of the NTK influence's LDS as a fraction of the "
+                 f"noise ceiling is at least {FRACTION_MIN:g} and removing the top levers raises the re-fitted test "
+                 "loss by more than removing as many random points plus 2 x the re-fit noise; fragile if the upper "
+                 f"end of that interval is below {FRACTION_MIN:g} or the top-lever removal fails that test; "
+                 "inconclusive otherwise, or when repeated re-fits do not agree at all (ceiling 0); not measurable "
+                 "if the control re-fit is not adequate")
 
 
 def _col_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -58,22 +68,104 @@ def _col_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(den > 0, (ra * rb).sum(axis=0) / np.where(den > 0, den, 1.0), np.nan)
 
 
-def lds(pred: np.ndarray, actual: np.ndarray, n_boot: int = 400, seed: int = 0) -> dict[str, Any]:
-    """LDS of predicted vs actual changes (subsets x test points) with a bootstrap over both."""
+def ceiling_from_agreement(r1: float, k: int) -> float:
+    """The highest LDS a perfect predictor can reach against the mean of `k` repeated re-fits whose single re-fits
+    agree with each other at rank correlation `r1` (per test point, over subsets).
+
+    Classical test theory: two noisy measurements of the same signal correlate at their reliability r1; the mean of
+    k of them has reliability k r1 / (1 + (k - 1) r1) (Spearman-Brown), and nothing correlates with a noisy target
+    more than the square root of its reliability. 0 when the re-fits do not agree at all (r1 <= 0)."""
+    if not np.isfinite(r1):
+        return float("nan")
+    if r1 <= 0:
+        return 0.0
+    return float(np.sqrt(k * r1 / (1 + (k - 1) * r1)))
+
+
+def _agreement(reps: np.ndarray) -> float:
+    """Mean over test points and over pairs of repeats of the Spearman correlation (over subsets) between two
+    repeats' actual changes (reps: repeats x subsets x test points); NaN with fewer than two repeats."""
+    k = len(reps)
+    if k < 2:
+        return float("nan")
+    per = np.stack([_col_spearman(reps[a], reps[b]) for a in range(k) for b in range(a + 1, k)])
+    return float(np.nanmean(per)) if np.isfinite(per).any() else float("nan")
+
+
+def _lds_value(pred: np.ndarray, actual: np.ndarray) -> float:
     per = _col_spearman(pred, actual)
-    value = float(np.nanmean(per)) if np.isfinite(per).any() else float("nan")
+    return float(np.nanmean(per)) if np.isfinite(per).any() else float("nan")
+
+
+def score_estimators(preds: dict[str, np.ndarray], reps: np.ndarray, n_boot: int = 400,
+                     seed: int = 0) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Each estimator's LDS against the mean of the repeated re-fits, and the noise ceiling from their agreement.
+
+    `preds` maps an estimator's name to its predicted changes (subsets x test points); `reps` holds the actual
+    changes of each repeat (repeats x subsets x test points). Every interval is a 95 % bootstrap that resamples
+    subsets and test points together, the same resamples for every estimator and the ceiling, its percentiles
+    shifted by the bootstrap's bias; the fraction of the ceiling (LDS / ceiling) is bootstrapped as a ratio. With one
+    repeat there is no ceiling (NaN)."""
+    target = reps.mean(axis=0)
+    k, m, t = reps.shape
     rng = np.random.default_rng(seed)
-    m, t = pred.shape
-    reps = []
+    boot: dict[str, list[float]] = {name: [] for name in preds}
+    frac: dict[str, list[float]] = {name: [] for name in preds}
+    agree, ceil = [], []
     for _ in range(n_boot):
         i, j = rng.integers(0, m, m), rng.integers(0, t, t)
-        r = _col_spearman(pred[i][:, j], actual[i][:, j])
-        if np.isfinite(r).any():
-            reps.append(float(np.nanmean(r)))
-    lo, hi = (np.quantile(reps, [0.025, 0.975]) if reps else (np.nan, np.nan))
-    total = stats.spearmanr(pred.sum(axis=1), actual.sum(axis=1)).statistic if m > 2 else np.nan
-    return {"value": value, "lo": float(lo), "hi": float(hi), "per_test_finite": int(np.isfinite(per).sum()),
-            "total_spearman": float(total)}
+        r1 = _agreement(reps[:, i][:, :, j])
+        c = ceiling_from_agreement(r1, k)
+        agree.append(r1)
+        ceil.append(c)
+        for name, pred in preds.items():
+            v = _lds_value(pred[i][:, j], target[i][:, j])
+            boot[name].append(v)
+            frac[name].append(v / c if c > 0 else np.nan)
+
+    def q(vals: list[float], point: float) -> tuple[float, float]:
+        """The percentile interval shifted by the bootstrap's bias (resampled subsets repeat, and the ties pull
+        every rank correlation down)."""
+        a = np.asarray(vals, dtype=float)
+        a = a[np.isfinite(a)]
+        if not a.size or not np.isfinite(point):
+            return (np.nan, np.nan)
+        shift = point - float(a.mean())
+        return (float(np.quantile(a, 0.025)) + shift, float(np.quantile(a, 0.975)) + shift)
+
+    r1 = _agreement(reps)
+    c = ceiling_from_agreement(r1, k)
+    a_lo, a_hi = q(agree, r1)
+    c_lo, c_hi = q(ceil, c)
+    ceiling = {"repeats": int(k), "agreement": r1, "agreement_lo": a_lo, "agreement_hi": a_hi,
+               "value": c, "lo": max(0.0, c_lo) if np.isfinite(c_lo) else c_lo, "hi": c_hi}
+    scores = {}
+    for name, pred in preds.items():
+        value = _lds_value(pred, target)
+        fraction = value / c if c > 0 else float("nan")
+        lo, hi = q(boot[name], value)
+        f_lo, f_hi = q(frac[name], fraction)
+        total = stats.spearmanr(pred.sum(axis=1), target.sum(axis=1)).statistic if m > 2 else np.nan
+        scores[name] = {"value": value, "lo": lo, "hi": hi,
+                        "per_test_finite": int(np.isfinite(_col_spearman(pred, target)).sum()),
+                        "total_spearman": float(total), "fraction": fraction,
+                        "fraction_lo": f_lo, "fraction_hi": f_hi,
+                        "validated": bool(np.isfinite(f_lo) and f_lo >= FRACTION_MIN)}
+    return scores, ceiling
+
+
+def lds(pred: np.ndarray, actual: np.ndarray, n_boot: int = 400, seed: int = 0) -> dict[str, Any]:
+    """LDS of predicted vs actual changes (subsets x test points) with a bootstrap over both (one repeat)."""
+    return score_estimators({"x": pred}, actual[None], n_boot, seed)[0]["x"]
+
+
+def best_estimator(scores: dict[str, dict[str, Any]]) -> str:
+    """The estimator that validates best: the highest lower end of the fraction of the ceiling, then of the LDS."""
+    def key(name: str) -> tuple[float, float]:
+        s = scores[name]
+        f, lo = s.get("fraction_lo", np.nan), s["lo"]
+        return (f if np.isfinite(f) else -np.inf, lo if np.isfinite(lo) else -np.inf)
+    return max(scores, key=key)
 
 
 def _median_margin_point(out: np.ndarray, yt: np.ndarray) -> int | None:
@@ -95,8 +187,9 @@ def _median_margin_point(out: np.ndarray, yt: np.ndarray) -> int | None:
 def validity_panel(refit: Refitter, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor,
                    ntk_per_test: np.ndarray, gn_per_test: np.ndarray, saved_acc: tuple[float, float], tau: float,
                    subsets: int, fraction: float, noise_seeds: int, seed: int, target: int | None,
-                   out_dim: int) -> dict[str, Any]:
-    """LDS, top-lever removal, brittleness and the verdict (see the module docstring)."""
+                   out_dim: int, repeats: int = 2) -> dict[str, Any]:
+    """LDS against the noise ceiling, top-lever removal, brittleness and the verdict (see the module docstring);
+    each subset is re-fitted `repeats` times (seeds seed, seed + 1, ...), each against its own control."""
     n, t = len(x), len(xt)
     y_np, yt_np = y.numpy(), yt.numpy()
     ev = {"train": x, "test": xt}
@@ -113,18 +206,21 @@ def validity_panel(refit: Refitter, x: torch.Tensor, y: torch.Tensor, xt: torch.
         noise_means.append(float(per_example_loss(out, yt_np, out_dim).mean()))
     noise_sd = float(np.std(noise_means, ddof=1))
     r = max(1, min(n - 1, round(fraction * n)))
-    log(f"audit: validity: {subsets} re-fits leaving out {r} random points each")
-    removed, actual = [], np.zeros((subsets, t))
+    log(f"audit: validity: {subsets} subsets leaving out {r} random points each, re-fitted {repeats} times")
+    bases = [base_loss] + [per_example_loss(refit.control(x, y, seed + q, ev)["test"], yt_np, out_dim)
+                           for q in range(1, repeats)]
+    removed, reps = [], np.zeros((repeats, subsets, t))
     for m in range(subsets):
         rem = rng.choice(n, r, replace=False)
         keep = torch.as_tensor(np.setdiff1d(np.arange(n), rem))
-        out = refit.outputs(x[keep], y[keep], seed, {"test": xt})["test"]
-        actual[m] = per_example_loss(out, yt_np, out_dim) - base_loss
+        for q in range(repeats):
+            out = refit.outputs(x[keep], y[keep], seed + q, {"test": xt})["test"]
+            reps[q, m] = per_example_loss(out, yt_np, out_dim) - bases[q]
         removed.append(rem)
-    scores = {}
-    for name, infl in (("ntk", ntk_per_test), ("gn", gn_per_test)):
-        pred = np.stack([infl[rem].sum(axis=0) for rem in removed])
-        scores[name] = lds(pred, actual, seed=seed)
+    actual = reps.mean(axis=0)
+    preds = {name: np.stack([infl[rem].sum(axis=0) for rem in removed])
+             for name, infl in (("ntk", ntk_per_test), ("gn", gn_per_test))}
+    scores, ceiling = score_estimators(preds, reps, seed=seed)
     total = ntk_per_test.sum(axis=1)
     k = max(1, min(n - 1, round(tau * n)))
     order = np.argsort(-total, kind="stable")
@@ -137,34 +233,49 @@ def validity_panel(refit: Refitter, x: torch.Tensor, y: torch.Tensor, xt: torch.
                         "actual": float(per_example_loss(out, yt_np, out_dim).mean() - base_loss.mean())}
     beyond = removal["top"]["actual"] > removal["random"]["actual"] + 2 * noise_sd
     brittle = _brittleness(refit, x, y, xt, yt_np, ntk_per_test, ctrl["test"], seed, target, noise_seeds)
-    s = scores["ntk"]
-    if not gate["passed"]:
-        verdict, why = NOT_MEASURABLE, f"the control re-fit is not adequate ({gate['reason']})"
-    elif s["lo"] > LDS_MIN and beyond:
-        verdict, why = TRUSTWORTHY, (f"LDS {s['value']:.2f} [{s['lo']:.2f}, {s['hi']:.2f}] above {LDS_MIN:g} and "
-                                     "removing the top levers raises the test loss beyond random removal and noise")
-    elif s["hi"] < LDS_MIN or not beyond:
-        parts = []
-        if s["hi"] < LDS_MIN:
-            parts.append(f"LDS {s['value']:.2f} [{s['lo']:.2f}, {s['hi']:.2f}] below {LDS_MIN:g}")
-        if not beyond:
-            parts.append("removing the top levers raises the re-fitted test loss no more than removing random points "
-                         "plus 2 x the re-fit noise")
-        verdict, why = FRAGILE, "; ".join(parts)
-    else:
-        verdict, why = INCONCLUSIVE, (f"LDS {s['value']:.2f} [{s['lo']:.2f}, {s['hi']:.2f}] straddles {LDS_MIN:g}, "
-                                      "although removing the top levers raises the test loss beyond random removal")
-    gn = scores["gn"]
-    if verdict in (FRAGILE, INCONCLUSIVE) and gn["lo"] > LDS_MIN:
-        why += f"; the Gauss-Newton estimate does better (LDS {gn['value']:.2f} [{gn['lo']:.2f}, {gn['hi']:.2f}])"
+    verdict, why = _verdict(gate, scores, ceiling, beyond)
     return {"refit": refit.cfg.describe(), "refit_kind": refit.cfg.kind, "control": gate,
-            "subsets": subsets, "fraction": fraction, "left_out": int(r), "lds": scores,
+            "subsets": subsets, "fraction": fraction, "left_out": int(r), "repeats": repeats, "lds": scores,
+            "ceiling": ceiling, "best": best_estimator(scores), "fraction_min": FRACTION_MIN,
             "noise": {"refits": len(noise_means), "mean_test_loss": noise_means, "sd": noise_sd},
             "signal_sd": float(actual.mean(axis=1).std(ddof=1)) if subsets > 1 else float("nan"),
             "scatter": {"predicted": np.stack([ntk_per_test[rem].sum() / t for rem in removed]).tolist(),
                         "actual": actual.mean(axis=1).tolist()},
             "removal": removal, "removal_beyond_noise": bool(beyond), "brittleness": brittle,
-            "verdict": verdict, "reason": why, "rule": VALIDITY_RULE, "lds_min": LDS_MIN}
+            "verdict": verdict, "reason": why, "rule": VALIDITY_RULE}
+
+
+def _fmt_score(name: str, s: dict[str, Any]) -> str:
+    return (f"{ESTIMATOR_LABELS.get(name, name)} LDS {s['value']:.2f} [{s['lo']:.2f}, {s['hi']:.2f}], "
+            f"{s['fraction']:.2f} [{s['fraction_lo']:.2f}, {s['fraction_hi']:.2f}] of the ceiling")
+
+
+def _verdict(gate: dict[str, Any], scores: dict[str, dict[str, Any]], ceiling: dict[str, Any],
+             beyond: bool) -> tuple[str, str]:
+    """The verdict and its reason by `VALIDITY_RULE`."""
+    s = scores["ntk"]
+    if not gate["passed"]:
+        return NOT_MEASURABLE, f"the control re-fit is not adequate ({gate['reason']})"
+    if not ceiling["value"] > 0:
+        return INCONCLUSIVE, (f"repeated re-fits of the same subsets do not agree with each other (rank agreement "
+                              f"{ceiling['agreement']:.2f}), so they give no ground truth to check influence against")
+    head = f"noise ceiling {ceiling['value']:.2f} [{ceiling['lo']:.2f}, {ceiling['hi']:.2f}]; " + _fmt_score("ntk", s)
+    if s["fraction_lo"] >= FRACTION_MIN and beyond:
+        verdict, why = TRUSTWORTHY, (f"{head}: at least {FRACTION_MIN:g} of the ceiling, and removing the top levers "
+                                     "raises the test loss beyond random removal and noise")
+    elif s["fraction_hi"] < FRACTION_MIN or not beyond:
+        parts = [head + f": below {FRACTION_MIN:g} of the ceiling"] if s["fraction_hi"] < FRACTION_MIN else [head]
+        if not beyond:
+            parts.append("removing the top levers raises the re-fitted test loss no more than removing random points "
+                         "plus 2 x the re-fit noise")
+        verdict, why = FRAGILE, "; ".join(parts)
+    else:
+        verdict, why = INCONCLUSIVE, (f"{head}: the interval straddles {FRACTION_MIN:g} of the ceiling, although "
+                                      "removing the top levers raises the test loss beyond random removal")
+    best = best_estimator(scores)
+    if verdict != TRUSTWORTHY and best != "ntk" and scores[best]["validated"]:
+        why += f"; the {_fmt_score(best, scores[best])} validates"
+    return verdict, why
 
 
 def _brittleness(refit: Refitter, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: np.ndarray,

@@ -21,7 +21,7 @@ from empirics.datasets import load_dataset
 from empirics.gauss_newton import gn_influence_explicit, gn_influence_full, gn_influence_mean, loss_residuals
 from empirics.models import ModelSpec, save_model
 from empirics.train import TrainConfig
-from verify.audit_risk import RISK_LEVELS, risk_level
+from verify.audit_risk import NOT_MEASURABLE, NOT_VALIDATED, RISK_LEVELS, assess_risk, model_gate, risk_level
 from verify.cli import main
 
 SMALL = ["--n", "60", "--n-test", "20", "--tau", "0.2", "--steps", "2", "--baseline-seeds", "2",
@@ -112,7 +112,10 @@ def cnn_report(data, tmp_path_factory) -> dict:
 
 
 def _check_record(rec: dict, references: bool) -> None:
-    assert rec["risk"]["level"] in RISK_LEVELS
+    risk, val = rec["risk"], rec["panels"].get("validity", {})
+    issued = risk["model_gate"]["passed"] and val.get("verdict") == "trustworthy"
+    assert (risk["level"] in RISK_LEVELS) == issued, (risk["level"], risk.get("reason"))
+    assert risk["unvalidated_level"] in (*RISK_LEVELS, "not measurable")
     assert set(rec["models"]) == ({"user", "relu", "attn"} if references else {"user"})
     for m in rec["models"].values():
         assert m["n_selected"] == 12
@@ -352,6 +355,9 @@ def test_risk_rule(flip, base, relu, attn, level):
     assert r["low_ceiling"] <= r["high_floor"]
 
 
+VALID = {"verdict": "trustworthy"}
+
+
 def _measured(flip: float, gate: bool | None = None) -> dict:
     m = {"worst_flip_rate": flip, "baseline": {"flip_rates": [0.00, 0.01, 0.00]}}
     return m if gate is None else {**m, "gate": {"passed": gate}}
@@ -360,20 +366,58 @@ def _measured(flip: float, gate: bool | None = None) -> dict:
 def test_assess_risk_takes_the_scale_from_the_references_or_the_paper():
     """Without references the scale is the paper's R = 5 %, A = 20 % (module docstring of verify.audit_risk); a
     trained reference below the adequacy gate is left out of the scale and named in the record."""
-    from verify.audit_risk import assess_risk
-
-    paper = assess_risk({"user": _measured(0.15)}, trained=False, eps=0.3)
+    paper = assess_risk({"user": _measured(0.15)}, trained=False, eps=0.3, validity=VALID)
     assert (paper["level"], paper["relu_reference"], paper["attn_reference"]) == ("medium", 0.05, 0.20)
     assert paper["references"] == "paper-reported values (no references trained)"
     assert "not at the eps 8/255" in assess_risk({"user": _measured(0.15)}, trained=False, eps=8 / 255)["references"]
-    assert assess_risk({"user": _measured(0.25)}, trained=False, eps=0.3)["level"] == "high"
+    assert assess_risk({"user": _measured(0.25)}, trained=False, eps=0.3, validity=VALID)["level"] == "high"
     trained = {"user": _measured(0.04), "relu": _measured(0.05, gate=False), "attn": _measured(0.30, gate=True)}
-    r = assess_risk(trained, trained=True, eps=0.3)
+    r = assess_risk(trained, trained=True, eps=0.3, validity=VALID)
     assert r["level"] == "medium" and r["left_out"] == ["2L-ReLU"] and r["attn_reference"] == 0.30
     assert r["references"].endswith("2L-ReLU did not pass the adequacy gate and is left out of the scale")
     assert r["advice"] and all(isinstance(a, str) for a in r["advice"]) and r["gate"]
     trained["relu"]["gate"]["passed"] = True
-    assert assess_risk(trained, trained=True, eps=0.3)["level"] == "low"
+    assert assess_risk(trained, trained=True, eps=0.3, validity=VALID)["level"] == "low"
+
+
+def _fragile(ntk: float, gn: float) -> dict:
+    score = {k: {"value": v, "lo": v - 0.05, "hi": v + 0.05, "fraction": v / 0.3, "fraction_lo": (v - 0.05) / 0.3,
+                 "fraction_hi": (v + 0.05) / 0.3, "validated": (v - 0.05) / 0.3 >= 0.5} for k, v in (("ntk", ntk),
+                                                                                                     ("gn", gn))}
+    return {"verdict": "fragile", "reason": "r", "lds": score, "ceiling": {"value": 0.3}, "best": "gn"}
+
+
+def test_risk_level_is_issued_only_for_a_model_above_chance_with_trustworthy_influence():
+    """The level of the scale stays in the record, but the headline is "not validated" unless the validity verdict is
+    trustworthy, and "not measurable" for a model that fails the model gate (module docstring of verify.audit_risk)."""
+    user = {"user": _measured(0.15)}
+    ok = model_gate(0.9, np.arange(30) % 10, 10)
+    assert ok["passed"]
+    assert assess_risk(user, False, 0.3, ok, VALID)["level"] == "medium"
+    skipped = assess_risk(user, False, 0.3, ok, None)
+    assert skipped["level"] == NOT_VALIDATED and "--skip validity" in skipped["reason"]
+    assert skipped["unvalidated_level"] == "medium" and not skipped["validated"]
+    fragile = assess_risk(user, False, 0.3, ok, _fragile(0.05, 0.20))
+    assert fragile["level"] == NOT_VALIDATED and "Gauss-Newton, reached LDS 0.20" in fragile["reason"]
+    assert "--lds-repeats" in " ".join(fragile["advice"]) and "--train-fn" in " ".join(fragile["advice"])
+    at_chance = model_gate(0.1, np.arange(30) % 10, 10)
+    assert not at_chance["passed"] and "below 0.190" in at_chance["reason"]
+    r = assess_risk(user, False, 0.3, at_chance, VALID)
+    assert r["level"] == NOT_MEASURABLE and r["reason"] == at_chance["reason"] and not r["validated"]
+
+
+@pytest.mark.parametrize("acc, labels, out_dim, passed, why", [
+    (0.30, np.arange(100) % 10, 10, True, ""),  # chance 0.10: above 0.19, Wilson lower end 0.22 > 0.10
+    (0.20, np.arange(30) % 10, 10, False, "not significantly"),  # above 0.19, but [0.095, 0.37] holds 0.10
+    (0.81, np.r_[np.zeros(80), np.ones(20)].astype(int), 10, False, "below 0.820"),  # chance: the majority share
+    (0.85, np.r_[np.zeros(80), np.ones(20)].astype(int), 10, False, "not significantly"),  # [0.77, 0.91]
+    (0.95, np.r_[np.zeros(80), np.ones(20)].astype(int), 10, True, ""),
+    (0.54, np.arange(40) % 2, 1, False, "below 0.550"),  # one output: chance 1/2
+])
+def test_model_gate_against_chance_and_the_majority_label(acc, labels, out_dim, passed, why):
+    g = model_gate(acc, labels, out_dim)
+    assert g["passed"] is passed and why in g["reason"]
+    assert 0.0 <= g["test_acc_lo"] <= acc <= g["test_acc_hi"] <= 1.0
 
 
 def test_sharpness_by_finite_differences_matches_double_backward():

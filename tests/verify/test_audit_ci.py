@@ -17,7 +17,8 @@ from tolerances import F64_ROUNDING
 from torch import nn
 
 from empirics.datasets import load_dataset
-from verify.audit_ci import DIFF_MOVED_EXIT, FAIL_ON_EXIT, diff_records, load_schema, schema_errors, wilson
+from empirics.intervals import wilson
+from verify.audit_ci import DIFF_MOVED_EXIT, FAIL_ON_EXIT, diff_records, load_schema, schema_errors
 from verify.audit_config import SCHEMA_VERSION
 from verify.audit_risk import RISK_LEVELS
 from verify.cli import main
@@ -86,7 +87,7 @@ def records(tmp_path_factory) -> dict:
 
 def test_fail_on_exit_code_after_every_output_was_written(records):
     level = records["rec_a"]["risk"]["level"]
-    assert records["code_a"] == (FAIL_ON_EXIT if level in ("medium", "high") else 0)
+    assert records["code_a"] == (0 if level == "low" else FAIL_ON_EXIT)  # fails closed without a level
     out = records["a"]
     assert out.read_bytes()[:5] == b"%PDF-"
     assert out.with_suffix(".json").exists() and (out.parent / "a-summary.md").exists()
@@ -94,7 +95,8 @@ def test_fail_on_exit_code_after_every_output_was_written(records):
 
 @pytest.mark.parametrize(("level", "fail_on", "expected"), [
     ("high", "high", FAIL_ON_EXIT), ("medium", "medium", FAIL_ON_EXIT), ("high", "medium", FAIL_ON_EXIT),
-    ("medium", "high", 3), ("low", "medium", 3), ("not measurable", "medium", 3), ("high", None, 3)])
+    ("medium", "high", 3), ("low", "medium", 3), ("not measurable", "medium", FAIL_ON_EXIT),
+    ("not validated", "high", FAIL_ON_EXIT), ("not validated", None, 3)])
 def test_fail_on_both_ways_and_over_a_missing_pdf(level, fail_on, expected, records, tmp_path, capsys, monkeypatch):
     import reports.render as render
 
@@ -115,6 +117,24 @@ def test_fail_on_both_ways_and_over_a_missing_pdf(level, fail_on, expected, reco
     assert code == expected
     assert out.with_suffix(".html").exists() and (tmp_path / "r-summary.md").exists()
     assert (f"reaches --fail-on {fail_on}" in err) == (expected == FAIL_ON_EXIT)
+
+
+def test_untrained_model_is_not_measurable_and_the_trained_one_follows_the_validity_rule(records):
+    """Real audits with real re-fits: the untrained CNN is at chance on the test points, so no level is issued; the
+    trained copy passes the model gate and gets a level exactly when its influence validates."""
+    untrained, trained = records["rec_b"]["risk"], records["rec_a"]["risk"]
+    assert untrained["level"] == "not measurable" and not untrained["model_gate"]["passed"]
+    assert "test accuracy" in untrained["reason"] and untrained["reason"] == untrained["model_gate"]["reason"]
+    assert trained["model_gate"]["passed"], trained["model_gate"]
+    val = records["rec_a"]["panels"]["validity"]
+    assert val["repeats"] == 2 and val["ceiling"]["repeats"] == 2
+    for s in val["lds"].values():
+        assert np.isnan(s["fraction"]) or s["fraction"] == pytest.approx(s["value"] / val["ceiling"]["value"])
+    assert (trained["level"] in RISK_LEVELS) == (val["verdict"] == "trustworthy")
+    if trained["level"] == "not validated":
+        assert "of the noise ceiling" in trained["reason"] or "not adequate" in val["reason"], trained["reason"]
+    summary = (records["dir"] / "a-summary.md").read_text()
+    assert str(trained["level"]).upper() in summary
 
 
 def test_fail_on_rejects_an_unknown_level(records, tmp_path, capsys):
@@ -173,7 +193,10 @@ def test_summary_states_the_records_findings(records):
     rec = records["rec_a"]
     md = (records["dir"] / "a-summary.md").read_text()
     assert md.startswith("<!-- verify audit summary -->\n### Malleability audit of `cnn.ts`")
-    assert f"**{rec['risk']['level'].upper()}** risk" in md
+    level = rec["risk"]["level"]
+    assert (f"**{level.upper()}** risk" if level in RISK_LEVELS else f"risk **{level.upper()}**") in md
+    if level not in RISK_LEVELS:
+        assert f"{level.capitalize()}: {rec['risk']['reason']}." in md
     user = rec["models"]["user"]
     assert f"{100 * user['worst_flip_rate']:.1f} % ({user['worst_attack'].upper()}" in md
     lo, hi = stats.binomtest(round(user["worst_flip_rate"] * user["n_selected"]),
@@ -195,6 +218,7 @@ def test_wilson_interval_matches_scipy():
     for k, n in ((0, 5), (3, 10), (10, 10), (7, 20)):
         ref = stats.binomtest(k, n).proportion_ci(method="wilson")
         assert wilson(k / n, n) == pytest.approx((ref.low, ref.high), abs=F64_ROUNDING)
+        assert 0.0 <= wilson(k / n, n)[0] <= k / n <= wilson(k / n, n)[1] <= 1.0
 
 
 def test_diff_of_a_record_with_itself_moves_nothing(records, capsys):
@@ -233,7 +257,7 @@ def _bad_files(d: Path, rec: dict) -> dict[str, tuple[Path, str]]:
     (d / "broken.json").write_text(json.dumps(broken))
     return {"pickle": (d / "p.pkl", "not a JSON file"), "claims": (d / "claims.json", "not an audit record"),
             "missing": (d / "none.json", "no such file"), "unversioned": (d / "old.json", "schema_version None"),
-            "schema": (d / "broken.json", "does not match the audit schema"), "folder": (d, "no such file")}
+            "schema": (d / "broken.json", "does not match the audit schema"), "folder": (d, "is a folder, not a file")}
 
 
 @pytest.mark.parametrize("case", ["pickle", "claims", "missing", "unversioned", "schema", "folder"])

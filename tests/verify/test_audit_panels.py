@@ -19,8 +19,8 @@ from empirics.losses import targets
 from verify.audit_budget import budget_curves
 from verify.audit_measure import GenericKernels
 from verify.audit_outcome import poison_panel
-from verify.audit_refit import RefitConfig, Refitter
-from verify.audit_validity import lds, validity_panel
+from verify.audit_refit import WARM, RefitConfig, Refitter, refit_adequacy
+from verify.audit_validity import ceiling_from_agreement, lds, score_estimators, validity_panel
 
 FITS = '''
 import hashlib
@@ -96,13 +96,14 @@ def test_validity_verdict_follows_whether_influence_can_predict_the_fit(fit, ver
     refit = Refitter(nn.Identity(), [], RefitConfig(train_fn=f"{path}:{fit}"), 1, (1, 28, 28))
     with refit.fitted(x, y, 0) as saved:
         _, inf, gn, acc = _influences(saved, x, y, xt, yt, 1)
-    v = validity_panel(refit, x, y, xt, yt, inf.per_test, gn, acc, 0.1, 16, 0.1, 2, 0, None, 1)
+    v = validity_panel(refit, x, y, xt, yt, inf.per_test, gn, acc, 0.1, 12, 0.1, 2, 0, None, 1)
     assert v["control"]["passed"], v["control"]
     assert v["verdict"] == verdict, v["reason"]
+    assert v["repeats"] == 2 and v["ceiling"]["value"] == pytest.approx(1.0)  # both fits ignore the seed
     if verdict == "trustworthy":
-        assert v["lds"]["ntk"]["lo"] > 0.5
+        assert v["lds"]["ntk"]["lo"] > 0.5 and v["lds"]["ntk"]["fraction_lo"] >= v["fraction_min"]
     else:
-        assert v["lds"]["ntk"]["lo"] < 0.2
+        assert v["lds"]["ntk"]["lo"] < 0.2 and v["lds"]["ntk"]["fraction_hi"] < v["fraction_min"]
 
 
 def _mlp(x: torch.Tensor, y: torch.Tensor) -> nn.Module:
@@ -141,6 +142,60 @@ def test_lds_is_one_for_exact_predictions_and_near_zero_for_unrelated_ones():
     assert exact["value"] == pytest.approx(1.0) and exact["lo"] == pytest.approx(1.0)
     unrelated = lds(pred, rng.normal(size=(20, 15)))
     assert unrelated["lo"] < 0 < unrelated["hi"] and abs(unrelated["value"]) < 0.2
+
+
+@pytest.mark.parametrize("reliability, repeats", [(0.1, 2), (0.25, 3), (0.6, 2)])
+def test_noise_ceiling_is_the_lds_of_a_perfect_predictor(reliability, repeats):
+    """Re-fits simulated as signal + independent normal noise of a known reliability (the correlation of two
+    repeats; as a rank correlation (6 / pi) asin(r / 2)): the ceiling estimated from the repeats' agreement matches
+    the closed form, and the true signal, used as the prediction, reaches it (fraction of the ceiling near 1, inside
+    its interval) while an unrelated prediction reaches about 0 and does not validate."""
+    rng = np.random.default_rng(1)
+    m, t = 50, 250
+    signal = rng.normal(size=(m, t))
+    reps = signal[None] + np.sqrt((1 - reliability) / reliability) * rng.normal(size=(repeats, m, t))
+    scores, ceiling = score_estimators({"true": signal, "unrelated": rng.normal(size=(m, t))}, reps, n_boot=60)
+    rank_reliability = 6 / np.pi * np.arcsin(reliability / 2)
+    assert ceiling["agreement"] == pytest.approx(rank_reliability, abs=0.03)
+    assert ceiling["value"] == pytest.approx(ceiling_from_agreement(rank_reliability, repeats), abs=0.06)
+    assert ceiling["lo"] <= ceiling["value"] <= ceiling["hi"]
+    true = scores["true"]
+    assert true["fraction"] == pytest.approx(1.0, abs=0.15)  # Spearman-Brown is exact for Pearson, close for ranks
+    assert true["fraction_lo"] - 0.03 <= 1.0 <= true["fraction_hi"] + 0.03
+    assert true["validated"]
+    assert abs(scores["unrelated"]["fraction"]) < 0.2 and not scores["unrelated"]["validated"]
+
+
+def test_noise_ceiling_of_agreeing_and_of_unrelated_repeats():
+    rng = np.random.default_rng(2)
+    pred = rng.normal(size=(20, 15))
+    _, same = score_estimators({"p": pred}, np.stack([pred, pred]), n_boot=50)
+    assert same["value"] == pytest.approx(1.0) and same["agreement"] == pytest.approx(1.0)
+    assert ceiling_from_agreement(0.0, 2) == 0.0 and ceiling_from_agreement(-0.1, 3) == 0.0
+    assert ceiling_from_agreement(1.0, 5) == pytest.approx(1.0)
+    assert ceiling_from_agreement(0.25, 1) == pytest.approx(0.5)  # one re-fit: sqrt of its reliability
+
+
+def test_warm_start_control_that_teaches_an_untrained_model_fails(mnist):
+    """The audit's default warm start (Adam 1e-3, 5 epochs, batch 64), really run: on a trained network the control
+    keeps its fit; on an untrained copy it teaches the task, so it re-fits a different model and fails."""
+    x, y = torch.as_tensor(mnist.x_train[:200]), torch.as_tensor(mnist.y_train[:200])
+    xt, yt = torch.as_tensor(mnist.x_test[:100]), torch.as_tensor(mnist.y_test[:100])
+    trained = _mlp(x, y)
+    torch.manual_seed(0)
+    untrained = nn.Sequential(nn.Linear(784, 48), nn.ReLU(), nn.Linear(48, 10)).eval()
+    gates = {}
+    for name, net in (("trained", trained), ("untrained", untrained)):
+        with torch.no_grad():
+            acc = (float((net(x).argmax(1) == y).float().mean()), float((net(xt).argmax(1) == yt).float().mean()))
+        refit = Refitter.for_module(net, net, RefitConfig(), 10, (784,))
+        ctrl = refit.control(x, y, 0, {"train": x, "test": xt})
+        gates[name] = refit_adequacy(WARM, ctrl, y.numpy(), yt.numpy(), *acc, 10)
+        gates[name]["saved"] = acc
+    assert gates["trained"]["passed"], gates["trained"]
+    u = gates["untrained"]
+    assert not u["passed"] and "improves the saved model" in u["reason"], u
+    assert u["test_acc"] > u["saved"][1] + 0.05
 
 
 def test_budget_curve_finds_the_breaking_budget_of_a_synthetic_probe():

@@ -62,8 +62,9 @@ class AuditCommandOptions:
     summary: bool = field(default=False, metadata={
         "help": "also write a Markdown summary for a pull-request comment beside the PDF (OUT-summary.md)"})
     fail_on: str | None = field(default=None, metadata={
-        "help": f"exit {FAIL_ON_EXIT} (after writing every output) when the risk level reaches medium or high "
-                "(default: never)", "choices": FAIL_LEVELS})
+        "help": f"exit {FAIL_ON_EXIT} (after writing every output) when the risk level reaches medium or high, or "
+                "when no level could be issued (not measurable, not validated) (default: never)",
+        "choices": FAIL_LEVELS})
     render: str | None = field(default=None, metadata={
         "help": "only re-render the report from a saved audit JSON (--json), computing nothing", "metavar": "JSON"})
 
@@ -80,7 +81,8 @@ CONFIG = options(
     "n", "n_test", "steps", "baseline_seeds", "reference", "ref_width", "ref_epochs", "hessian_iters",
     "hessian_points", "bound_eps", "top_k", "seed", "max_memory_gb", "projection_dim", "projection_kind", "data_dir",
     Param("panels", default="", parse=_panels),
-    "refit_epochs", "refit_lr", "refit_batch", "train_fn", "lds_subsets", "lds_fraction", "refit_seeds",
+    "refit_epochs", "refit_lr", "refit_batch", "train_fn", "lds_subsets", "lds_repeats", "lds_fraction",
+    "refit_seeds",
     "outcome_targets", "target_test", "poison_fraction", "curve_attack",
 )
 ACTION, *OUTPUTS = options(AuditCommandOptions, "action", "out", "html", "json", "summary", "fail_on", "render")
