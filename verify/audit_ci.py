@@ -197,11 +197,10 @@ def summary_markdown(rec: dict[str, Any]) -> str:
     val = panels.get("validity", {})
     if val.get("verdict"):
         lds = val.get("lds", {}).get("ntk")
-        extra = f" (LDS {lds['value']:.2f} [{lds['lo']:.2f}, {lds['hi']:.2f}])" if lds else ""
         ceil = val.get("ceiling", {})
-        if lds and "fraction" in lds and ceil:
-            extra += (f", {lds['fraction']:.2f} [{lds['fraction_lo']:.2f}, {lds['fraction_hi']:.2f}] of the noise "
-                      f"ceiling {ceil['value']:.2f}")
+        of_ceiling = (f"; {lds['fraction']:.2f} [{lds['fraction_lo']:.2f}, {lds['fraction_hi']:.2f}] of the noise "
+                      f"ceiling {ceil['value']:.2f}") if lds and "fraction" in lds and ceil else ""
+        extra = f" (LDS {lds['value']:.2f} [{lds['lo']:.2f}, {lds['hi']:.2f}]{of_ceiling})" if lds else ""
         rows.append(("influence against re-fits", f"{val['verdict']}{extra}"))
     bud = panels.get("budget", {})
     if bud.get("breaking_label"):
