@@ -77,12 +77,23 @@ _TRAINED: OrderedDict[str, Trained] = OrderedDict()
 _TRAINED_MAX = 256
 
 
+def _memo_key(spec: ModelSpec, t: Tensors, cfg: TrainConfig, device: str) -> str:
+    return stable_hash({"spec": spec.to_dict(), "train": asdict(cfg), "data": t.key, "device": device}) if t.key else ""
+
+
+def _remember(key: str, out: Trained) -> None:
+    if key:
+        _TRAINED[key] = out
+        while len(_TRAINED) > _TRAINED_MAX:
+            _TRAINED.popitem(last=False)
+
+
 def train_network(spec: ModelSpec, t: Tensors, cfg: TrainConfig, device: str = "cpu", label: str = "") -> Trained:
     """Build and train a network (or reuse the one this process already trained identically).
 
     The returned model must not be modified in place by the caller (copy it first): it may be shared.
     """
-    key = stable_hash({"spec": spec.to_dict(), "train": asdict(cfg), "data": t.key, "device": device}) if t.key else ""
+    key = _memo_key(spec, t, cfg, device)
     if key and key in _TRAINED:
         _TRAINED.move_to_end(key)
         return _TRAINED[key]
@@ -90,11 +101,53 @@ def train_network(spec: ModelSpec, t: Tensors, cfg: TrainConfig, device: str = "
     init_W = model.W.detach().clone()
     rec = train(model, t.x_train, t.y_train, cfg, t.x_test, t.y_test, label=label or f"{spec.kind} m={spec.width}")
     out = Trained(model, init_W, rec, adequacy(rec, t.chance))
-    if key:
-        _TRAINED[key] = out
-        while len(_TRAINED) > _TRAINED_MAX:
-            _TRAINED.popitem(last=False)
+    _remember(key, out)
     return out
+
+
+@dataclass(frozen=True)
+class NetworkRequest:
+    """The arguments of `train_network`, for `train_networks`."""
+
+    spec: ModelSpec
+    data: Tensors
+    cfg: TrainConfig
+    device: str = "cpu"
+    label: str = ""
+
+
+def train_networks(requests: Sequence[NetworkRequest]) -> list[Trained]:
+    """`[train_network(...) for r in requests]`, with the networks not trained yet trained together in one call
+    of the batched engine (`empirics.engine.train_many`, which gives the same weights and records) and memoised."""
+    from empirics.engine import train_many
+
+    keys = [_memo_key(r.spec, r.data, r.cfg, r.device) for r in requests]
+    slots = [k or f"unkeyed {i}" for i, k in enumerate(keys)]  # a request without a data key is never shared
+    known = {k: _TRAINED[k] for k in slots if k in _TRAINED}
+    todo: dict[str, NetworkRequest] = {}
+    for k, r in zip(slots, requests, strict=True):
+        if k not in known:
+            todo.setdefault(k, r)
+    models = {k: build_model(r.spec, r.data.x_train, device=r.device) for k, r in todo.items()}
+    init = {k: m.W.detach().clone() for k, m in models.items()}
+    jobs = [(models[k], r.data.x_train, r.data.y_train, r.cfg, r.data.x_test, r.data.y_test,
+             r.label or f"{r.spec.kind} m={r.spec.width}") for k, r in todo.items()]
+    for (k, r), rec in zip(todo.items(), train_many(jobs), strict=True):
+        known[k] = Trained(models[k], init[k], rec, adequacy(rec, r.data.chance))
+        _remember("" if k.startswith("unkeyed") else k, known[k])
+    return [known[k] for k in slots]
+
+
+def train_seeds_together(seed_map: SeedMap, seeds: Sequence[int],
+                         requests: Callable[[int], list[NetworkRequest]]) -> None:
+    """Train every seed's networks (`requests(seed)`) in one `train_networks` call before the seeds run, so that
+    their per-seed parts find them in the memo: on the local path (`local_map`) only; where the seeds run elsewhere
+    (a Ray task per seed), each part batches its own networks. Skipped when the memo could not hold them all."""
+    if seed_map is not local_map:
+        return
+    reqs = [r for s in seeds for r in requests(s) if r.data.key]
+    if len(reqs) <= _TRAINED_MAX:
+        train_networks(reqs)
 
 
 def as_float64(model: TwoLayerNet) -> TwoLayerNet:

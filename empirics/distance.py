@@ -43,6 +43,7 @@ from scipy import stats
 
 from empirics import fieldhelp as H
 from empirics.common import (
+    NetworkRequest,
     SeedMap,
     Tensors,
     as_float64,
@@ -51,6 +52,8 @@ from empirics.common import (
     spread,
     subset_provenance,
     train_network,
+    train_networks,
+    train_seeds_together,
 )
 from empirics.losses import targets
 from empirics.mc_reference import mc_reference_kernel, predictor_jackknife_se
@@ -244,9 +247,28 @@ def reference_kernels(cfg: DistanceConfig, spec: ModelSpec, x_tr: np.ndarray, x_
     return kernels.analytic_ntk_two_layer(f_tr, f_tr), kernels.analytic_ntk_two_layer(f_te, f_tr), None
 
 
-def distance_seed(cfg: DistanceConfig, dataset: Any | None, seed: int) -> dict[str, Any]:
-    """One seed of the width sweep: its data subset, the analytic-NTK predictor on it, and every width's run."""
+def base_spec(cfg: DistanceConfig, ds: Any, t: Tensors, kind: str, seed: int) -> ModelSpec:
+    """`kind`'s network on seed `seed`'s data, at width 1 (each run of the sweep sets its own width)."""
+    return ModelSpec(kind, ds.d, 1, t.out_dim, cfg.parameterization, cfg.attn_layers, cfg.attn_rank, seed,
+                     cfg.attn_centre)
+
+
+def distance_networks(cfg: DistanceConfig, ds: Any, t: Tensors, device: str, seed: int) -> list[NetworkRequest]:
+    """The networks `one_run` trains for seed `seed`: every model at every width."""
+    return [NetworkRequest(replace(base_spec(cfg, ds, t, kind, seed), width=width), t, replace(cfg.train, seed=seed),
+                           device) for kind in cfg.models for width in cfg.widths]
+
+
+def _seed_networks(cfg: DistanceConfig, dataset: Any | None, seed: int) -> list[NetworkRequest]:
     ds, t, device = experiment_data(cfg, dataset, seed)
+    return distance_networks(cfg, ds, t, device, seed)
+
+
+def distance_seed(cfg: DistanceConfig, dataset: Any | None, seed: int) -> dict[str, Any]:
+    """One seed of the width sweep: its data subset, the analytic-NTK predictor on it, and every width's run (its
+    networks trained together by the batched engine, or found trained by `run_ntk_distance`)."""
+    ds, t, device = experiment_data(cfg, dataset, seed)
+    train_networks(distance_networks(cfg, ds, t, device, seed))
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in cfg.models}
     norms: dict[str, float] = {}
     refs: dict[str, dict[str, Any]] = {}
@@ -255,8 +277,7 @@ def distance_seed(cfg: DistanceConfig, dataset: Any | None, seed: int) -> dict[s
     x_tr = ds.x_train.astype(np.float64)
     x_te = ds.x_test.astype(np.float64)
     for kind in cfg.models:
-        spec0 = ModelSpec(kind, ds.d, 1, t.out_dim, cfg.parameterization, cfg.attn_layers, cfg.attn_rank, seed,
-                          cfg.attn_centre)
+        spec0 = base_spec(cfg, ds, t, kind, seed)
         k_tt, k_st, mc = reference_kernels(cfg, spec0, x_tr, x_te, t, seed)
         ridge = predictor_ridge(k_tt, ds.x_train.shape[0], cfg.train.weight_decay)
         ridges.append(ridge)
@@ -335,9 +356,11 @@ def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None,
     reads them back: lists, not tuples).
 
     With `per_seed_data` every seed draws its own data subset; the analytic-NTK predictor is fitted on
-    that seed's subset. `seed_map` runs the seeds (`distance_seed`), here or elsewhere.
+    that seed's subset. `seed_map` runs the seeds (`distance_seed`), here or elsewhere; here, the networks of
+    every seed are first trained together (`empirics.common.train_seeds_together`).
     """
     t0 = time.perf_counter()
+    train_seeds_together(seed_map, cfg.seeds, partial(_seed_networks, cfg, dataset))
     parts = seed_map(partial(distance_seed, cfg, dataset), cfg.seeds)
     runs = {kind: [r for part in parts for r in part["runs"][kind]] for kind in cfg.models}
     norms = {kind: [part["norms"][kind] for part in parts] for kind in cfg.models}

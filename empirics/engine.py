@@ -200,10 +200,13 @@ def _train_group(nets: list[_Net], label: str) -> bool:
     with Progress(cfg0.epochs, label) as bar, torch.no_grad():
         for epoch in range(1, cfg0.epochs + 1):
             perms = torch.stack([torch.randperm(n, generator=net.gen) for net in st.nets]).to(st.W.device)
-            rows = torch.arange(len(st.nets), device=st.W.device)[:, None]
+            k = len(st.nets)
+            flat_f = st.F.view(k * n, -1)
+            offsets = torch.arange(k, device=st.W.device)[:, None] * n
             for i in range(0, n, batch):
                 idx = perms[:, i:i + batch]
-                xb, yb = st.F[rows, idx], st.Y.gather(1, idx)
+                xb = flat_f.index_select(0, (idx + offsets).flatten()).view(k, idx.shape[1], -1)
+                yb = st.Y.gather(1, idx)
                 h = torch.bmm(xb, st.W.mT)
                 out = torch.bmm(torch.relu(h), st.A) / st.scale
                 # the backward pass of `TwoLayerNet.head` as autograd computes it for each network

@@ -48,6 +48,7 @@ from empirics.common import (
     subset_provenance,
     train_network,
 )
+from empirics.intervals import t_interval
 from empirics.losses import loss_fn, predict_labels
 from empirics.models import ModelSpec, TwoLayerNet
 from empirics.records import device_info, library_versions
@@ -509,18 +510,15 @@ def run_landscape(cfg: LandscapeConfig, dataset: Any | None = None, seed_map: Se
 LANDSCAPE_CRITERIA = ("filter_increase", "sharpness_per_input")
 
 
-def paired_log_ratio_interval(a: list[float], b: list[float], n_boot: int = 2000, level: float = 0.95,
-                              seed: int = 0) -> dict[str, Any]:
-    """Mean over seeds of `log(a_s / b_s)` with a percentile bootstrap interval over seeds (paired)."""
+def paired_log_ratio_interval(a: list[float], b: list[float], level: float = 0.95) -> dict[str, Any]:
+    """Mean over seeds of `log(a_s / b_s)` with a Student-t interval over seeds (paired; `empirics.intervals`)."""
     v = np.log(np.asarray(a, float) / np.asarray(b, float))
     v = v[np.isfinite(v)]
     if v.size == 0:
         return {"mean": float("nan"), "ci": [float("nan"), float("nan")], "seeds": 0}
-    rng = np.random.default_rng(seed)
-    boots = v[rng.integers(0, v.size, (n_boot, v.size))].mean(axis=1)
-    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
-    return {"mean": float(v.mean()), "ci": [float(lo), float(hi)], "seeds": int(v.size), "level": level,
-            "method": f"percentile bootstrap over seeds ({n_boot} resamples), paired log ratio 2L-ReLU / MLP-Attn"}
+    ci = t_interval(list(v), level)
+    return {"mean": ci["value"], "ci": [ci["lo"], ci["hi"]], "seeds": int(v.size), "level": level,
+            "per_seed": ci["per_seed"], "method": "Student-t interval over seeds, paired log ratio 2L-ReLU / MLP-Attn"}
 
 
 def not_a_minimum(run: dict[str, Any], tol: float = 0.01) -> bool:
@@ -540,7 +538,7 @@ def landscape_verdict(result: dict[str, Any]) -> LandscapeJudgement:
     paired by seed, on two scale-aware criteria (raw Hessian numbers scale with the input norm, which
     differs ~100x between raw pixels and unit attention features): (B) the filter-normalised loss
     increase at the relative step `flat_step`, and (A') the top Hessian eigenvalue divided by the mean
-    `||x~||^2`. Each is judged on the 95 % bootstrap interval of the paired log ratio ReLU / Attn:
+    `||x~||^2`. Each is judged on the 95 % t interval over seeds of the paired log ratio ReLU / Attn:
     "holds" if both intervals lie above 0, "partly" if one does, "does not hold" if neither. Raw
     numbers and seed counts are reported beside it, not used.
     """

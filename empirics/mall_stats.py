@@ -2,33 +2,31 @@
 
 Reads the per-run records of `empirics.malleability.run_malleability` (one per model, seed and training).
 
-Intervals (fixed before any run):
+Intervals (`empirics.intervals`; seeds are the unit of replication, each its own data subset):
 
-- **Per-point quantities** (flip rates, excess over noise, their differences and ratios) use a
-  hierarchical percentile bootstrap: the seeds are resampled with replacement, then the selected points
-  within each drawn seed. Networks of the same seed share the seed draw (same seed = same data subset),
-  so differences and ratios between models, or between standard and adversarial training, are paired
-  by seed; their points are resampled independently (each network selects its own top points).
-  **Excess over noise** of an attack is paired per point: the attack and the random-sign baseline
-  perturb the same points, so each point contributes `flipped_attack - flipped_random`.
-- **Per-network scalars** (Spearman rho, the curated test-loss change) have only the seed as a source
-  of variation: a Student-t interval over seeds (of the paired per-seed difference where two things are
-  compared). With one seed it is unbounded.
+- Every quantity is first reduced to one value per seed: a flip rate is the mean over that seed's selected
+  points; the **excess over noise** of an attack is paired per point (the attack and the random-sign
+  baseline perturb the same points), so a seed's excess is `mean(flipped_attack - flipped_random)`.
+- Means, differences (between models, or standard and adversarial training, paired by seed: same seed =
+  same data subset) and per-network scalars (Spearman rho, the curated test-loss change): a Student-t
+  interval over seeds (`t_interval`).
+- Ratios (Attn/ReLU of flip rates or of excesses): Fieller's interval from the paired per-seed values
+  (`fieller`); unbounded (-inf, inf) where the denominator is not significantly different from 0.
 
-With 2-3 seeds the seed level is coarse; every record carries its number of seeds and points.
-Infinite bounds appear where a ratio's denominator can reach zero (see `ratio_values`).
+Every interval record keeps its per-seed values (`per_seed`, or `per_seed_num` / `per_seed_den` for a
+ratio), so it can be recomputed from claims.json. `benchmarks.coverage` measures the coverage of each
+method at the quick preset's sizes.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import stats
 
 from empirics.common import spread
+from empirics.intervals import FIELLER_METHOD, LEVEL, T_METHOD, difference, fieller, t_interval
 from empirics.vocab import PAPER_ATTACKS, Attack
 from ntkm.codec import Record, encode, optional
 from theory.paper import PAPER_ADV, PAPER_FLIP
@@ -38,16 +36,11 @@ if TYPE_CHECKING:
 
 INTERVENTIONS = ("transformed", "curated", "adversarial")
 BASELINE = Attack.RANDOM.value
-#: Bootstrap settings: resamples, generator seed, level.
-N_BOOT = 2000
-BOOT_SEED = 20_260_313
-LEVEL = 0.95
 POOLED = "pooled"
 
-METHOD = (f"hierarchical percentile bootstrap, {N_BOOT} resamples (numpy default_rng({BOOT_SEED})): seeds "
-          "resampled with replacement, then the selected points within each drawn seed; models (or trainings) "
-          "of one seed share the seed draw; excess over noise paired per point")
-SEED_METHOD = "Student-t interval over seeds (of the paired per-seed difference where two things are compared)"
+METHOD = (f"{T_METHOD}, of per-seed flip rates (the mean over a seed's selected points); excess over noise paired "
+          f"per point; ratios: {FIELLER_METHOD}")
+SEED_METHOD = T_METHOD
 
 
 def paper_ratio_range(dataset: str, task: str) -> tuple[float, float] | None:
@@ -59,79 +52,20 @@ def paper_ratio_range(dataset: str, task: str) -> tuple[float, float] | None:
     return min(r), max(r)
 
 
-# ---- interval machinery --------------------------------------------------------------------------
-
-def hierarchical_bootstrap(groups: dict[str, list[np.ndarray]], n_boot: int = N_BOOT,
-                           seed: int = BOOT_SEED) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Point estimates `(K,)` and bootstrap replicates `(n_boot, K)` of the mean over seeds of the mean
-    over points, per group.
-
-    `groups[g][s]` is a `(points, K)` array for seed slot `s`; the slots are the same seeds in every
-    group and share one seed draw per replicate. Within a drawn slot the points are resampled (all K
-    columns with the same draw, which pairs the columns per point), independently per group and per draw.
-    """
-    rng = np.random.default_rng(seed)
-    sizes = {len(v) for v in groups.values()}
-    if len(sizes) != 1 or 0 in sizes:
-        raise ValueError("every group needs the same, non-zero number of seeds")
-    n_seeds = sizes.pop()
-    slots = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
-    est, reps = {}, {}
-    for g, per_seed in groups.items():
-        arrs = [np.asarray(a, float).reshape(len(a), -1) for a in per_seed]
-        k = arrs[0].shape[1]
-        out = np.empty((n_boot, n_seeds, k))
-        for s, arr in enumerate(arrs):
-            mask = slots == s
-            count = int(mask.sum())
-            if count:
-                draw = rng.integers(0, len(arr), size=(count, len(arr)))
-                out[mask] = arr[draw].mean(axis=1)
-        est[g] = np.mean([a.mean(axis=0) for a in arrs], axis=0)
-        reps[g] = out.mean(axis=1)
-    return est, reps
+def seed_means(per_seed: list[np.ndarray]) -> np.ndarray:
+    """`(seeds, K)`: the mean over points of each seed's `(points, K)` flip matrix."""
+    return np.array([np.asarray(a, float).reshape(len(a), -1).mean(axis=0) for a in per_seed])
 
 
-def percentile_ci(value: float, reps: np.ndarray, level: float = LEVEL) -> dict[str, Any]:
-    """`{"value", "lo", "hi", "method": "bootstrap"}`: the percentile interval of `reps` (may hold +-inf)."""
-    q = [(1 - level) / 2, (1 + level) / 2]
-    r = np.asarray(reps, float)
-    lo, hi = np.quantile(r, q, method="inverted_cdf") if np.isinf(r).any() else np.quantile(r, q)
-    return {"value": float(value), "lo": float(lo), "hi": float(hi), "method": "bootstrap"}
+def pooled(means: np.ndarray, n_attacks: int) -> np.ndarray:
+    """Per seed, the flip rate pooled over the attacks: the mean over columns 1..`n_attacks` (column 0 is the
+    noise) of the per-seed means `(seeds, K)`. The one definition of "pooled" that the flip tables, the
+    adversarial-training rows and so every rule reading them use."""
+    return means[:, 1:n_attacks + 1].mean(axis=1)
 
 
-def t_interval(values: list[float], level: float = LEVEL) -> dict[str, Any]:
-    """`{"value", "lo", "hi", "method": "t", "n"}`: mean +- t * sd / sqrt(n) over the finite values."""
-    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], float)
-    if v.size == 0:
-        return {"value": float("nan"), "lo": float("-inf"), "hi": float("inf"), "method": "t", "n": 0}
-    m = float(v.mean())
-    if v.size == 1:
-        return {"value": m, "lo": float("-inf"), "hi": float("inf"), "method": "t", "n": 1}
-    half = float(stats.t.ppf((1 + level) / 2, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
-    return {"value": m, "lo": m - half, "hi": m + half, "method": "t", "n": int(v.size)}
-
-
-def ratio_values(num: np.ndarray | float, den: np.ndarray | float) -> np.ndarray:
-    """num / den where den > 0; +inf where den <= 0 < num (only the numerator is positive); -inf where
-    both are <= 0 (neither is positive: no gap in the numerator's favour)."""
-    n, d = np.asarray(num, float), np.asarray(den, float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.where(d > 0, n / np.where(d > 0, d, 1.0), np.where(n > 0, np.inf, -np.inf))
-    return out
-
-
-def ratio_ci(num_est: float, den_est: float, num: np.ndarray, den: np.ndarray) -> dict[str, Any]:
-    """Interval of a ratio from paired replicates, with `ratio_values`' conventions."""
-    return percentile_ci(float(ratio_values(num_est, den_est)), ratio_values(num, den))
-
-
-def pooled(est: np.ndarray, reps: np.ndarray, n_attacks: int) -> tuple[float, np.ndarray]:
-    """The flip rate pooled over the attacks: the mean over columns 1..`n_attacks` (column 0 is the noise) of
-    the estimates `(K,)` and of the replicates `(n_boot, K)`. The one definition of "pooled" that the flip
-    tables, the adversarial-training rows and so every rule reading them use."""
-    cols = slice(1, n_attacks + 1)
-    return est[cols].mean(), reps[:, cols].mean(axis=1)
+def _l(v: np.ndarray) -> list[float]:
+    return [float(x) for x in v]
 
 
 # ---- reading the runs ----------------------------------------------------------------------------
@@ -180,8 +114,9 @@ def _counts(matrices: list[np.ndarray]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class MallSummary(Record):
     """The statistics of one malleability experiment (`summarise`), one list of rows per table. Each row is a dict
-    naming its setting (training, intervention, eps, model, attack) and its intervals (`percentile_ci`,
-    `t_interval`); `find` picks one. `adv_train` is present only when adversarial training ran."""
+    naming its setting (training, intervention, eps, model, attack) and its intervals (`t_interval`,
+    `fieller`, each with its per-seed values); `find` picks one. `adv_train` is present only when adversarial
+    training ran."""
 
     bootstrap: dict[str, Any]
     rows: list[dict[str, Any]]
@@ -208,7 +143,7 @@ def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig) -> MallSummar
     trainings = ["standard"] + (["adversarial"] if cfg.adv_train else [])
     attacks = tuple(cfg.attacks)
     out: dict[str, Any] = {
-        "bootstrap": {"method": METHOD, "seed_level_method": SEED_METHOD, "n_boot": N_BOOT, "seed": BOOT_SEED,
+        "bootstrap": {"method": METHOD, "seed_level_method": SEED_METHOD, "ratio_method": FIELLER_METHOD,
                       "level": LEVEL},
         "rows": [], "pooled": [], "comparisons": [], "ratios": [], "curated": [], "curated_diff": [],
         "seed_baseline": [],
@@ -229,9 +164,8 @@ def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig) -> MallSummar
             if not have:
                 continue
             mats = [np.array(r["seed_baseline"]["flipped"], float)[:, None] for r in have]
-            est, reps = hierarchical_bootstrap({model: mats})
             out["seed_baseline"].append({
-                "model": model, "flip_ci": percentile_ci(est[model][0], reps[model][:, 0]),
+                "model": model, "flip_ci": t_interval(_l(seed_means(mats)[:, 0])),
                 "rho_all_ci": t_interval([r["seed_baseline"]["rho_all"] for r in have]), **_counts(mats)})
     if cfg.adv_train:
         out["adv_train"] = _adv_block(runs, cfg, attacks)
@@ -247,27 +181,26 @@ def _flip_block(out: dict[str, Any], runs: list[dict[str, Any]], cfg: Malleabili
         return
     with_seed = training == "standard" and all("seed_baseline" in by[m][s] for m in cfg.models for s in seeds)
     mats = {m: [_flip_matrix(by[m][s], intervention, eps, attacks, with_seed) for s in seeds] for m in cfg.models}
-    est, reps = hierarchical_bootstrap(mats)
     paper = PAPER_FLIP.get((cfg.dataset, cfg.task), {})
     headline = eps == 0.3 and intervention == "transformed" and training == "standard"
     where = {"training": training, "intervention": intervention, "eps": eps}
     na = len(attacks)
-    derived: dict[str, dict[str, tuple[float, np.ndarray]]] = {}
+    derived: dict[str, dict[str, np.ndarray]] = {}
     rho: dict[str, list[float]] = {}
     for m in cfg.models:
-        e, r = est[m], reps[m]
+        e = seed_means(mats[m])
         runs_m = [by[m][s] for s in seeds]
 
         def vals(a: str, key: str, runs_m: list[dict[str, Any]] = runs_m) -> list[float]:
             return [_measurement(x, intervention, a, eps)[key] for x in runs_m]
 
-        d = {"noise": (e[0], r[:, 0])}
+        d = {"noise": e[:, 0]}
         for j, a in enumerate(attacks, start=1):
-            d[f"flip:{a}"] = (e[j], r[:, j])
-            d[f"excess:{a}"] = (e[j] - e[0], r[:, j] - r[:, 0])
-        pe, pr = pooled(e, r, na)
-        d[f"flip:{POOLED}"] = (pe, pr)
-        d[f"excess:{POOLED}"] = (pe - e[0], pr - r[:, 0])
+            d[f"flip:{a}"] = e[:, j]
+            d[f"excess:{a}"] = e[:, j] - e[:, 0]
+        pe = pooled(e, na)
+        d[f"flip:{POOLED}"] = pe
+        d[f"excess:{POOLED}"] = pe - e[:, 0]
         derived[m] = d
         base = {k: vals(BASELINE, k) for k in ("flip_rate", "rho_all", "rho_top")}
         for j, a in enumerate(attacks, start=1):
@@ -275,42 +208,40 @@ def _flip_block(out: dict[str, Any], runs: list[dict[str, Any]], cfg: Malleabili
             row = {**where, "model": m, "attack": a, "per_seed_flip_rate": v["flip_rate"],
                    **{k: spread(x) for k, x in v.items()},
                    **{f"baseline_{k}": spread(x) for k, x in base.items()},
-                   "flip_ci": percentile_ci(*d[f"flip:{a}"]), "baseline_ci": percentile_ci(*d["noise"]),
-                   "excess_ci": percentile_ci(*d[f"excess:{a}"]),
+                   "flip_ci": t_interval(_l(d[f"flip:{a}"])), "baseline_ci": t_interval(_l(d["noise"])),
+                   "excess_ci": t_interval(_l(d[f"excess:{a}"])),
                    "rho_all_ci": t_interval(v["rho_all"]),
-                   "rho_drop_ci": t_interval([b - x for b, x in zip(base["rho_all"], v["rho_all"], strict=True)]),
+                   "rho_drop_ci": difference(base["rho_all"], v["rho_all"]),
                    "paper_flip_pct": paper.get(m, {}).get(a) if headline else None, **_counts(mats[m])}
             if with_seed:
-                row["excess_over_seed_ci"] = percentile_ci(e[j] - e[-1], r[:, j] - r[:, -1])
+                row["excess_over_seed_ci"] = t_interval(_l(e[:, j] - e[:, -1]))
             out["rows"].append(row)
         rho_att = [float(np.mean([_measurement(x, intervention, a, eps)["rho_all"] for a in attacks]))
                    for x in runs_m]
         rho[m] = rho_att
-        pooled_row = {**where, "model": m, "attacks": list(attacks), "flip_ci": percentile_ci(*d[f"flip:{POOLED}"]),
-                      "baseline_ci": percentile_ci(*d["noise"]), "excess_ci": percentile_ci(*d[f"excess:{POOLED}"]),
+        pooled_row = {**where, "model": m, "attacks": list(attacks), "flip_ci": t_interval(_l(pe)),
+                      "baseline_ci": t_interval(_l(d["noise"])), "excess_ci": t_interval(_l(d[f"excess:{POOLED}"])),
                       "per_seed_rho_all": rho_att, "per_seed_baseline_rho_all": base["rho_all"],
                       "rho_all_ci": t_interval(rho_att), "baseline_rho_all_ci": t_interval(base["rho_all"]),
-                      "rho_drop_ci": t_interval([b - x for b, x in zip(base["rho_all"], rho_att, strict=True)]),
-                      **_counts(mats[m])}
+                      "rho_drop_ci": difference(base["rho_all"], rho_att), "seeds": list(seeds), **_counts(mats[m])}
         if with_seed:
-            pooled_row["seed_baseline_ci"] = percentile_ci(e[-1], r[:, -1])
-            pooled_row["excess_over_seed_ci"] = percentile_ci(pe - e[-1], pr - r[:, -1])
+            pooled_row["seed_baseline_ci"] = t_interval(_l(e[:, -1]))
+            pooled_row["excess_over_seed_ci"] = t_interval(_l(pe - e[:, -1]))
         out["pooled"].append(pooled_row)
     if not both:
         return
     for a in (*attacks, POOLED):
-        (fa, fa_r), (fr, fr_r) = derived["attn"][f"flip:{a}"], derived["relu"][f"flip:{a}"]
-        (xa, xa_r), (xr, xr_r) = derived["attn"][f"excess:{a}"], derived["relu"][f"excess:{a}"]
+        fa, fr = _l(derived["attn"][f"flip:{a}"]), _l(derived["relu"][f"flip:{a}"])
+        xa, xr = _l(derived["attn"][f"excess:{a}"]), _l(derived["relu"][f"excess:{a}"])
         if a == POOLED:
             rho_d = [x - y for x, y in zip(rho["attn"], rho["relu"], strict=True)]
         else:
             rho_d = [_measurement(by["attn"][s], intervention, a, eps)["rho_all"]
                      - _measurement(by["relu"][s], intervention, a, eps)["rho_all"] for s in seeds]
         out["comparisons"].append({
-            **where, "attack": a, "flip_diff_ci": percentile_ci(fa - fr, fa_r - fr_r),
-            "excess_diff_ci": percentile_ci(xa - xr, xa_r - xr_r), "ratio_ci": ratio_ci(fa, fr, fa_r, fr_r),
-            "ratio_excess_ci": ratio_ci(xa, xr, xa_r, xr_r), "rho_all_diff_ci": t_interval(rho_d),
-            "n_seeds": len(seeds)})
+            **where, "attack": a, "flip_diff_ci": difference(fa, fr), "excess_diff_ci": difference(xa, xr),
+            "ratio_ci": fieller(fa, fr), "ratio_excess_ci": fieller(xa, xr), "rho_all_diff_ci": t_interval(rho_d),
+            "n_seeds": len(seeds), "seeds": list(seeds)})
     for a in (*attacks, BASELINE):
         out["ratios"].append({**where, "attack": a, **ratio(
             [_measurement(by["attn"][s], intervention, a, eps)["flip_rate"] for s in seeds],
@@ -357,22 +288,20 @@ def _adv_block(runs: list[dict[str, Any]], cfg: MalleabilityConfig, attacks: tup
         if not seeds:
             continue
         mats = {t: [_flip_matrix(by[t][s], "transformed", eps, attacks, False) for s in seeds] for t in by}
-        est, reps = hierarchical_bootstrap(mats)
+        means = {t: seed_means(mats[t]) for t in by}
         for j, a in [(j, a) for j, a in enumerate(attacks, start=1)] + [(0, POOLED)]:
-            f = {t: (est[t][j:j + 1].mean(), reps[t][:, j:j + 1].mean(axis=1)) if j else pooled(est[t], reps[t], na)
-                 for t in by}
-            x = {t: (f[t][0] - est[t][0], f[t][1] - reps[t][:, 0]) for t in by}
+            f = {t: _l(means[t][:, j] if j else pooled(means[t], na)) for t in by}
+            x = {t: [v - n for v, n in zip(f[t], means[t][:, 0], strict=True)] for t in by}
             row: dict[str, Any] = {
                 "model": model, "attack": a,
-                "standard_ci": percentile_ci(*f["standard"]), "adversarial_ci": percentile_ci(*f["adversarial"]),
-                "standard_excess_ci": percentile_ci(*x["standard"]),
-                "adversarial_excess_ci": percentile_ci(*x["adversarial"]),
-                "rise_ci": percentile_ci(f["adversarial"][0] - f["standard"][0],
-                                         f["adversarial"][1] - f["standard"][1]),
-                "rise_excess_ci": percentile_ci(x["adversarial"][0] - x["standard"][0],
-                                                x["adversarial"][1] - x["standard"][1]),
+                "standard_ci": t_interval(f["standard"]), "adversarial_ci": t_interval(f["adversarial"]),
+                "standard_excess_ci": t_interval(x["standard"]),
+                "adversarial_excess_ci": t_interval(x["adversarial"]),
+                "rise_ci": difference(f["adversarial"], f["standard"]),
+                "rise_excess_ci": difference(x["adversarial"], x["standard"]),
                 "paper_pct": PAPER_ADV.get((cfg.dataset, model)) if a == "pgd" and cfg.task == "10class" else None,
-                "n_seeds": len(seeds), "n_points": {t: [int(len(m)) for m in mats[t]] for t in mats}}
+                "n_seeds": len(seeds), "seeds": list(seeds),
+                "n_points": {t: [int(len(m)) for m in mats[t]] for t in mats}}
             if a != POOLED:
                 for t in by:
                     row[t] = spread([_measurement(by[t][s], "transformed", a, eps)["flip_rate"] for s in seeds])

@@ -48,7 +48,17 @@ from scipy import stats
 
 from empirics import fieldhelp as H
 from empirics.attacks import CONTEXT_MODES, AttackConfig, attack
-from empirics.common import SeedMap, Tensors, experiment_data, local_map, subset_provenance, train_network
+from empirics.common import (
+    NetworkRequest,
+    SeedMap,
+    Tensors,
+    experiment_data,
+    local_map,
+    subset_provenance,
+    train_network,
+    train_networks,
+    train_seeds_together,
+)
 from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_scores
 from empirics.mall_stats import BASELINE, INTERVENTIONS, MallSummary, paper_ratio_range, summarise
 from empirics.models import ModelSpec, TwoLayerNet
@@ -264,20 +274,49 @@ def seed_baseline(model: TwoLayerNet, other: TwoLayerNet, t: Tensors, cfg: Malle
 OTHER_INIT = 10_000
 
 
+def network_config(cfg: MalleabilityConfig, ds: Any, t: Tensors, kind: str, seed: int,
+                   adv: bool) -> tuple[ModelSpec, TrainConfig]:
+    """The network `kind` of seed `seed` and its training (PGD adversarial training when `adv`)."""
+    spec = ModelSpec(kind, ds.d, cfg.width, t.out_dim, cfg.parameterization, cfg.attn_layers,
+                     cfg.attn_rank, seed, cfg.attn_centre)
+    epochs = cfg.train.epochs if not adv or cfg.adv_max_epochs is None else min(
+        cfg.train.epochs, cfg.adv_max_epochs)
+    tcfg = replace(cfg.train, seed=seed, adv_train=adv, adv_eps=cfg.eps_values[0],
+                   adv_steps=cfg.adv_steps, epochs=epochs)
+    return spec, tcfg
+
+
+def malleability_networks(cfg: MalleabilityConfig, ds: Any, t: Tensors, device: str,
+                          seed: int) -> list[NetworkRequest]:
+    """Every network seed `seed` trains: each model (standard, and adversarially when asked) and the second
+    initialisation of the seed-to-seed baseline."""
+    out = []
+    for adv in (False, True) if cfg.adv_train else (False,):
+        for kind in cfg.models:
+            spec, tcfg = network_config(cfg, ds, t, kind, seed, adv)
+            out.append(NetworkRequest(spec, t, tcfg, device))
+            if cfg.seed_baseline and not adv:
+                o_seed = seed + OTHER_INIT
+                out.append(NetworkRequest(replace(spec, seed=o_seed), t, replace(tcfg, seed=o_seed), device))
+    return out
+
+
+def _seed_networks(cfg: MalleabilityConfig, dataset: Any | None, seed: int) -> list[NetworkRequest]:
+    ds, t, device = experiment_data(cfg, dataset, seed)
+    return malleability_networks(cfg, ds, t, device, seed)
+
+
 def malleability_seed(cfg: MalleabilityConfig, dataset: Any | None, seed: int) -> dict[str, Any]:
     """One seed of the experiment: its data subset, and every model trained (standard, and adversarially when
-    asked) and measured on it."""
+    asked; the networks trained together by the batched engine, or found trained by `run_malleability`) and
+    measured on it."""
     trainings = [("standard", False)] + ([("adversarial", True)] if cfg.adv_train else [])
     ds, t, device = experiment_data(cfg, dataset, seed)
+    train_networks(malleability_networks(cfg, ds, t, device, seed))
     runs: list[dict[str, Any]] = []
     for training, adv in trainings:
         for kind in cfg.models:
-            spec = ModelSpec(kind, ds.d, cfg.width, t.out_dim, cfg.parameterization, cfg.attn_layers,
-                             cfg.attn_rank, seed, cfg.attn_centre)
-            epochs = cfg.train.epochs if not adv or cfg.adv_max_epochs is None else min(
-                cfg.train.epochs, cfg.adv_max_epochs)
-            tcfg = replace(cfg.train, seed=seed, adv_train=adv, adv_eps=cfg.eps_values[0],
-                           adv_steps=cfg.adv_steps, epochs=epochs)
+            spec, tcfg = network_config(cfg, ds, t, kind, seed, adv)
             t1 = time.perf_counter()
             tr = train_network(spec, t, tcfg, device, label=f"{kind} seed {seed} {training}")
             t2 = time.perf_counter()
@@ -326,10 +365,12 @@ def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None,
     reads them back).
 
     With `per_seed_data` each seed draws its own training and test subset, so spreads and intervals
-    over seeds are over data subsets and initialisations together. Every run records its training
+    over seeds are over data subsets and initialisations together. Here (`local_map`), the networks of every
+    seed are trained together first (`empirics.common.train_seeds_together`). Every run records its training
     (accuracies, loss, plateau, curve) and the adequacy gate's decision.
     """
     t0 = time.perf_counter()
+    train_seeds_together(seed_map, cfg.seeds, partial(_seed_networks, cfg, dataset))
     parts = seed_map(partial(malleability_seed, cfg, dataset), cfg.seeds)
     runs = [r for part in parts for r in part["runs"]]
     device = parts[-1]["device"]

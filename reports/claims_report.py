@@ -17,7 +17,7 @@ from reports.render import PdfUnavailable, image_data_uri, render_html, write_ht
 from reports.text import fmt, markdown_table
 
 VERDICT_CLASS = {"holds": "v-holds", "partly": "v-partly", "does not hold": "v-not", "underdetermined": "v-under",
-                 "not measurable here": "v-na"}
+                 "inconclusive": "v-incon", "not measurable here": "v-na"}
 GROUP_TITLES = {
     "theory": "Theorems (symbolic and randomized checks)",
     "numbers": "Condition numbers on real data",
@@ -63,7 +63,7 @@ def make_figures(record: dict[str, Any], folder: Path) -> list[dict[str, str]]:
                 out.append({"title": f"NTK distance vs width — {r['data'].get('label', ds)}{tag}", "path": str(p),
                             "caption": "mean ± std over seeds (each seed its own data subset), at every width "
                                        "including widths whose networks failed the adequacy gate; legend: log-log "
-                                       "slope over all widths with its 95 % bootstrap interval over seeds (the claim "
+                                       "slope over all widths with its 95 % t interval over seeds (the claim "
                                        "rows use only the widths that pass the gate, so their slopes can differ). "
                                        "Left: ||f_m - f_NTK|| on test "
                                        "points (unnormalised); middle: centred kernel drift; right: centred Θ_0 vs "
@@ -76,8 +76,8 @@ def make_figures(record: dict[str, Any], folder: Path) -> list[dict[str, str]]:
             out.append({"title": f"Influence flip rates (transformed intervention){tag}", "path": str(p),
                         "caption": "fraction of the top-tau training points whose NTK-LOO influence changes sign when "
                                    "they are replaced by their adversarial versions; hatched: random sign noise of "
-                                   "the same eps (the baseline); error bars: 95 % bootstrap intervals over seeds and "
-                                   "points."})
+                                   "the same eps (the baseline); error bars: 95 % t intervals over seeds (each seed "
+                                   "the mean over its points)."})
         for ds in ("mnist", "cifar10"):
             r = res.get(f"landscape:{ds}{at}")
             if r and "models" in r:

@@ -8,9 +8,12 @@ from typing import Any
 
 
 def deviations_of(record: dict[str, Any], claim_id: str) -> list[dict[str, Any]]:
-    """The deviations recorded in `record` that touched claim `claim_id`'s rule or design."""
+    """The deviations recorded in `record` that touched claim `claim_id`'s rule or design (`all`: every claim,
+    `empirical`: every claim judged on trained networks; `verify.preregistration`)."""
     entries = (record.get("preregistration") or {}).get("deviations") or []
-    return [d for d in entries if "all" in d["claims"] or claim_id in d["claims"]]
+    empirical = any(c.get("empirical") for c in record.get("claims", []) if c.get("id") == claim_id)
+    return [d for d in entries
+            if "all" in d["claims"] or claim_id in d["claims"] or (empirical and "empirical" in d["claims"])]
 
 
 def _short(d: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ def distance_vs_width(result: dict[str, Any], path: str | Path,
                       metrics: tuple[str, ...] = ("function_abs", "kernel_drift_centred",
                                                   "init_vs_analytic_centred")) -> Path:
     """One panel per metric: mean ± std over seeds against width (log axes); the legend gives each model's
-    log-log slope with its 95 % bootstrap interval over seeds where the record has one."""
+    log-log slope with its 95 % interval over seeds where the record has one."""
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
     data = result.get("config", {}).get("dataset", "")
     for ax, metric in zip(axes[0], metrics, strict=True):
@@ -167,7 +167,7 @@ def landscape_contours(result: dict[str, Any], path: str | Path) -> Path:
 
 
 def flip_rate_bars(results: dict[str, dict[str, Any]], path: str | Path) -> Path:
-    """Flip rate per attack for each model with its 95 % bootstrap interval (over seeds and points), with the
+    """Flip rate per attack for each model with its 95 % t interval over seeds, with the
     random-noise baseline as a hatched bar; one panel per malleability result (e.g. MNIST and CIFAR-10)."""
     import numpy as np
 

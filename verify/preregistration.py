@@ -21,7 +21,8 @@ Deviations live in `docs/DEVIATIONS.md`, one fenced block per entry whose info s
     ```
 
 One `key: value` per line; a line indented by at least two spaces continues the value above it. `claims` is a
-comma-separated list of claim ids or `all`; `commit` is a hash, or `this` for the commit that adds the entry.
+comma-separated list of claim ids, `all` (every claim) or `empirical` (every
+claim judged on trained networks); `commit` is a hash, or `this` for the commit that adds the entry.
 Everything outside the fenced blocks is prose for people and is not parsed.
 """
 
@@ -41,7 +42,7 @@ DEVIATIONS_FILE = Path(__file__).resolve().parents[1] / "docs" / "DEVIATIONS.md"
 FENCE = "deviation"
 REQUIRED = ("id", "date", "commit", "claims", "what", "why", "verdicts_moved")
 OPTIONAL = ("after_run",)
-ALL = "all"
+ALL, EMPIRICAL = "all", "empirical"
 METHOD = ("sha256 of the canonical JSON (sorted keys, no spaces) of {rules: claim id -> rule text, gate: gate text, "
           "protocols: name -> description and training configuration, design: the preset's sizes, deviations: the "
           "entries of docs/DEVIATIONS.md}")
@@ -64,9 +65,10 @@ class Deviation:
     verdicts_moved: str
     after_run: str = ""
 
-    def touches(self, claim_id: str) -> bool:
-        """Whether this change touched the rule (or the design) of claim `claim_id`."""
-        return ALL in self.claims or claim_id in self.claims
+    def touches(self, claim_id: str, empirical: bool = False) -> bool:
+        """Whether this change touched the rule (or the design) of claim `claim_id` (`empirical`: a claim judged on
+        trained networks)."""
+        return ALL in self.claims or claim_id in self.claims or (empirical and EMPIRICAL in self.claims)
 
 
 def _bad(source: str, line: int, problem: str) -> UserInputError:
@@ -167,12 +169,12 @@ def preregistration(preset_name: str, path: str | Path | None = None) -> dict[st
     deviations (`UserInputError` when an entry names a claim the registry lacks)."""
     parts = registered_parts(preset_name)
     deviations = load_deviations(path)
-    known = set(parts["rules"]) | {ALL}
+    known = set(parts["rules"]) | {ALL, EMPIRICAL}
     for d in deviations or []:
         unknown = [c for c in d.claims if c not in known]
         if unknown:
             raise UserInputError(f"deviation {d.id} names unknown claim {', '.join(unknown)}; use ids from "
-                                 "'verify claims --list' or 'all'")
+                                 "'verify claims --list', 'all' or 'empirical'")
     entries = None if deviations is None else [asdict(d) for d in deviations]
     parts["deviations"] = entries
     return {

@@ -78,15 +78,20 @@ def knife_edges(evaluate: Callable[[dict[str, Any]], list[dict[str, Any]]], resu
     rng = np.random.default_rng(seed)
     base = {r["id"]: dict(verdicts(r)) for r in rows}
     seen: dict[tuple[str, str], set[str]] = {}
+    failures: list[dict[str, Any]] = []
     for _ in range(n):
         noise = FloatNoise(rng, rel, abs_)
-        noisy = {name: noise.payload(p) for name, p in results.items()}
-        for r in evaluate(noisy):
+        try:  # the check must never cost a finished run: a rule that fails on noisy input is reported instead
+            noisy_rows = evaluate({name: noise.payload(p) for name, p in results.items()})
+        except Exception as exc:  # noqa: BLE001 - any failure of any rule is reported the same way
+            failures = [{"claim": "(check failed)", "where": type(exc).__name__, "verdicts": [str(exc)[:200]]}]
+            break
+        for r in noisy_rows:
             for where, v in verdicts(r):
                 ref = base.get(r["id"], {}).get(where)
                 if ref is not None and v != ref:
                     seen.setdefault((r["id"], where), {ref}).add(v)
-    return [{"claim": c, "where": w, "verdicts": sorted(vs)} for (c, w), vs in sorted(seen.items())]
+    return [{"claim": c, "where": w, "verdicts": sorted(vs)} for (c, w), vs in sorted(seen.items())] + failures
 
 
 def reproducibility_block(edges: list[dict[str, Any]], n: int = N_PERTURBATIONS) -> dict[str, Any]:

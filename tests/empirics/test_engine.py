@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, make_dataclass, replace
 
 import pytest
 import torch
-from tolerances import F32_ACCUMULATED, F32_REORDER
+from tolerances import F32_ACCUMULATED, F32_REORDER, F32_ROUNDING
 
 from empirics.common import dataset_tensors
 from empirics.datasets import load_dataset
@@ -33,7 +33,7 @@ def subsets():
     return mnist, cifar
 
 
-def _jobs(subsets, protocol: str, widths=(16, 48), epochs: int = 40, **overrides):
+def _jobs(subsets, protocol: str, widths=(16, 320), epochs: int = 40, **overrides):
     """Both models at each width on both MNIST subsets, each with its own initialisation and batch-order seed."""
     mnist, _ = subsets
     jobs = []
@@ -73,7 +73,7 @@ def test_engine_equals_the_loop_for_every_protocol(subsets, protocol):
     _assert_same(jobs, loop, ours, train_many(ours))
     assert not fallbacks(ours)
     if protocol == "width-consistent":
-        assert len({r.lr for r in loop}) == 2  # one rate per width
+        assert len({r.lr for r in loop}) == 2  # one rate per width (m = 320 is above the cap of any version)
     if protocol == "gd-mse":
         assert len({r.lr for r in loop}) == len(loop)  # one rate per network
 
@@ -166,3 +166,49 @@ def test_gemm_flops_counts_the_last_short_batch():
     full = gemm_flops(1, 256, 128, 10, 20, 3)
     assert full == 2 * 2.0 * 128 * 10 * (2 * 20 + 2 * 3)
     assert gemm_flops(2, 300, 128, 10, 20, 3) == 2 * (full + 2.0 * 44 * 10 * (2 * 20 + 2 * 3))
+
+
+def _numbers(x, path=""):
+    """Every leaf of a record, by path, without the timings and the machine description."""
+    if isinstance(x, dict):
+        return {k: v for key, val in x.items() if "wall_s" not in key and key not in ("versions", "device")
+                for k, v in _numbers(val, f"{path}/{key}").items()}
+    if isinstance(x, (list, tuple)):
+        return {k: v for i, val in enumerate(x) for k, v in _numbers(val, f"{path}[{i}]").items()}
+    return {path: x}
+
+
+@pytest.mark.parametrize("unit", ["distance", "malleability"])
+def test_units_give_the_same_record_with_and_without_the_engine(unit, monkeypatch):
+    """A small NTK-distance and malleability unit (two seeds, each its own subset; the distance sweep at two widths
+    with per-width rates and plateau stopping) record the same numbers whether their networks are trained together
+    by the engine or one by one by `train`, and the engine did train them."""
+    from empirics import common, distance, engine, malleability
+
+    tr = protocol_config("width-consistent", 12, check_every=2, plateau_window=6)
+    if unit == "distance":
+        cfg = distance.DistanceConfig(n_train=40, n_test=16, widths=(16, 32), seeds=(0, 1), train=tr)
+        run, module = distance.run_ntk_distance, distance
+    else:
+        cfg = malleability.MalleabilityConfig(n_train=60, n_test=20, width=32, seeds=(0, 1), attack_steps=2, train=tr,
+                                              attacks=("fgsm",), seed_baseline=True)
+        run, module = malleability.run_malleability, malleability
+    groups = []
+    real = engine._train_group
+    monkeypatch.setattr(engine, "_train_group", lambda nets, label: groups.append(len(nets)) or real(nets, label))
+    monkeypatch.setattr(common, "_TRAINED", type(common._TRAINED)())
+    with_engine = _numbers(run(cfg).to_dict())
+    assert groups and max(groups) >= 4, groups  # both seeds' networks of one shape in one group
+    common._TRAINED.clear()
+    monkeypatch.setattr(module, "train_networks", lambda requests: None)
+    monkeypatch.setattr(module, "train_seeds_together", lambda *a: None)
+    n_groups = len(groups)
+    one_by_one = _numbers(run(cfg).to_dict())
+    assert len(groups) == n_groups
+    assert with_engine.keys() == one_by_one.keys()
+    for key, value in one_by_one.items():
+        other = with_engine[key]
+        if isinstance(value, float) and isinstance(other, float):
+            assert other == pytest.approx(value, rel=F32_ACCUMULATED, abs=F32_ROUNDING, nan_ok=True), key
+        else:
+            assert other == value, key

@@ -95,12 +95,13 @@ def test_summary_rows_and_ratios(smoke_record):
         assert r["paper_flip_pct"] is not None
         assert r["n_seeds"] == 2 and r["n_points"] == [6, 6]
         lo, hi = float(r["flip_ci"]["lo"]), float(r["flip_ci"]["hi"])
-        assert 0.0 <= lo <= r["flip_ci"]["value"] <= hi <= 1.0
+        assert lo <= r["flip_ci"]["value"] <= hi and r["flip_ci"]["method"] == "t"
+        assert r["flip_ci"]["per_seed"] == pytest.approx(r["per_seed_flip_rate"])
         assert r["excess_ci"]["value"] == pytest.approx(r["flip_ci"]["value"] - r["baseline_ci"]["value"])
     assert any(q["attack"] == "random" for q in s.ratios)
     assert {c["attack"] for c in s.comparisons} == {"fgsm", "pgd", "mim", "pooled"}
     assert len(s.curated) == 4 and len(s.curated_diff) == 2
-    assert s.bootstrap["n_boot"] > 0 and "hierarchical" in s.bootstrap["method"]
+    assert "Student-t" in s.bootstrap["method"] and "Fieller" in s.bootstrap["ratio_method"]
     assert s.find("rows", model="attn", attack="pgd", eps=0.3) == next(
         r for r in s.rows if r["model"] == "attn" and r["attack"] == "pgd" and r["eps"] == 0.3)
     assert s.find("rows", model="cnn") is None and s.find("adv_train", model="attn") is None

@@ -11,7 +11,7 @@ import pytest
 
 from empirics.premise import BinaryKappaRecord, PremiseRecord
 from theory.paper import PAPER_KAPPA
-from verify.claims.base import HOLDS, NA, NOT, PARTLY, UNDERDETERMINED
+from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, UNDERDETERMINED
 from verify.claims.kappa import (
     KAPPA_CLAIMS,
     evaluate_binary_kappa,
@@ -135,13 +135,26 @@ def test_premise_claim_reports_both_networks_from_a_json_record() -> None:
 
 # ---- binary-cifar-kappa -----------------------------------------------------------------------
 
+#: Ten seeds (the quick preset's), binary / 10-class kappa ratios per seed: clearly lower, clearly higher, around 1.
+LOWER = [0.5, 0.6, 0.7, 0.55, 0.65, 0.5, 0.6, 0.7, 0.55, 0.65]
+HIGHER = [1 / q for q in LOWER]
+AROUND = [0.5, 2.0, 0.7, 1.4, 0.6, 1.6, 0.9, 1.1, 0.5, 2.0]
+
+
 @pytest.mark.claim("binary-cifar-kappa")
-def test_binary_rule_reaches_each_outcome() -> None:
-    assert judge_binary_kappa({32: [0.5, 0.9], 64: [0.7, 0.8]})[0] == HOLDS
-    assert judge_binary_kappa({32: [1.5, 1.1], 64: [math.inf, 2.0]})[0] == NOT
-    verdict, condition = judge_binary_kappa({32: [0.5, 1.1], 64: [0.7, 0.8]})
-    assert verdict == PARTLY and "n=32: 1/2 lower" in condition
-    assert judge_binary_kappa({32: [0.5], 64: [math.nan]})[0] == PARTLY
+def test_binary_rule_reaches_each_outcome_at_ten_seeds() -> None:
+    """Per n, a t interval of log(ratio) over seeds: below 0 at every n holds; above 0 somewhere and below nowhere
+    does not hold (kappa higher for the binary subset in every cell is never 'partly'); both directions at
+    different n is underdetermined; below at some n and undecided elsewhere is partly; undecided everywhere is
+    inconclusive."""
+    assert judge_binary_kappa({32: LOWER, 64: LOWER})[0] == HOLDS
+    assert judge_binary_kappa({32: HIGHER, 64: HIGHER, 120: HIGHER})[0] == NOT
+    assert judge_binary_kappa({32: AROUND, 64: HIGHER})[0] == NOT
+    assert judge_binary_kappa({32: LOWER, 64: HIGHER})[0] == UNDERDETERMINED
+    verdict, condition = judge_binary_kappa({32: LOWER, 64: AROUND})
+    assert verdict == PARTLY and "lower (interval below 0) at n = [32]" in condition
+    assert judge_binary_kappa({32: AROUND, 64: AROUND})[0] == INCONCLUSIVE
+    assert judge_binary_kappa({32: [0.5], 64: [math.nan]})[0] == INCONCLUSIVE  # one seed bounds nothing
 
 
 def _binary_record(cifar: list[tuple[float, float]]) -> dict[str, Any]:
@@ -163,13 +176,13 @@ def _typed(results: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.claim("binary-cifar-kappa")
 def test_binary_claim_states_ratios_and_what_it_tests() -> None:
-    o = evaluate_binary_kappa(_typed(_binary_record([(1.0, 2.0), (1.0, 4.0), (3.0, 6.0), (1.0, 8.0)])))
-    assert o.verdict == HOLDS and o.seeds == 2
+    o = evaluate_binary_kappa(_typed(_binary_record([(1.0, 2.0), (1.0, 2.0), (3.0, 6.0), (2.0, 4.0)])))
+    assert o.verdict == HOLDS and o.seeds == 2  # the same ratio in both seeds: a point interval below 0
     assert "premise of the explanation only" in o.ours and "MNIST 3 vs 8" in o.ours
-    assert o.numbers["ratio_by_n"]["cifar10"]["32"] == [0.5, 0.25]
-    higher = _typed(_binary_record([(3.0, 2.0), (5.0, 4.0), (7.0, 6.0), (9.0, 8.0)]))
+    assert o.numbers["ratio_by_n"]["cifar10"]["32"] == [0.5, 0.5]
+    higher = _typed(_binary_record([(3.0, 2.0), (6.0, 4.0), (7.0, 6.0), (14.0, 12.0)]))
     assert evaluate_binary_kappa(higher).verdict == NOT
-    mixed = _typed(_binary_record([(1.0, 2.0), (5.0, 4.0), (1.0, 6.0), (1.0, 8.0)]))
+    mixed = _typed(_binary_record([(1.0, 2.0), (5.0, 4.0), (1.0, 2.0), (1.0, 2.0)]))
     assert evaluate_binary_kappa(mixed).verdict == PARTLY
     empty = {"kappa:binary": {"datasets": ["cifar10"], "sample": "balanced", "seeds": [0], "rows": [],
                               "missing": [{"dataset": "cifar10", "reason": "no data"}]}}

@@ -38,6 +38,8 @@ def test_the_repository_file_parses_and_names_only_known_claims():
     assert [d.id for d in entries][:5] == ["D1", "D2", "D3", "D4", "D5"]
     d3 = next(d for d in entries if d.id == "D3")
     assert d3.commit == "83db447" and d3.touches("ntk-attn-mnist") and not d3.touches("flip-mnist")
+    d4 = next(d for d in entries if d.id == "D4")
+    assert d4.touches("flip-mnist", empirical=True) and not d4.touches("thm4.1")
     block = pr.preregistration("smoke")  # raises on an unknown claim id
     assert [d["id"] for d in block["deviations"]] == [d.id for d in entries]
     assert set(block["rules_sha256"]) == {c.id for c in verify.claims.all_claims()}
@@ -113,6 +115,8 @@ def test_the_report_names_deviations_instead_of_fixed_before_the_run(tmp_path):
     assert "**D9** (2026-12-02, commit this; claims: flip-mnist, eps-robustness): a change" in md
     other = next(c["id"] for c in record["claims"] if c["id"] not in ("flip-mnist", "eps-robustness"))
     assert rule_status(record, other) == "fixed before the first recorded run; no deviation recorded"
+    record["preregistration"]["deviations"][0]["claims"] = ["empirical"]
+    assert deviations_of(record, "ntk-attn-mnist") and not deviations_of(record, "thm4.1")
     assert [d["id"] for d in deviations_of(record, "eps-robustness")] == ["D9"]
     digest = record["preregistration"]["sha256"]
     assert preregistration_markdown(record)[2].startswith(f"Pre-registration sha256 `{digest}`")

@@ -58,3 +58,15 @@ def test_noise_moves_every_float_by_at_most_the_tolerance_and_keeps_equal_values
 def test_verdicts_are_read_at_every_level_of_a_row():
     row = {"id": "a", "verdict": "holds", "by_condition": {"paper+raw": {"verdict": "partly", "numbers": {}}}}
     assert dict(rp.verdicts(row)) == {"headline": "holds", "by_condition/paper+raw": "partly"}
+
+
+def test_a_rule_that_fails_on_noisy_input_is_reported_not_raised():
+    results = {"a": Interval(0.2, 0.05, 0.3, [0.1], 0.3)}
+
+    def fragile(res):
+        if res["a"].lo != 0.05:
+            raise KeyError("eps 0.30000003 not found")
+        return _rows(res)
+
+    (entry,) = rp.knife_edges(fragile, results, _rows(results), n=2)
+    assert entry["claim"] == "(check failed)" and entry["where"] == "KeyError"

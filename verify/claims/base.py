@@ -22,11 +22,14 @@ Results = dict[str, Any]
 
 class Verdict(str, Enum):
     """The verdicts a rule may give. `UNDERDETERMINED`: the measurement agrees or disagrees with the
-    paper depending on a choice the paper leaves free (e.g. the n at which kappa is taken)."""
+    paper depending on a choice the paper leaves free (e.g. the n at which kappa is taken). `INCONCLUSIVE`:
+    the data cannot tell (an interval that contains both the paper's value, or the claimed direction, and
+    the null). `PARTLY` only for a partial condition that the rule names."""
 
     HOLDS = "holds"
     PARTLY = "partly"
     NOT = "does not hold"
+    INCONCLUSIVE = "inconclusive"
     UNDERDETERMINED = "underdetermined"
     NA = "not measurable here"
 
@@ -114,6 +117,7 @@ def gated(runs: Iterable[dict[str, Any]], gate_text: str, protocol: str) -> Outc
 
 HOLDS, PARTLY, NOT, UNDERDETERMINED, NA = (Verdict.HOLDS, Verdict.PARTLY, Verdict.NOT, Verdict.UNDERDETERMINED,
                                            Verdict.NA)
+INCONCLUSIVE = Verdict.INCONCLUSIVE
 
 #: The claims verdict each verdict word of a record stands for: the landscape experiment's own words and the
 #: verdicts of `theory.checks` (a corrected or ill-posed theorem holds only partly as stated).

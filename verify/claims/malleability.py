@@ -13,13 +13,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from empirics.intervals import ALPHA_TOST, TOST_METHOD, tost_ratio
 from empirics.mall_stats import METHOD, POOLED, SEED_METHOD, paper_ratio_range
 from empirics.malleability import MalleabilityRecord
 from empirics.protocols import GATE_TEXT
 from empirics.vocab import DATASETS, PAPER_ATTACKS, dataset_label, model_name, model_short
 from theory.paper import PAPER_ADV, PAPER_FLIP, PAPER_RATIO_V1, PAPER_RATIO_V2
 from verify.claims import units
-from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results, Verdict, gated
+from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, Claim, Outcome, Results, Verdict, gated
 from verify.presets import PresetSizes, n_train_for
 
 NO_GAP_BAND = (0.67, 1.5)
@@ -197,15 +198,60 @@ def _counts_txt(res: MalleabilityRecord, where: dict[str, Any]) -> str:
     return f"{p['n_seeds'] if p else 0} seeds x {'/'.join(str(n) for n in pts)} points"
 
 
+# ---- shared judgements ----------------------------------------------------------------------------
+
+def ratio_judgement(ci: dict[str, Any], paper: tuple[float, float] | None) -> tuple[Verdict, str]:
+    """A ratio interval (Attn/ReLU) against 1 (no gap) and the paper's range: holds if above 1 and overlapping
+    the range; partly (named: a gap, but not the paper's factor) if above 1 and outside it; inconclusive if it
+    contains both 1 and a point of the range; does not hold otherwise (the factor excluded and no gap shown).
+    Without a paper range: holds above 1, does not hold below, inconclusive across."""
+    gap = above(ci, 1.0)
+    hits = paper is None or overlaps(ci, *paper)
+    if paper is None:
+        return (HOLDS if gap else NOT if below(ci, 1.0) else INCONCLUSIVE), f"{x_txt(ci)} above 1: {_yes(gap)}"
+    txt = f"{x_txt(ci)} above 1: {_yes(gap)}, overlaps {paper[0]:.1f}-{paper[1]:.1f}x: {_yes(hits)}"
+    if gap:
+        return (HOLDS, txt) if hits else (PARTLY, txt + " (a gap, but not the paper's factor)")
+    return (INCONCLUSIVE, txt + " (contains both 1 and the paper's factor)") if hits else (NOT, txt)
+
+
+def sign_judgement(ci: dict[str, Any], claimed_above: bool = True) -> Verdict:
+    """An interval of a difference against 0 in the claimed direction: holds on the claimed side, does not hold
+    on the other, inconclusive across 0."""
+    yes, no = (above(ci), below(ci)) if claimed_above else (below(ci), above(ci))
+    return HOLDS if yes else NOT if no else INCONCLUSIVE
+
+
+COMBINE_RULE = ("Overall, from the per-data-set sub-verdicts (each shown in the row, a measured data set even when "
+                "the other is not measurable): holds if both hold; does not hold if either does not hold and neither "
+                "holds; partly if one holds and the other holds partly or does not hold, or both hold partly; not "
+                "measurable here if either is not measurable (and neither does not hold); inconclusive otherwise")
+
+
+def combine_datasets(sub: dict[str, Verdict]) -> Verdict:
+    """`COMBINE_RULE` on the per-data-set sub-verdicts."""
+    vs = list(sub.values())
+    if all(v is HOLDS for v in vs):
+        return HOLDS
+    if NOT in vs and HOLDS not in vs:
+        return NOT
+    if (HOLDS in vs and all(v in (HOLDS, PARTLY, NOT) for v in vs)) or all(v is PARTLY for v in vs):
+        return PARTLY
+    return NA if NA in vs else INCONCLUSIVE
+
+
 # ---- flip rate: Attn more malleable (10 classes, binary MNIST) ------------------------------------
 
-FLIP_RULE = (GATE_FIRST + "Transformed intervention at eps 0.3, standard training; excess over noise = attack "
-             "flip rate - random-sign flip rate on the same points (paired per point), pooled over FGSM/PGD/MIM. "
-             "Holds if the 95 % interval of (Attn excess - ReLU excess) lies above 0, Attn's excess interval "
-             "lies above 0 (its attacks beat noise) and the interval of the ratio of excesses Attn/ReLU overlaps "
-             "the paper's range (min-max over the attacks of the paper's table); partly if the difference "
-             "interval lies above 0 but one of the other two conditions fails; does not hold if the difference "
-             "interval includes 0 (no evidence that Attn is more malleable) or lies below it. " + CI_NOTE)
+FLIP_RULE = (GATE_FIRST + "Transformed intervention at eps 0.3, standard training, pooled over FGSM/PGD/MIM. Judged "
+             "on the paper's quantity, the ratio of RAW flip rates Attn/ReLU, with Fieller's 95 % interval from the "
+             "per-seed rates, against 1 and the paper's range (min-max over the attacks of the paper's table). Holds "
+             "if the interval lies above 1, overlaps the paper's range, and Attn's excess over noise (attack minus "
+             "random-sign flips on the same points) has its interval above 0; partly, by name, if the interval lies "
+             "above 1 but entirely outside the paper's range ('a gap, but not the paper's factor'), or if only the "
+             "excess condition fails ('Attn flips more, but its attacks do not beat noise'); inconclusive if the "
+             "interval contains both 1 and a point of the paper's range; does not hold otherwise (the paper's "
+             "factor excluded and no gap shown). The ratio of excesses over noise (Fieller) and the difference of "
+             "excesses are reported beside it, not judged. " + CI_NOTE)
 
 
 def flip_outcome(res: MalleabilityRecord, ds: str, task: str) -> Outcome:
@@ -220,27 +266,26 @@ def flip_outcome(res: MalleabilityRecord, ds: str, task: str) -> Outcome:
         return _done("-", NA, protocol, {}, None, why or "needs the transformed intervention")
     pa, pr = (res.summary.find("pooled", **where, model=m) for m in ("attn", "relu"))
     paper = paper_ratio_range(ds, task)
-    diff, ea, rx = cmp_["excess_diff_ci"], pa["excess_ci"], cmp_["ratio_excess_ci"]
-    d_ok, beyond = above(diff), above(ea)
-    in_range = paper is None or overlaps(rx, *paper)
-    verdict = (HOLDS if d_ok and beyond and in_range else PARTLY if d_ok else NOT)
+    raw, diff, ea, rx = cmp_["ratio_ci"], cmp_["excess_diff_ci"], pa["excess_ci"], cmp_["ratio_excess_ci"]
+    verdict, ratio_cond = ratio_judgement(raw, paper)
+    beyond = above(ea)
+    if verdict is HOLDS and not beyond:
+        verdict = PARTLY
     paper_txt = f"paper {paper[0]:.1f}-{paper[1]:.1f}x" if paper else "no paper value"
     attacks = list(res.config["attacks"])
-    ours = (f"pooled over {'/'.join(a.upper() for a in attacks)}: Attn {100 * _f(pa['flip_ci']['value']):.1f} % "
-            f"(excess over noise {ci_txt(ea)}), ReLU {100 * _f(pr['flip_ci']['value']):.1f} % (excess over noise "
-            f"{ci_txt(pr['excess_ci'])}); difference of excesses {ci_txt(diff)}; ratio of excesses {x_txt(rx)} "
-            f"({paper_txt}; plain ratio {x_txt(cmp_['ratio_ci'])}); {_per_attack_txt(res, where, attacks)}; "
-            f"noise flips Attn {pct_txt(pa['baseline_ci'])}, ReLU {pct_txt(pr['baseline_ci'])}"
-            f"{_seed_baseline_txt(res)}; Spearman rho_all Attn {rho_txt(pa['rho_all_ci'])}, ReLU "
-            f"{rho_txt(pr['rho_all_ci'])}; {_counts_txt(res, where)}")
-    condition = (f"difference of excesses {ci_txt(diff)} above 0: {_yes(d_ok)}"
-                 + ("" if d_ok else " (no evidence that Attn is more malleable)" if not below(diff)
-                    else " (ReLU more malleable)")
-                 + f"; Attn excess {ci_txt(ea)} above 0: {_yes(beyond)}; ratio of excesses {x_txt(rx)} overlaps "
-                 f"{paper_txt}: {_yes(in_range)}")
-    numbers = {"excess_diff_ci": diff, "attn_excess_ci": ea, "relu_excess_ci": pr["excess_ci"],
-               "ratio_excess_ci": rx, "ratio_ci": cmp_["ratio_ci"], "attn_beyond_noise": beyond,
-               "difference_above_zero": d_ok, "ratio_overlaps_paper": in_range, "paper_range": paper}
+    ours = (f"pooled over {'/'.join(a.upper() for a in attacks)}: Attn {pct_txt(pa['flip_ci'])}, ReLU "
+            f"{pct_txt(pr['flip_ci'])}; ratio of flip rates {x_txt(raw)} ({paper_txt}); secondary: ratio of "
+            f"excesses over noise {x_txt(rx)}, excess Attn {ci_txt(ea)}, ReLU {ci_txt(pr['excess_ci'])}, difference "
+            f"of excesses {ci_txt(diff)}; {_per_attack_txt(res, where, attacks)}; noise flips Attn "
+            f"{pct_txt(pa['baseline_ci'])}, ReLU {pct_txt(pr['baseline_ci'])}{_seed_baseline_txt(res)}; Spearman "
+            f"rho_all Attn {rho_txt(pa['rho_all_ci'])}, ReLU {rho_txt(pr['rho_all_ci'])}; {_counts_txt(res, where)}")
+    condition = (f"ratio of flip rates {ratio_cond}; Attn excess {ci_txt(ea)} above 0: {_yes(beyond)}"
+                 + (" (Attn flips more, but its attacks do not beat noise)" if verdict is PARTLY and not beyond
+                    and above(raw, 1.0) else ""))
+    numbers = {"ratio_ci": raw, "ratio_excess_ci": rx, "excess_diff_ci": diff, "attn_excess_ci": ea,
+               "relu_excess_ci": pr["excess_ci"], "attn_flip_ci": pa["flip_ci"], "relu_flip_ci": pr["flip_ci"],
+               "attn_beyond_noise": beyond, "ratio_above_one": above(raw, 1.0),
+               "ratio_overlaps_paper": paper is None or overlaps(raw, *paper), "paper_range": paper}
     return _done(ours, verdict, protocol, numbers, pa["n_seeds"], condition)
 
 
@@ -253,56 +298,62 @@ def _flip_claim(ds: str, task: str) -> Callable[[Results], Outcome]:
 
 # ---- the headline ratio ---------------------------------------------------------------------------
 
-RATIO_RULE = (GATE_FIRST + "Ratio of excesses over noise Attn/ReLU, pooled over FGSM/PGD/MIM (10 classes, "
-              "transformed, eps 0.3), per data set. Holds if on both MNIST and CIFAR-10 its 95 % interval lies "
-              f"above 1 and overlaps [{PAPER_RATIO_V1[0]:g}, {PAPER_RATIO_V1[1]:g}]; partly if on at least one "
-              "data set the interval lies above 1 (a gap) but holds fails; does not hold if on neither data set "
-              f"it lies above 1. The v2 range [{PAPER_RATIO_V2[0]:g}, {PAPER_RATIO_V2[1]:g}] is judged the same "
-              "way and reported. Ratio conventions: +inf where only Attn's excess is positive, -inf where "
-              "neither is. " + CI_NOTE)
+RATIO_RULE = (GATE_FIRST + "Ratio of RAW flip rates Attn/ReLU (the paper's quantity), pooled over FGSM/PGD/MIM (10 "
+              "classes, transformed, eps 0.3), Fieller's 95 % interval from the per-seed rates, per data set: holds "
+              f"if the interval lies above 1 and overlaps [{PAPER_RATIO_V1[0]:g}, {PAPER_RATIO_V1[1]:g}]; partly, by "
+              "name, if it lies above 1 but outside that range ('a gap, but not the paper's factor'); inconclusive if "
+              "it contains both 1 and a point of the range; does not hold otherwise. The v2 range "
+              f"[{PAPER_RATIO_V2[0]:g}, {PAPER_RATIO_V2[1]:g}] is judged the same way and reported; the ratio of "
+              "excesses over noise is reported beside it. " + COMBINE_RULE + ". " + CI_NOTE)
 
 
-def _range_verdict(cis: list[dict[str, Any]], lo: float, hi: float) -> Verdict:
-    gaps = [above(c, 1.0) for c in cis]
-    if all(g and overlaps(c, lo, hi) for g, c in zip(gaps, cis, strict=True)):
-        return HOLDS
-    return PARTLY if any(gaps) else NOT
+def _gated_datasets(results: Results) -> tuple[dict[str, MalleabilityRecord], str, dict[str, Outcome]]:
+    """The two 10-class records, the protocol text, and per data set the gate's outcome where it failed."""
+    recs = {ds: results[units.malleability(ds, "10class")] for ds in DATASETS}
+    protocol = "the two 10-class units (see the flip rows), each gated on its own: " + _protocol(recs["mnist"])
+    gates = {ds: o for ds, res in recs.items() if (o := _gate(_gate_runs(res), _protocol(res))) is not None}
+    return recs, protocol, gates
+
+
+def _sub_text(ds: str, v: Verdict, text: str) -> str:
+    return f"{dataset_label(ds)} [{v.value}]: {text}"
 
 
 def ratio_outcome(results: Results) -> Outcome:
-    """The ratio rule (`RATIO_RULE`) on the two 10-class records."""
-    recs = {ds: results[units.malleability(ds, "10class")] for ds in DATASETS}
-    protocol = "the two 10-class units (see the flip rows): " + _protocol(recs["mnist"])
-    na = _gate([r for res in recs.values() for r in _gate_runs(res)], protocol)
-    if na:
-        return na
-    cis, parts = [], []
+    """The ratio rule (`RATIO_RULE`) on the two 10-class records, a sub-verdict per data set."""
+    recs, protocol, gates = _gated_datasets(results)
+    sub: dict[str, Verdict] = {}
+    parts, conds, numbers = [], [], {}
     for ds, res in recs.items():
         c = res.summary.find("comparisons", **_where(res), attack=POOLED)
-        if c is None:
-            return _done("-", NA, protocol, {}, None,
-                         f"{dataset_label(ds)}: needs both models, transformed intervention")
-        cis.append(c["ratio_excess_ci"])
-        parts.append(f"{dataset_label(ds)} ratio of excesses {x_txt(c['ratio_excess_ci'])} (plain ratio "
-                     f"{x_txt(c['ratio_ci'])})")
-    v1 = _range_verdict(cis, *PAPER_RATIO_V1)
-    v2 = _range_verdict(cis, *PAPER_RATIO_V2)
-    ours = "; ".join(parts) + f"; against the v2 range {PAPER_RATIO_V2[0]:g}-{PAPER_RATIO_V2[1]:g}x: {v2.value}"
-    condition = "; ".join(
-        f"{dataset_label(ds)} {x_txt(c)} above 1: {_yes(above(c, 1.0))}, overlaps {PAPER_RATIO_V1[0]:g}-"
-        f"{PAPER_RATIO_V1[1]:g}x: {_yes(overlaps(c, *PAPER_RATIO_V1))}" for ds, c in zip(recs, cis, strict=True))
-    seeds = len(recs["mnist"].config["seeds"])
-    return _done(ours, v1, protocol, {"ratio_excess_ci": dict(zip(recs, cis, strict=True)), "v2_verdict": v2.value},
-                 seeds, condition)
+        if ds in gates or c is None:
+            sub[ds] = NA
+            why = gates[ds].ours if ds in gates else "needs both models, transformed intervention"
+            parts.append(_sub_text(ds, NA, why))
+            continue
+        v1, cond = ratio_judgement(c["ratio_ci"], PAPER_RATIO_V1)
+        v2, _ = ratio_judgement(c["ratio_ci"], PAPER_RATIO_V2)
+        sub[ds] = v1
+        numbers[ds] = {"ratio_ci": c["ratio_ci"], "ratio_excess_ci": c["ratio_excess_ci"], "verdict": v1.value,
+                       "v2_verdict": v2.value}
+        parts.append(_sub_text(ds, v1, f"ratio of flip rates {x_txt(c['ratio_ci'])} (ratio of excesses "
+                                       f"{x_txt(c['ratio_excess_ci'])}); against the v2 range {PAPER_RATIO_V2[0]:g}-"
+                                       f"{PAPER_RATIO_V2[1]:g}x: {v2.value}"))
+        conds.append(f"{dataset_label(ds)} {cond}")
+    verdict = combine_datasets(sub)
+    numbers["sub_verdicts"] = {ds: v.value for ds, v in sub.items()}
+    return _done("; ".join(parts), verdict, protocol, numbers, len(recs["mnist"].config["seeds"]),
+                 "; ".join(conds) + f"; combined: {verdict.value}")
 
 
 # ---- no gap (binary CIFAR-10) ---------------------------------------------------------------------
 
-NO_GAP_RULE = (GATE_FIRST + "Ratio of excesses over noise Attn/ReLU pooled over FGSM/PGD/MIM (transformed, "
-               f"eps 0.3; plain ratio reported): holds if its 95 % interval lies inside [{NO_GAP_BAND[0]:g}, "
-               f"{NO_GAP_BAND[1]:g}] (no gap, as the paper reports); does not hold if the interval lies entirely "
-               "outside that band; partly otherwise. Ratio conventions: +inf where only Attn's excess is positive, "
-               "-inf where neither is. " + CI_NOTE)
+NO_GAP_RULE = (GATE_FIRST + "Ratio of RAW flip rates Attn/ReLU pooled over FGSM/PGD/MIM (transformed, eps 0.3), an "
+               f"equivalence test with the margin [{NO_GAP_BAND[0]:g}, {NO_GAP_BAND[1]:g}] (fixed with the rule): "
+               f"holds if both one-sided t tests (each at {ALPHA_TOST:g}; {TOST_METHOD}) reject, i.e. the ratio is "
+               "shown to lie inside the margin (no gap, as the paper reports); does not hold if the 95 % Fieller "
+               "interval lies entirely outside the margin (a gap); inconclusive otherwise. The ratio of excesses over "
+               "noise is reported beside it. " + CI_NOTE)
 
 
 def no_gap_outcome(res: MalleabilityRecord) -> Outcome:
@@ -314,16 +365,19 @@ def no_gap_outcome(res: MalleabilityRecord) -> Outcome:
     c = res.summary.find("comparisons", **where, attack=POOLED)
     if _needs_both(res) or c is None:
         return _done("-", NA, protocol, {}, None, "needs both models and the transformed intervention")
-    rx = c["ratio_excess_ci"]
+    raw, rx = c["ratio_ci"], c["ratio_excess_ci"]
     lo, hi = NO_GAP_BAND
-    verdict = HOLDS if inside(rx, lo, hi) else NOT if (below(rx, lo) or above(rx, hi)) else PARTLY
+    tost = tost_ratio(raw["per_seed_num"], raw["per_seed_den"], lo, hi)
+    outside = below(raw, lo) or above(raw, hi)
+    verdict = HOLDS if tost["equivalent"] else NOT if outside else INCONCLUSIVE
     pa, pr = (res.summary.find("pooled", **where, model=m) for m in ("attn", "relu"))
-    ours = (f"ratio of excesses {x_txt(rx)} (plain ratio {x_txt(c['ratio_ci'])}); pooled excess over noise Attn "
-            f"{ci_txt(pa['excess_ci'])}, ReLU {ci_txt(pr['excess_ci'])}; "
+    ours = (f"ratio of flip rates {x_txt(raw)} (TOST p = {tost['p']:.3g} for [{lo:g}, {hi:g}]); Attn "
+            f"{pct_txt(pa['flip_ci'])}, ReLU {pct_txt(pr['flip_ci'])}; secondary: ratio of excesses {x_txt(rx)}, "
+            f"pooled excess over noise Attn {ci_txt(pa['excess_ci'])}, ReLU {ci_txt(pr['excess_ci'])}; "
             f"{_per_attack_txt(res, where, list(res.config['attacks']))}; {_counts_txt(res, where)}")
-    condition = (f"ratio of excesses {x_txt(rx)} inside [{lo:g}, {hi:g}]: {_yes(inside(rx, lo, hi))}; entirely "
-                 f"outside: {_yes(below(rx, lo) or above(rx, hi))}")
-    return _done(ours, verdict, protocol, {"ratio_excess_ci": rx, "ratio_ci": c["ratio_ci"]}, pa["n_seeds"],
+    condition = (f"TOST for a ratio inside [{lo:g}, {hi:g}]: p = {tost['p']:.3g} (< {ALPHA_TOST:g}: "
+                 f"{_yes(tost['equivalent'])}); Fieller interval {x_txt(raw)} entirely outside: {_yes(outside)}")
+    return _done(ours, verdict, protocol, {"ratio_ci": raw, "ratio_excess_ci": rx, "tost": tost}, pa["n_seeds"],
                  condition)
 
 
@@ -331,9 +385,10 @@ def no_gap_outcome(res: MalleabilityRecord) -> Outcome:
 
 ADV_RULE = (GATE_FIRST.replace("of the unit", "of this model (standard and adversarially trained)")
             + "PGD flip rate (transformed, eps 0.3) after PGD adversarial training minus after standard training, "
-            "paired by seed (95 % interval): holds if the interval of the rise lies above 0 and so does the "
-            "interval of the rise of the excess over noise; does not hold if the interval of the rise lies below "
-            "0; partly otherwise. " + CI_NOTE)
+            "paired by seed (95 % t interval): holds if the interval of the rise lies above 0 and so does the "
+            "interval of the rise of the excess over noise; partly, by name, if only the rise of the flip rate lies "
+            "above 0 ('the rise is no more than noise's'); does not hold if the interval of the rise lies below 0; "
+            "inconclusive if it contains 0. " + CI_NOTE)
 
 
 def adv_outcome(res: MalleabilityRecord, model: str) -> Outcome:
@@ -348,7 +403,7 @@ def adv_outcome(res: MalleabilityRecord, model: str) -> Outcome:
     if row is None:
         return _done("-", NA, protocol, {}, None, "needs adversarial training and the PGD attack")
     rise, rx = row["rise_ci"], row["rise_excess_ci"]
-    verdict = HOLDS if above(rise) and above(rx) else NOT if below(rise) else PARTLY
+    verdict = (HOLDS if above(rx) else PARTLY) if above(rise) else NOT if below(rise) else INCONCLUSIVE
     ours = (f"PGD flip rate {pct_txt(row['standard_ci'])} -> {pct_txt(row['adversarial_ci'])}, rise "
             f"{ci_txt(rise)}; excess over noise {ci_txt(row['standard_excess_ci'])} -> "
             f"{ci_txt(row['adversarial_excess_ci'])}, rise {ci_txt(rx)}; {row['n_seeds']} seeds")
@@ -367,8 +422,10 @@ def _adv_claim(ds: str, model: str) -> Callable[[Results], Outcome]:
 # ---- eps robustness -------------------------------------------------------------------------------
 
 EPS_RULE = (GATE_FIRST + "At each eps of the sweep {0.1, 0.2, 0.3, 0.5} (MNIST, transformed, the attacks run: "
-            "PGD in the claims unit), the 95 % interval of (Attn excess over noise - ReLU excess over noise): "
-            "holds if it lies above 0 at every eps; does not hold if at none; partly otherwise. " + CI_NOTE)
+            "PGD in the claims unit), the 95 % t interval of (Attn excess over noise - ReLU excess over noise), "
+            "paired by seed: holds if it lies above 0 at every eps; does not hold if it lies below 0 at some eps (the "
+            "ranking reverses); partly, by name, if it lies above 0 at some eps and contains 0 at the others ('the "
+            "ranking shown at some eps only'); inconclusive if it contains 0 at every eps. " + CI_NOTE)
 
 
 def eps_outcome(res: MalleabilityRecord) -> Outcome:
@@ -376,7 +433,7 @@ def eps_outcome(res: MalleabilityRecord) -> Outcome:
     protocol, na = _opened(res)
     if na:
         return na
-    parts, wins, cis = [], 0, {}
+    parts, wins, losses, cis = [], 0, 0, {}
     eps_values = sorted(res.eps_values)
     for eps in eps_values:
         c = res.summary.find("comparisons", **_where(res, eps=eps), attack=POOLED)
@@ -384,52 +441,54 @@ def eps_outcome(res: MalleabilityRecord) -> Outcome:
             return _done("-", NA, protocol, {}, None, "needs both models and the transformed intervention")
         ok = above(c["excess_diff_ci"])
         wins += ok
+        losses += below(c["excess_diff_ci"])
         cis[str(eps)] = c["excess_diff_ci"]
         parts.append(f"eps {eps:g}: Attn - ReLU excess {ci_txt(c['excess_diff_ci'])}{'' if ok else ' (x)'}")
-    verdict = HOLDS if wins == len(eps_values) else PARTLY if wins else NOT
-    return _done("; ".join(parts), verdict, protocol, {"excess_diff_ci": cis, "eps_with_attn_higher": wins},
-                 len(res.config["seeds"]), f"difference interval above 0 at {wins} of {len(eps_values)} eps")
+    verdict = (NOT if losses else HOLDS if wins == len(eps_values) else PARTLY if wins else INCONCLUSIVE)
+    return _done("; ".join(parts), verdict, protocol,
+                 {"excess_diff_ci": cis, "eps_with_attn_higher": wins, "eps_with_attn_lower": losses},
+                 len(res.config["seeds"]), f"difference interval above 0 at {wins} of {len(eps_values)} eps, below 0 "
+                 f"at {losses}")
 
 
 # ---- new rows: curated removal, adversarial intervention, Spearman rankings -----------------------
 
-#: What a per-data-set judge returns: (first condition, every condition, numbers, text), or why it cannot judge.
-Judged = tuple[bool, bool, dict[str, Any], str] | str
+#: What a per-data-set judge returns: (its sub-verdict, numbers, text), or why it cannot judge.
+Judged = tuple[Verdict, dict[str, Any], str] | str
 
 
-def _two_datasets(results: Results, what: str, judge: Callable[[str, MalleabilityRecord], Judged],
-                  condition: str) -> Outcome:
-    """A rule judged on both 10-class records: holds if every condition is met on both data sets,
-    partly if the first one is met on at least one, does not hold otherwise. `condition` is formatted
-    with `first` and `full` (the data sets meeting the first / every condition)."""
-    recs = {ds: results[units.malleability(ds, "10class")] for ds in DATASETS}
-    protocol = f"the two 10-class units, {what}: " + _protocol(recs["mnist"])
-    na = _gate([r for res in recs.values() for r in _gate_runs(res)], protocol)
-    if na:
-        return na
-    first, full, parts, numbers = [], [], [], {}
+def _two_datasets(results: Results, what: str, judge: Callable[[str, MalleabilityRecord], Judged]) -> Outcome:
+    """A rule judged per data set on the two 10-class records (each gated on its own), combined by
+    `COMBINE_RULE`; a measured data set keeps its sub-verdict when the other is not measurable."""
+    recs, protocol, gates = _gated_datasets(results)
+    protocol = protocol.replace("the two 10-class units", f"the two 10-class units, {what}", 1)
+    sub: dict[str, Verdict] = {}
+    parts, numbers = [], {}
     for ds, res in recs.items():
-        got = judge(ds, res)
+        got = gates[ds].ours if ds in gates else judge(ds, res)
         if isinstance(got, str):
-            return _done("-", NA, protocol, {}, None, f"{dataset_label(ds)}: {got}")
-        first.append(got[0])
-        full.append(got[1])
-        numbers[ds] = got[2]
-        parts.append(f"{dataset_label(ds)} {got[3]}")
-    verdict = HOLDS if all(full) else PARTLY if any(first) else NOT
+            sub[ds] = NA
+            parts.append(_sub_text(ds, NA, got))
+            continue
+        sub[ds] = got[0]
+        numbers[ds] = {**got[1], "verdict": got[0].value}
+        parts.append(_sub_text(ds, got[0], got[2]))
+    verdict = combine_datasets(sub)
+    numbers["sub_verdicts"] = {ds: v.value for ds, v in sub.items()}
     return _done("; ".join(parts), verdict, protocol, numbers, len(recs["mnist"].config["seeds"]),
-                 condition.format(first=sum(first), full=sum(full)))
+                 ", ".join(f"{dataset_label(ds)} {v.value}" for ds, v in sub.items()) + f"; combined: {verdict.value}")
 
 
 CURATED_RULE = (GATE_FIRST + "Curated intervention, 10 classes, each data set and model: |change of the kernel "
                 "predictor's test loss| after removing the top-tau points minus after removing as many random "
-                "points, paired by seed (95 % t interval over seeds): holds if the interval lies above 0 for both "
-                "models on both data sets; partly if for at least one model on one data set; does not hold if for "
-                "none. " + CI_NOTE)
+                "points, paired by seed (95 % t interval over seeds). Per data set: holds if the interval lies above "
+                "0 for both models; partly, by name, if for one model only ('one model'); does not hold if for "
+                "neither and it lies below 0 for at least one; inconclusive otherwise. " + COMBINE_RULE + ". "
+                + CI_NOTE)
 
 
 def _curated_judge(ds: str, res: MalleabilityRecord) -> Judged:
-    oks, parts, numbers = [], [], {}
+    ups, downs, parts, numbers = [], [], [], {}
     for m in ("attn", "relu"):
         d = res.summary.find("curated_diff", training="standard", model=m)
         top = res.summary.find("curated", training="standard", model=m, removal="top")
@@ -437,26 +496,28 @@ def _curated_judge(ds: str, res: MalleabilityRecord) -> Judged:
         if d is None or top is None or rnd is None:
             return f"needs the curated intervention for {m}"
         ci = d["abs_test_loss_change_diff_ci"]
-        oks.append(above(ci))
+        ups.append(above(ci))
+        downs.append(below(ci))
         numbers[m] = ci
         parts.append(f"{model_short(m)}: test-loss change top {rho_txt(top['test_loss_change_ci'], True)} vs random "
                      f"{rho_txt(rnd['test_loss_change_ci'], True)}, |top| - |random| {rho_txt(ci, True)}; "
                      f"rho_remaining top {rho_txt(top['rho_remaining_ci'])} vs random "
                      f"{rho_txt(rnd['rho_remaining_ci'])}")
-    return any(oks), all(oks), numbers, ", ".join(parts)
+    verdict = (HOLDS if all(ups) else PARTLY if any(ups) else NOT if any(downs) else INCONCLUSIVE)
+    return verdict, numbers, ", ".join(parts)
 
 
 def curated_outcome(results: Results) -> Outcome:
     """The curated-removal rule (`CURATED_RULE`) on the two 10-class records."""
-    return _two_datasets(results, "curated intervention", _curated_judge,
-                         "interval above 0 for both models on {full} of 2 data sets, for some model on {first}")
+    return _two_datasets(results, "curated intervention", _curated_judge)
 
 
 ADV_INT_RULE = (GATE_FIRST + "Adversarial intervention (PGD at eps 0.3 on all training points; flips counted on "
-                "the clean top-tau set; noise: random signs on all points), 10 classes, per data set: holds if on "
-                "both data sets the 95 % interval of (Attn excess over noise - ReLU excess) lies above 0 and Attn's "
-                "excess interval lies above 0; partly if the difference interval lies above 0 on at least one data "
-                "set but holds fails; does not hold if on neither. " + CI_NOTE)
+                "the clean top-tau set; noise: random signs on all points), 10 classes. Per data set, the 95 % t "
+                "interval of (Attn excess over noise - ReLU excess), paired by seed: holds if it lies above 0 and "
+                "Attn's excess interval lies above 0; partly, by name, if only the difference lies above 0 ('Attn's "
+                "attack does not beat noise'); does not hold if the difference lies below 0; inconclusive if it "
+                "contains 0. " + COMBINE_RULE + ". " + CI_NOTE)
 
 
 def _adv_int_judge(ds: str, res: MalleabilityRecord) -> Judged:
@@ -465,27 +526,27 @@ def _adv_int_judge(ds: str, res: MalleabilityRecord) -> Judged:
     ra, rr = (res.summary.find("rows", **where, model=m, attack="pgd") for m in ("attn", "relu"))
     if c is None or ra is None or rr is None:
         return "needs both models and the adversarial intervention with PGD"
-    d_ok = above(c["excess_diff_ci"])
+    verdict = sign_judgement(c["excess_diff_ci"])
+    if verdict is HOLDS and not above(ra["excess_ci"]):
+        verdict = PARTLY
     text = (f"PGD: Attn {100 * _f(ra['flip_ci']['value']):.1f} % (excess over noise {ci_txt(ra['excess_ci'])}), "
             f"ReLU {100 * _f(rr['flip_ci']['value']):.1f} % (excess over noise {ci_txt(rr['excess_ci'])}), "
             f"difference {ci_txt(c['excess_diff_ci'])}")
-    return d_ok, d_ok and above(ra["excess_ci"]), {"excess_diff_ci": c["excess_diff_ci"],
-                                                   "attn_excess_ci": ra["excess_ci"],
-                                                   "relu_excess_ci": rr["excess_ci"]}, text
+    return verdict, {"excess_diff_ci": c["excess_diff_ci"], "attn_excess_ci": ra["excess_ci"],
+                     "relu_excess_ci": rr["excess_ci"]}, text
 
 
 def adversarial_intervention_outcome(results: Results) -> Outcome:
     """The adversarial-intervention rule (`ADV_INT_RULE`) on the two 10-class records."""
-    return _two_datasets(results, "adversarial intervention", _adv_int_judge,
-                         "difference interval above 0 on {first} of 2 data sets; with Attn beyond noise on {full}")
+    return _two_datasets(results, "adversarial intervention", _adv_int_judge)
 
 
 SPEARMAN_RULE = (GATE_FIRST + "Spearman rho_all between clean and attacked influence over all training points, "
-                 "averaged over FGSM/PGD/MIM per network (10 classes, transformed, eps 0.3), per data set: holds "
-                 "if on both data sets the 95 % t interval over seeds of (Attn rho - ReLU rho), paired by seed, "
-                 "lies below 0 and Attn's drop below its noise rho (noise rho - attack rho) has an interval above "
-                 "0; partly if the difference interval lies below 0 on at least one data set but holds fails; does "
-                 "not hold if on neither. " + CI_NOTE)
+                 "averaged over FGSM/PGD/MIM per network (10 classes, transformed, eps 0.3). Per data set, the 95 % t "
+                 "interval over seeds of (Attn rho - ReLU rho), paired by seed: holds if it lies below 0 and Attn's "
+                 "drop below its noise rho (noise rho - attack rho) has an interval above 0; partly, by name, if only "
+                 "the difference lies below 0 ('Attn's drop is no more than noise's'); does not hold if the difference "
+                 "lies above 0; inconclusive if it contains 0. " + COMBINE_RULE + ". " + CI_NOTE)
 
 
 def _spearman_judge(ds: str, res: MalleabilityRecord) -> Judged:
@@ -494,19 +555,18 @@ def _spearman_judge(ds: str, res: MalleabilityRecord) -> Judged:
     pa, pr = (res.summary.find("pooled", **where, model=m) for m in ("attn", "relu"))
     if c is None or pa is None or pr is None:
         return "needs both models and the transformed intervention"
-    d_ok = below(c["rho_all_diff_ci"])
+    verdict = sign_judgement(c["rho_all_diff_ci"], claimed_above=False)
+    if verdict is HOLDS and not above(pa["rho_drop_ci"]):
+        verdict = PARTLY
     text = (f"rho_all Attn {rho_txt(pa['rho_all_ci'])} (noise {rho_txt(pa['baseline_rho_all_ci'])}, drop beyond "
             f"noise {rho_txt(pa['rho_drop_ci'], True)}), ReLU {rho_txt(pr['rho_all_ci'])} (noise "
             f"{rho_txt(pr['baseline_rho_all_ci'])}); Attn - ReLU {rho_txt(c['rho_all_diff_ci'], True)}")
-    return d_ok, d_ok and above(pa["rho_drop_ci"]), {"rho_all_diff_ci": c["rho_all_diff_ci"],
-                                                     "attn_rho_drop_ci": pa["rho_drop_ci"]}, text
+    return verdict, {"rho_all_diff_ci": c["rho_all_diff_ci"], "attn_rho_drop_ci": pa["rho_drop_ci"]}, text
 
 
 def spearman_outcome(results: Results) -> Outcome:
     """The Spearman-rankings rule (`SPEARMAN_RULE`) on the two 10-class records."""
-    return _two_datasets(results, "transformed intervention", _spearman_judge,
-                         "difference interval below 0 on {first} of 2 data sets; with Attn's drop beyond noise on "
-                         "{full}")
+    return _two_datasets(results, "transformed intervention", _spearman_judge)
 
 
 # ---- the single-experiment command ----------------------------------------------------------------

@@ -9,18 +9,31 @@ from empirics.protocols import GATE_TEXT
 from empirics.vocab import DATASETS, dataset_label
 from reports.text import fmt
 from verify.claims import units
-from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results, gate_failures, gated
+from verify.claims.base import (
+    HOLDS,
+    INCONCLUSIVE,
+    NA,
+    NOT,
+    PARTLY,
+    Claim,
+    Outcome,
+    Results,
+    gate_failures,
+    gated,
+)
 
 METRIC = "function_abs"
 SECONDARY = ("function_lin", "kernel_drift_centred")
 NTK_RULE = ("widths at which every seed's network passes the adequacy gate are kept (at least 3, including the "
             "widest of the sweep, else not measurable); log-log slope of the unnormalised function distance "
-            "||f_m - f_NTK|| (test outputs) against width, with a 95 % percentile bootstrap interval over seeds "
-            "(each seed its own data subset and initialisations): holds if the interval lies entirely on the claimed "
-            "side of 0 (below 0 for 'decreases', above for 'rises'); partly if not, but a discriminating secondary "
-            "metric (the init-matched distance ||f_m - f_lin|| or the doubly centred kernel drift) has its interval "
-            "on the claimed side for this network and not for the other one (on the widths kept for both); does not "
-            "hold otherwise. A metric that moves the claimed way for both networks gives no credit")
+            "||f_m - f_NTK|| (test outputs) against width: each seed's least-squares slope (each seed its own data "
+            "subset and initialisations), with a 95 % Student-t interval over seeds: holds if the interval lies "
+            "entirely on the claimed side of 0 (below 0 for 'decreases', above for 'rises'); partly, by name, if not, "
+            "but a discriminating secondary metric (the init-matched distance ||f_m - f_lin|| or the doubly centred "
+            "kernel drift) has its interval on the claimed side for this network and not for the other one (on the "
+            "widths kept for both) ('credit from a secondary metric'); does not hold if the interval lies entirely on "
+            "the other side of 0; inconclusive if it contains 0. A metric that moves the claimed way for both "
+            "networks gives no credit")
 
 
 #: Widths needed for a slope (the widest among them).
@@ -77,7 +90,8 @@ def ntk_claim(ds: str, kind: str, claimed: str, unit: str | None = None) -> Call
             theirs = slope_interval(shared, [r for r in other.runs if r["width"] in shared], metric)["ci"]
             if _side(mine, claimed) and not _side(theirs, claimed):
                 credit.append(metric)
-        verdict = HOLDS if primary else PARTLY if credit else NOT
+        opposite = _side(si["ci"], "rises" if claimed == "decreasing" else "decreasing")
+        verdict = HOLDS if primary else PARTLY if credit else NOT if opposite else INCONCLUSIVE
         ours = (", ".join(f"m={w}: {fmt(m)}" for w, m in zip(widths, fa, strict=True))
                 + f"; slope {fmt(si['slope'])} [{fmt(si['ci'][0])}, {fmt(si['ci'][1])}] ({si['seeds']} seeds)"
                 + "; " + "; ".join(f"{m} slope {fmt(sec[m]['slope'])} [{fmt(sec[m]['ci'][0])}, {fmt(sec[m]['ci'][1])}]"
@@ -99,9 +113,10 @@ def ntk_claim(ds: str, kind: str, claimed: str, unit: str | None = None) -> Call
 
 CONTRAST_RULE = ("on the widths at which both networks pass the gate in every seed (at least 3, including the widest): "
                  "the paper's contrast: slope of log ||f_m - f_NTK|| against log width, MLP-Attn minus 2L-ReLU, "
-                 "95 % bootstrap interval paired by seed: holds if the interval lies above 0 and 2L-ReLU's own slope "
-                 "interval lies below 0 (ReLU converges, attention does not); partly if only the difference interval "
-                 "lies above 0; does not hold otherwise")
+                 "per-seed slopes, 95 % Student-t interval of the difference paired by seed: holds if the interval "
+                 "lies above 0 and 2L-ReLU's own slope interval lies below 0 (ReLU converges, attention does not); "
+                 "partly, by name, if only the difference interval lies above 0 ('a contrast, but ReLU's convergence "
+                 "not shown'); does not hold if the difference interval lies below 0; inconclusive if it contains 0")
 
 
 def _contrast_claim(ds: str) -> Callable[[Results], Outcome]:
@@ -120,7 +135,7 @@ def _contrast_claim(ds: str) -> Callable[[Results], Outcome]:
         diff = slope_interval(widths, [r for r in attn.runs if r["width"] in widths], METRIC, minus=keep_r)
         relu_si = slope_interval(widths, keep_r, METRIC)
         up, conv = diff["ci"][0] > 0, relu_si["ci"][1] < 0
-        verdict = HOLDS if up and conv else PARTLY if up else NOT
+        verdict = (HOLDS if conv else PARTLY) if up else NOT if diff["ci"][1] < 0 else INCONCLUSIVE
         ours = (f"slope difference Attn - ReLU {fmt(diff['slope'])} [{fmt(diff['ci'][0])}, {fmt(diff['ci'][1])}]; "
                 f"ReLU slope {fmt(relu_si['slope'])} [{fmt(relu_si['ci'][0])}, {fmt(relu_si['ci'][1])}] "
                 f"({diff['seeds']} seeds)")

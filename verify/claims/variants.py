@@ -28,7 +28,7 @@ from empirics.malleability import MalleabilityRecord
 from empirics.vocab import PAPER_ATTACKS
 from reports.text import fmt
 from verify.claims import units
-from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results, Verdict
+from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, Claim, Outcome, Results, Verdict
 from verify.claims.malleability import FLIP_RULE, flip_outcome
 from verify.claims.ntk import NTK_RULE, ntk_claim
 from verify.presets import PresetSizes, n_train_for
@@ -138,7 +138,8 @@ V2_QKV_RULE = ("v2's extension to trainable Q/K/V attention at standard initiali
                "like the paper's MLP-Attn, does not approach its NTK with width and is more malleable than 2L-ReLU. "
                "Holds if both ntk-qkv-mnist and flip-qkv-mnist hold; not measurable here if either is; does not hold "
                "if the qkv distance falls with width (slope interval below 0: it enters the kernel regime) or "
-               "flip-qkv-mnist does not hold; partly otherwise")
+               "flip-qkv-mnist does not hold; inconclusive if either row is inconclusive; partly otherwise (one row "
+               "holds partly, by its own named condition)")
 
 
 def v2_qkv_outcome(ntk: Outcome, flip: Outcome) -> Outcome:
@@ -150,7 +151,8 @@ def v2_qkv_outcome(ntk: Outcome, flip: Outcome) -> Outcome:
     ci = (ntk.numbers.get("slope_interval") or {}).get("ci") or [float("nan")] * 2
     falls = float(ci[1]) < 0
     verdict: Verdict = (HOLDS if ntk.verdict is HOLDS and flip.verdict is HOLDS
-                        else NOT if falls or flip.verdict is NOT else PARTLY)
+                        else NOT if falls or flip.verdict is NOT
+                        else INCONCLUSIVE if INCONCLUSIVE in (ntk.verdict, flip.verdict) else PARTLY)
     return Outcome(parts, verdict, protocol, {"ntk": ntk.verdict.value, "flip": flip.verdict.value,
                                               "slope_ci": ci}, ntk.seeds, ntk.gate,
                    f"distance slope interval below 0: {'yes' if falls else 'no'}; "

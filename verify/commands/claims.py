@@ -20,7 +20,9 @@ from verify.commands._common import emit_json, json_target
 from verify.commands.options import EXECUTOR, PRESET, DataOptions, Param, options
 from verify.executors import ExecutorConfig, default_jobs, executor_from_args, run_units
 from verify.experiments import units_for
+from verify.preregistration import preregistration
 from verify.presets import preset
+from verify.reproducibility import knife_edges, reproducibility_block
 from verify.runner import Cache
 
 NAME = "claims"
@@ -91,11 +93,13 @@ def run(args: argparse.Namespace) -> int:
             f.unlink()
     t0 = time.perf_counter()
     git = git_state()  # the code that runs is the code checked out now
+    prereg = preregistration(args.preset)  # before any unit: a malformed docs/DEVIATIONS.md stops the run here
     ran = run_units([units[n] for n in needed], cache, log, executor)
     results: dict[str, Any] = {name: res.payload for name, (res, _) in ran.items()}
     unit_meta: dict[str, Any] = {name: {"cached": cached, "wall_s": res.unit_wall_s, "config": res.unit_config}
                                  for name, (res, cached) in ran.items()}
     rows = [claim_row(c, results) for c in claims]
+    edges = knife_edges(lambda res: [claim_row(c, res) for c in claims], results, rows)
     record = {
         "title": "Claims of arXiv:2603.13085 — regenerated",
         "preset": args.preset,
@@ -113,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
                                     for v in VERDICTS} for p in PROTOCOLS},
         "protocols": protocol_descriptions(args.preset),
         "gate": GATE_TEXT,
+        "preregistration": prereg,
+        "reproducibility": reproducibility_block(edges),
         "claims": rows,
         "units": unit_meta,
         "results": {name: slim(res.to_dict()) for name, (res, _) in ran.items()},
