@@ -11,7 +11,7 @@ the intervals computed from them), so this perturbs what the rules read, not the
 
 What it cannot see: decisions taken before a record is written (the adequacy gate's pass/fail is stored as a
 boolean) and the amplification of float noise by training itself (a different last bit in epoch 1 can give a
-different network after 1000 epochs; `docs/DEVIATIONS.md`, D7).
+different network after hundreds of epochs).
 """
 
 from __future__ import annotations
