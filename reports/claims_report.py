@@ -13,6 +13,7 @@ from typing import Any
 
 from ntkm.io import atomic_write_text
 from reports import figures
+from reports.deviations import preregistration_markdown, rule_status
 from reports.render import PdfUnavailable, image_data_uri, render_html, write_html, write_pdf
 from reports.text import fmt, markdown_table
 
@@ -188,10 +189,10 @@ def to_markdown(record: dict[str, Any]) -> str:
             cond = " / ".join(f"{p}: {o['condition']}" for p, o in c["by_protocol"].items() if o.get("condition"))
         else:
             proto, cond = c["protocol"], c.get("condition", "")
-        lines += [f"- **{c['id']}** — protocol: {proto}. Rule (fixed before the run): {c['rule']}."
+        lines += [f"- **{c['id']}** — protocol: {proto}. Rule ({rule_status(record, c['id'])}): {c['rule']}."
                   + (f" Gate: {c['gate']}." if c.get("gate") else "")
                   + (f" Deciding condition: {cond}." if cond else "")]
-    lines += ["", "## Provenance", "", provenance_markdown(record), ""]
+    lines += ["", *preregistration_markdown(record), "## Provenance", "", provenance_markdown(record), ""]
     return "\n".join(lines)
 
 
@@ -233,6 +234,7 @@ def render_all(record: dict[str, Any], out: Path, pdf: bool = True) -> Written:
         "r": record, "groups": GROUP_TITLES, "figs": figs, "vclass": VERDICT_CLASS,
         "provenance": data_provenance(record), "training": training_table(record),
         "theory_summary": theory_summary(record),
+        "rule_status": {c["id"]: rule_status(record, c["id"]) for c in record["claims"]},
     })
     written.paths.append(write_html(out / "claims.html", html))
     if pdf:
