@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import warnings
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -251,9 +252,14 @@ def _decode_images(blobs: list[tuple[str, bytes]]) -> tuple[np.ndarray, tuple[in
     arrays, shape, mode = [], None, None
     for name, blob in blobs:
         try:
-            with Image.open(io.BytesIO(blob)) as im:
-                mode = mode or ("L" if im.mode in ("L", "1", "I;16", "I") else "RGB")
-                arr = np.asarray(im.convert(mode), dtype=np.uint8)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(io.BytesIO(blob)) as im:
+                    mode = mode or ("L" if im.mode in ("L", "1", "I;16", "I") else "RGB")
+                    arr = np.asarray(im.convert(mode), dtype=np.uint8)
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            raise UserInputError(f"{name} declares more pixels than an image PIL decodes safely ({first_line(exc)}); "
+                                 "it was not decoded: remove it or resize it") from None
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
             raise UserInputError(f"{name} is not a readable image ({first_line(exc)})") from None
         arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
@@ -421,7 +427,7 @@ def pick_classes(names: list[str], labels: list[int], task: str, classes: tuple[
     for c in classes:
         if c in names:
             keep.append(labels[names.index(c)])
-        elif c.isdigit() and int(c) < len(names):
+        elif c.isascii() and c.isdigit() and int(c) < len(names):
             keep.append(labels[int(c)])
         else:
             raise UserInputError(f"--classes: '{c}' is neither a class of {src} nor an index "

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ntkm.io import atomic_write_text
+from ntkm.io import atomic_write_text, parse_json
 
 #: The strings that stand for the non-finite floats in a stored record.
 NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -79,8 +79,9 @@ def dumps(obj: Any) -> str:
 
 
 def loads(text: str | bytes) -> Any:
-    """A record from its stored text, non-finite floats restored (`json.JSONDecodeError` on bad JSON)."""
-    return decode(json.loads(text))
+    """A record from its stored text, non-finite floats restored (`json.JSONDecodeError` on bad JSON, and on
+    nesting or integers beyond `ntkm.io.parse_json`'s bounds)."""
+    return decode(parse_json(text))
 
 
 def canonical(obj: Any) -> str:
@@ -122,6 +123,40 @@ def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
     if missing:
         raise TypeError(f"stored {cls.__name__} lacks required field(s) {', '.join(missing)}")
     return cls(**{k: _typed(hints[k], v) for k, v in data.items()})
+
+
+def type_errors(obj: Any) -> list[str]:
+    """The fields of a dataclass instance (nested ones included) whose value is not of the annotated type, as
+    'Class.field: type'; empty when it conforms. `from_dict` converts but does not check: a stored record edited
+    to hold a string where a number goes comes back with the string (the cache recomputes such an entry)."""
+    hints = typing.get_type_hints(type(obj))
+    return [f"{type(obj).__name__}.{f.name}: {type(getattr(obj, f.name)).__name__}"
+            for f in dataclasses.fields(obj) if not _conforms(hints[f.name], getattr(obj, f.name))]
+
+
+def _conforms(tp: Any, v: Any) -> bool:
+    """Whether `v` is of annotated type `tp` (ints count as floats; annotations it does not know pass)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(a, v) for a in args)
+    if tp is type(None):
+        return v is None
+    if tp in (int, float, bool, str):
+        kinds = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}[tp]
+        return isinstance(v, kinds) and (tp is bool or not isinstance(v, bool))
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return isinstance(v, tp) and not type_errors(v)
+    if origin is tuple or tp is tuple:
+        if not isinstance(v, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_conforms(args[0], x) for x in v)
+        return not args or (len(args) == len(v) and all(_conforms(a, x) for a, x in zip(args, v, strict=True)))
+    if origin is list or tp is list:
+        return isinstance(v, list) and (not args or all(_conforms(args[0], x) for x in v))
+    if origin is dict or tp is dict:
+        return isinstance(v, dict) and (len(args) != 2 or all(_conforms(args[1], x) for x in v.values()))
+    return True
 
 
 def _typed(tp: Any, v: Any) -> Any:

@@ -195,7 +195,7 @@ def spectra(result: dict[str, Any], path: str | Path) -> Path:
 def budget(panel: dict[str, Any], path: str | Path) -> Path:
     """Flip rate (top) and the kernel predictor's test-accuracy change (bottom) against eps and against k,
     the attack beside random noise of the same size (noise ceiling = mean + 2 std)."""
-    refit = panel.get("refit")
+    refit = panel.get("refit") if isinstance(panel.get("refit"), dict) and "by_eps" in panel["refit"] else None
     rows = 3 if refit else 2
     fig, axes = plt.subplots(rows, 2, figsize=(7.4, 2.3 * rows), sharex="col")
     attack = ATTACK_LABELS.get(panel["attack"], panel["attack"])
@@ -266,7 +266,7 @@ def validity(panel: dict[str, Any], path: str | Path) -> Path:
     ax.set_ylabel("actual change after re-fit\n(mean test loss)")
     ax.legend(fontsize=6, frameon=False)
     ax = axes[1]
-    names = [("ntk", "NTK leave-one-out"), ("gn", "Gauss-Newton")]
+    names = [(k, s.get("label", k)) for k, s in panel["lds"].items()]
     for j, (key, _) in enumerate(names):
         s = panel["lds"][key]
         lo = s["lo"] if math.isfinite(s["lo"]) else s["value"]

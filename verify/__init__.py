@@ -9,6 +9,6 @@ load: the audit of a 1M-parameter MLP took 155-188 s with two BLAS threads and 8
 import os as _os
 
 _threads = _os.environ.get("NTKM_THREADS", "1")
-if _threads.isdigit() and int(_threads) >= 1:
+if _threads.isascii() and _threads.isdigit() and int(_threads) >= 1:
     for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         _os.environ.setdefault(_var, _threads)

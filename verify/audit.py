@@ -195,7 +195,8 @@ def _panels(cfg: AuditConfig, st: _Stage, ctx: dict[str, Any], t: Tensors, model
     if "validity" in cfg.panels:
         out["validity"] = st.run("validity", validity_panel, refit, x, y, xt, yt, clean.per_test, ctx["gn_per_test"],
                                  (user["train_acc"], user["test_acc"]), cfg.tau, cfg.lds_subsets, cfg.lds_fraction,
-                                 cfg.refit_seeds - 1, cfg.seed, cfg.target_test, out_dim, cfg.lds_repeats)
+                                 cfg.refit_seeds - 1, cfg.seed, cfg.target_test, out_dim, cfg.lds_repeats,
+                                 {"ef": ctx["ef_per_test"]})
     if "budget" in cfg.panels and "outcome" in cfg.panels:
         bud = out["budget"]
         out["budget"]["refit"] = st.run("outcome", outcome_curves, refit, model, x, y, xt, yt, clean.per_test,
@@ -233,6 +234,9 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     st = _Stage()
     log(f"audit: loading {cfg.model} and the data")
     loaded, train, test = st.run("load", load_inputs, cfg)
+    if cfg.target_test is not None and cfg.target_test >= len(test.x):
+        raise UserInputError(f"--target-test {cfg.target_test} is beyond the {len(test.x)} test points loaded; give "
+                             f"an index 0..{len(test.x) - 1}")
     if cfg.train_fn and set(cfg.panels) & {"validity", "outcome", "poison"}:
         log(f"audit: importing your train function {cfg.train_fn} (this runs your code)")
         load_train_fn(cfg.train_fn)
@@ -349,6 +353,8 @@ def load_record(path: str | Path) -> dict[str, Any]:
     from ntkm.codec import read_json
 
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise UserInputError(f"--render {p} is a folder, not a file; give the audit JSON that --json wrote")
     try:
         rec = read_json(p)
     except FileNotFoundError:
@@ -406,7 +412,7 @@ def write_outputs(result: dict[str, Any], out: str | Path, html: bool = False, j
 
     pdf_name, html_name, json_name, md_name = output_members(out)
     problem, pdf_ok = "", True
-    with output_set(out.parent, output_members(out), owned=earlier_audit_file) as staged:
+    with output_set(out.parent, output_members(out), owned=earlier_audit_file, manifest=False) as staged:
         page = render_report(result, REALISTIC_REASON)
         try:
             write_pdf(staged.path(pdf_name), page)

@@ -23,6 +23,7 @@ from typing import Any
 from empirics.intervals import wilson
 from ntkm.codec import decode
 from ntkm.errors import UserInputError
+from ntkm.io import parse_json
 from verify.audit_config import SCHEMA_VERSION, SUMMARY_MARKER
 from verify.audit_risk import ALL_LEVELS, NOT_MEASURABLE, RISK_LEVELS
 
@@ -146,10 +147,12 @@ def read_record(path: str | Path, what: str) -> dict[str, Any]:
     """An audit record from a JSON file, checked against the schema; one-line errors naming the fix.
     Only JSON is parsed: nothing in the file can run code."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise UserInputError(f"{what} {p} is a folder, not a file; give an audit record written by verify audit --json")
     if not p.is_file():
         raise UserInputError(f"{what} {p}: no such file (give an audit record written by verify audit --json)")
     try:
-        raw = json.loads(p.read_bytes().decode("utf-8"))
+        raw = parse_json(p.read_bytes().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserInputError(f"{what} {p} is not a JSON file ({str(exc).splitlines()[0]}); give an audit "
                              "record written by verify audit --json") from None

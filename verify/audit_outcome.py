@@ -36,6 +36,7 @@ from empirics.losses import targets
 from empirics.mall_stats import t_interval
 from empirics.progress import log
 from verify.audit_refit import Refitter, labels_of, per_example_loss
+from verify.audit_risk import NOT_MEASURABLE
 
 OUTCOME_RULE = ("the levers move an outcome beyond random points when the 95 % t-interval over seeds of the paired "
                 "difference (levers - random) excludes zero")
@@ -47,6 +48,24 @@ def _arm_metrics(out: np.ndarray, ctrl: np.ndarray, yt: np.ndarray, tgt: np.ndar
             "target_flip": float(np.mean(lab[tgt] != lab0[tgt])),
             "target_loss_change": float(per_example_loss(out[tgt], yt[tgt], out_dim).mean()
                                         - per_example_loss(ctrl[tgt], yt[tgt], out_dim).mean())}
+
+
+class NotMeasurable(Exception):
+    """A re-fit whose outcome has no value: the re-fitted model's outputs, or their loss, are NaN or infinite."""
+
+
+def _finite_metrics(out: np.ndarray, ctrl: np.ndarray, yt: np.ndarray, tgt: np.ndarray, out_dim: int,
+                    where: str) -> dict[str, float]:
+    """`_arm_metrics`, or `NotMeasurable` naming why when the outputs or a metric are not finite."""
+    if not (np.isfinite(out).all() and np.isfinite(ctrl).all()):
+        raise NotMeasurable(f"the re-fitted model's test outputs are NaN or infinite ({where}): the model diverges "
+                            "when its training data are altered, so the change of its outcome has no value")
+    metrics = _arm_metrics(out, ctrl, yt, tgt, out_dim)
+    bad = [k for k, v in metrics.items() if not np.isfinite(v)]
+    if bad:
+        raise NotMeasurable(f"the re-fitted model's {', '.join(bad)} is NaN or infinite ({where}: its loss "
+                            "overflows), so the change of its outcome has no value")
+    return metrics
 
 
 def outcome_panel(refit: Refitter, model: nn.Module, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor,
@@ -66,11 +85,14 @@ def outcome_panel(refit: Refitter, model: nn.Module, x: torch.Tensor, y: torch.T
         alt[arm] = x.index_copy(0, it, x_adv)
     log(f"audit: outcome: {seeds} seeds x (control, levers, random) re-fits at eps {eps:g}")
     per_seed: dict[str, list[dict[str, float]]] = {"levers": [], "random": []}
-    for s in range(seeds):
-        ctrl = refit.control(x, y, seed + s, {"train": x, "test": xt})["test"]
-        for arm in ("levers", "random"):
-            out = refit.outputs(alt[arm], y, seed + s, {"test": xt})["test"]
-            per_seed[arm].append(_arm_metrics(out, ctrl, yt_np, tgt, out_dim))
+    try:
+        for s in range(seeds):
+            ctrl = refit.control(x, y, seed + s, {"train": x, "test": xt})["test"]
+            for arm in ("levers", "random"):
+                out = refit.outputs(alt[arm], y, seed + s, {"test": xt})["test"]
+                per_seed[arm].append(_finite_metrics(out, ctrl, yt_np, tgt, out_dim, f"{arm}, seed {seed + s}"))
+    except NotMeasurable as exc:
+        return {"verdict": NOT_MEASURABLE, "reason": str(exc), "attack": attack_name, "eps": eps, "k": int(k)}
     rows = {}
     for key in ("acc_change", "target_flip", "target_loss_change"):
         lev = [m[key] for m in per_seed["levers"]]
@@ -114,11 +136,14 @@ def outcome_curves(refit: Refitter, model: nn.Module, x: torch.Tensor, y: torch.
             it = torch.as_tensor(idx)
             x_adv = attack(model, x[it], y[it], AttackConfig(attack_name, e, steps=steps, seed=seed + 31))
             out = refit.outputs(x.index_copy(0, it, x_adv), y, seed, {"test": xt})["test"]
-            res[arm] = _arm_metrics(out, ctrl, yt_np, tgt, out_dim)
+            res[arm] = _finite_metrics(out, ctrl, yt_np, tgt, out_dim, f"{arm}, eps {e:g}, k {kk}")
         return res
 
     log(f"audit: re-fitted outcome along the budget curves ({2 * (len(eps_grid) + len(k_grid))} re-fits)")
-    return {"by_eps": [point(k, e) for e in eps_grid], "by_k": [point(kk, eps) for kk in k_grid], "seed": seed}
+    try:
+        return {"by_eps": [point(k, e) for e in eps_grid], "by_k": [point(kk, eps) for kk in k_grid], "seed": seed}
+    except NotMeasurable as exc:
+        return {"verdict": NOT_MEASURABLE, "reason": str(exc), "seed": seed}
 
 
 def _precision(order: np.ndarray, planted: np.ndarray, kinds: dict[str, np.ndarray], k: int) -> dict[str, Any]:

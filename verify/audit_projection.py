@@ -31,6 +31,7 @@ from empirics.audit_ntk import ModelJacobian, ProjectedJacobian, Projection
 from empirics.audit_structured import ProjectedStructured, StructuredJacobian
 from empirics.influence import influence_from_kernels
 from empirics.progress import log
+from ntkm.errors import UserInputError
 
 AUTO_DIM = 512
 STRUCTURED_AUTO_DIM = 8192
@@ -47,6 +48,12 @@ def choose_projection(jac: ModelJacobian, n_points: int, dim: int | None, kind: 
     if dim == 0:
         return None, "exact (--projection-dim 0)"
     if dim is not None:
+        per_point = 4 * jac.out_dim * dim  # float32 projected features of one point, all outputs
+        if per_point * n_points > max_bytes:
+            most = max(max_bytes // (4 * jac.out_dim * n_points), 1)
+            raise UserInputError(f"--projection-dim {dim}: the projected features of {n_points} points would take "
+                                 f"{per_point * n_points / 2**30:.3g} GiB, beyond --max-memory-gb "
+                                 f"{max_bytes / 2**30:g}; give at most {most} (or 0 for the exact kernel)")
         return Projection(dim, kind, seed), f"projected as asked (--projection-dim {dim})"
     if need <= max_bytes:
         return None, f"exact: the Jacobians of all {n_points} points take {gib}, within --max-memory-gb"

@@ -29,6 +29,7 @@ least halfway from chance to 1, test accuracy a tenth of the way).
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import math
 import sys
@@ -94,18 +95,36 @@ def load_train_fn(spec: str) -> Callable[..., nn.Module]:
             module = importlib.util.module_from_spec(loader_spec)
             loader_spec.loader.exec_module(module)
         else:
-            if "" not in sys.path:
-                sys.path.insert(0, "")
-            module = importlib.import_module(mod_name)
+            module = _import_named(mod_name)
     except UserInputError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of the user's module is reported in one line
+        hint = ("; only the named module is taken from the working directory (it is not put on the import path): "
+                "import its helpers relative to a package, or install them") if isinstance(exc, ImportError) else ""
         raise UserInputError(f"--train-fn {spec}: importing {mod_name} failed "
-                             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+                             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}){hint}") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise UserInputError(f"--train-fn {spec}: {mod_name} has no function {fn_name}")
     return fn
+
+
+def _import_named(name: str) -> Any:
+    """Import module `name` from the working directory (only that name's top-level module or package is looked
+    up there), else from the installed packages. The working directory never goes on `sys.path`, so no other
+    import (a `weasyprint.py` lying there, say) can be taken from it."""
+    top = name.split(".")[0]
+    if top not in sys.modules:
+        spec = importlib.machinery.PathFinder.find_spec(top, [str(Path.cwd())])
+        if spec is not None and spec.loader is not None:
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[top] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(top, None)
+                raise
+    return importlib.import_module(name)
 
 
 class Refitter:
@@ -169,10 +188,9 @@ class Refitter:
                 raise UserInputError(f"--train-fn {self.cfg.train_fn} returned {type(model).__name__}; it must "
                                      "return the trained torch.nn.Module")
             model.eval()
-            from verify.modelio import FlatInput
-
+            fitted = self._checked_outputs(model, x[:2])
             self.seconds += time.perf_counter() - tic
-            yield FlatInput(model, self.input_shape)
+            yield fitted
             return
         saved = [p.detach().clone() for p in self.params]
         try:
@@ -183,6 +201,27 @@ class Refitter:
             with torch.no_grad():
                 for p, s in zip(self.params, saved, strict=True):
                     p.copy_(s)
+
+    def _checked_outputs(self, model: nn.Module, x: torch.Tensor) -> nn.Module:
+        """The train function's model on flat inputs, refused unless it gives `out_dim` logits per example."""
+        from verify.modelio import FlatInput
+
+        net = FlatInput(model, self.input_shape)
+        try:
+            with torch.no_grad():
+                out = net(x)
+        except UserInputError as exc:
+            raise UserInputError(f"--train-fn {self.cfg.train_fn} returned a model that does not fit the audit: "
+                                 f"{exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the user's model failing is reported in one line
+            why = str(exc).splitlines()[0] if str(exc) else ""
+            raise UserInputError(f"--train-fn {self.cfg.train_fn} returned a model that fails on the training "
+                                 f"inputs ({type(exc).__name__}: {why})") from None
+        if tuple(out.shape) != (len(x), self.out_dim):
+            raise UserInputError(f"--train-fn {self.cfg.train_fn} returned a model with outputs of shape "
+                                 f"{tuple(out.shape)} for {len(x)} examples; the audited model gives ({len(x)}, "
+                                 f"{self.out_dim}): return a model with the same {self.out_dim} outputs")
+        return net
 
     def outputs(self, x: torch.Tensor, y: torch.Tensor, seed: int,
                 evals: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:

@@ -16,8 +16,10 @@ library interrupted mid-draw) counts as the interrupt, so no traceback reaches t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
+import os
 import pkgutil
 import signal
 import sys
@@ -119,17 +121,40 @@ def set_threads() -> None:
     """torch intra-op threads: `NTKM_THREADS` (default 1). The experiments are many small matrix products;
     measured on the 2-core machine with one other busy process, an epoch of the paper's network took
     22-24 ms with one thread and 232-624 ms with two (OpenMP threads waiting for a preempted sibling)."""
-    import os
-
     import torch
 
     raw = os.environ.get("NTKM_THREADS", "1")
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise UserInputError(f"NTKM_THREADS must be a positive integer, got '{raw}'")
     torch.set_num_threads(int(raw))
 
 
+_late: list[int] = []
+
+
+def _after_finish(signum: int, frame: FrameType | None) -> None:
+    """A signal once the command has finished (its outputs complete) while the process shuts down: one line, and
+    the command's exit code stands; a second signal ends the process at once."""
+    if _late:
+        os._exit(EXIT_CODES.get(signum, 130))
+    _late.append(signum)
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"\nverify: {signal.Signals(signum).name} after the command had finished; its outputs are "
+                         "complete\n")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The `verify` command. Run as the process's entry point (`argv` None), a signal that comes after the
+    command finished no longer interrupts the interpreter's shutdown (`_after_finish`)."""
+    code = _run_command(argv)
+    if argv is None:
+        with contextlib.suppress(ValueError):
+            for sig in EXIT_CODES:
+                signal.signal(sig, _after_finish)
+    return code
+
+
+def _run_command(argv: list[str] | None) -> int:
     install_signal_handlers()
     _received.clear()
     try:

@@ -1,13 +1,19 @@
-"""Output sets: every file of one run appears together, or none of them does.
+"""Output sets: every file of one run appears together, or none of them does; nothing else is touched.
 
 `check_output_dir` refuses, before any work starts, an output folder that is a file, lies on a
-virtual file system (/proc, /sys, /dev, ...) or cannot be written. `output_set` stages the whole
-set (files and folders such as `figures/`) in a hidden temporary folder inside the output folder;
-when the body finishes, the previous set's members are moved aside and the new ones moved in with
-SIGINT/SIGTERM held off, so an interrupted or failed run leaves the previous set intact (or no
-set), never new files beside old ones. A member of the set that this run did not write is removed
-(an old `claims.pdf` never stays beside a new `claims.json`) when `owned` says it came from an
-earlier run. Two runs swapping sets into one folder take turns (an `fcntl` lock on the folder). A
+virtual file system (/proc, /sys, /dev, ...) or cannot be written; `check_members` refuses a member
+that exists as the wrong kind (a folder where the run writes a file, a file where it writes a folder).
+`output_set` stages the whole set (files, and folders such as `figures/`) in a hidden temporary folder
+inside the output folder; when the body finishes, the files it replaces are moved aside and the new
+ones moved in with SIGINT/SIGTERM held off, so an interrupted or failed run leaves the previous set
+intact (or no set), never new files beside old ones.
+
+Only files are ever replaced or removed, never a folder. A folder member (`figures/`) is merged file
+by file: a file there that this run does not write is removed only when a previous run of the suite
+wrote it, as recorded in the folder's manifest (`MANIFEST`, written with each set); a user's own
+file survives. A file member that this run does not write (an old `claims.pdf` beside a new
+`claims.json`) is removed when `owned` says it came from an earlier run (by default: it is in the
+manifest). Two runs swapping sets into one folder take turns (an `fcntl` lock on the folder). A
 write error such as a full disk becomes one `UserInputError` line naming the folder.
 """
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import signal
@@ -23,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ntkm.errors import UserInputError
+from ntkm.io import atomic_write_text, parse_json
 
 #: File system types whose files are not real storage.
 VIRTUAL_FS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
@@ -104,14 +112,49 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+#: The file, in an output folder, listing the files the suite's output sets wrote there (relative paths).
+MANIFEST = ".ntkm-manifest.json"
+MANIFEST_FORMAT = "ntk-malleability-suite/outputs"
+
+
+def check_members(folder: Path, files: Iterable[str] = (), folders: Iterable[str] = (),
+                  option: str = "--out") -> None:
+    """Refuse (one line, before any work) a member that exists as the wrong kind: a folder (or a link to one)
+    where the run writes a file, or anything but a folder where it writes a folder."""
+    for name in files:
+        p = folder / name
+        if p.is_dir():
+            raise UserInputError(f"{option}: {p} is a folder, but this run writes a file there; move or rename the "
+                                 "folder (it is left alone), or choose another --out")
+    for name in folders:
+        p = folder / name
+        if os.path.lexists(p) and not p.is_dir():
+            raise UserInputError(f"{option}: {p} is a file, but this run writes a folder there; move or rename the "
+                                 "file (it is left alone), or choose another --out")
+
+
+def read_manifest(folder: Path) -> set[str]:
+    """The relative paths an earlier set recorded as written in `folder` (empty when absent or unreadable:
+    then nothing counts as the suite's)."""
+    try:
+        doc = parse_json((folder / MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        return set()
+    files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == MANIFEST_FORMAT else None
+    return {f for f in files if isinstance(f, str)} if isinstance(files, list) else set()
+
+
 class OutputSet:
     """A staged output set: write each member to `path(name)`; `final(path)` is where it will land."""
 
     def __init__(self, folder: Path, members: Iterable[str], staging: Path,
-                 owned: Callable[[Path], bool] | None = None):
+                 owned: Callable[[Path], bool] | None = None, folders: Iterable[str] = (), manifest: bool = True):
         self.folder = folder
         self.members = tuple(members)
-        self.owned = owned or (lambda path: True)
+        self.folders = tuple(folders)
+        self.manifest = manifest
+        self._listed = read_manifest(folder) if manifest else set()
+        self.owned = owned or (lambda path: path.relative_to(self.folder).as_posix() in self._listed)
         self.dir = staging / "new"
         self.dir.mkdir()
         self._aside = staging / "old"
@@ -128,29 +171,67 @@ class OutputSet:
         p = Path(staged)
         return self.folder / (p.relative_to(self.dir) if p.is_absolute() else p)
 
+    def _plan(self) -> tuple[list[str], list[str]]:
+        """(files to move in, files to remove), as paths relative to the folder; refuses a wrong-kind member."""
+        files = [n for n in self.members if n not in self.folders]
+        check_members(self.folder, [n for n in files if os.path.lexists(self.dir / n)], self.folders)
+        new = [n for n in files if os.path.lexists(self.dir / n)]
+        old = [n for n in files if n not in new and os.path.lexists(self.folder / n)
+               and not (self.folder / n).is_dir() and self.owned(self.folder / n)]
+        for name in self.folders:
+            staged = self.dir / name
+            inside = sorted(p.relative_to(self.dir).as_posix() for p in staged.rglob("*")
+                            if not p.is_dir()) if staged.is_dir() else []
+            check_members(self.folder, inside)
+            new += inside
+            old += sorted(r for r in self._listed if r.startswith(name + "/") and r not in inside
+                          and os.path.lexists(self.folder / r) and not (self.folder / r).is_dir())
+        return new, old
+
     def commit(self) -> list[Path]:
-        """Move the previous set aside and the new one in (signals held); returns the new final paths."""
+        """Move the replaced and stale files aside and the new ones in (signals held); returns the new paths."""
         self._aside.mkdir()
-        moved: list[str] = []
-        stale = [n for n in self.members if os.path.lexists(self.folder / n)
-                 and (os.path.lexists(self.dir / n) or self.owned(self.folder / n))]
+        moves: list[tuple[Path, Path]] = []
+        made: list[Path] = []
+
+        def move(src: Path, dst: Path) -> None:
+            for d in reversed(dst.parents):
+                if not d.exists() and d.is_relative_to(self.folder):
+                    d.mkdir()
+                    made.append(d)
+            os.replace(src, dst)
+            moves.append((src, dst))
+
         with _signals_held(), _folder_lock(self.folder):
+            new, old = self._plan()
             try:
-                for name in stale:
-                    os.replace(self.folder / name, self._aside / name)
-                    moved.append(name)
-                for name in self.members:
-                    if os.path.lexists(self.dir / name):
-                        os.replace(self.dir / name, self.folder / name)
-                        self.written.append(self.folder / name)
+                for rel in [*old, *(r for r in new if os.path.lexists(self.folder / r))]:
+                    move(self.folder / rel, self._aside / rel)
+                for rel in new:
+                    move(self.dir / rel, self.folder / rel)
+                if self.manifest:
+                    self._write_manifest(new, old)
             except OSError as exc:
-                for p in self.written:
-                    os.replace(p, self.dir / p.name)
-                for name in moved:
-                    os.replace(self._aside / name, self.folder / name)
-                self.written = []
+                for src, dst in reversed(moves):
+                    os.replace(dst, src)
+                for d in reversed(made):
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
                 raise disk_error(exc, self.folder) from None
+            for name in self.folders:
+                if any(r.startswith(name + "/") for r in old):
+                    with contextlib.suppress(OSError):
+                        (self.folder / name).rmdir()  # only when the stale files were all it held
+        self.written = [self.folder / n for n in self.members
+                        if n in new or (n in self.folders and any(r.startswith(n + "/") for r in new))]
         return list(self.written)
+
+    def _write_manifest(self, new: list[str], old: list[str]) -> None:
+        """Record this set's files beside those earlier sets wrote and that are still there."""
+        keep = {r for r in self._listed if r not in old and os.path.lexists(self.folder / r)}
+        doc = {"format": MANIFEST_FORMAT, "files": sorted(keep | set(new)),
+               "note": "files written by the ntk-malleability suite; only these are ever replaced or removed"}
+        atomic_write_text(self.folder / MANIFEST, json.dumps(doc, indent=1) + "\n")
 
 
 @contextlib.contextmanager
@@ -171,18 +252,22 @@ def _folder_lock(folder: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def output_set(folder: str | Path, members: Iterable[str], option: str = "--out",
-               owned: Callable[[Path], bool] | None = None) -> Iterator[OutputSet]:
+               owned: Callable[[Path], bool] | None = None, folders: Iterable[str] = (),
+               manifest: bool = True) -> Iterator[OutputSet]:
     """Stage an output set in `folder` and swap it in when the body succeeds (see the module docstring).
 
-    `owned(path)` says whether an existing member that this run does not rewrite belongs to an earlier
-    set (and is removed); by default every member does. Use it where a member's name could collide
-    with a user's own file.
+    `folders` names the members that are folders (merged file by file). `owned(path)` says whether an
+    existing file member that this run does not rewrite belongs to an earlier set (and is removed); by
+    default those the manifest lists do. `manifest=False` writes no manifest (then `owned` decides alone,
+    and no file inside a folder member counts as the suite's).
 
     On an exception or interrupt in the body, the staging folder is deleted and the previous set is
     untouched; a folder this call created is removed again if it stays empty. OSErrors (a full disk)
     become one `UserInputError` line.
     """
     out = check_output_dir(folder, option)
+    members = tuple(members)
+    check_members(out, [m for m in members if m not in folders], folders, option)
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -191,7 +276,7 @@ def output_set(folder: str | Path, members: Iterable[str], option: str = "--out"
         raise disk_error(exc, out) from None
     try:
         try:
-            s = OutputSet(out, members, staging, owned)
+            s = OutputSet(out, members, staging, owned, folders, manifest)
             yield s
         except OSError as exc:
             raise disk_error(exc, out) from None

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ntkm.codec import Record, read_json, stable_hash, write_json
+from ntkm.codec import Record, read_json, stable_hash, type_errors, write_json
 from ntkm.errors import UserInputError
 from verify.outputs import disk_error
 
@@ -128,33 +128,51 @@ class Cache:
         if stable_hash(res.get("unit_config")) != stable_hash(unit.config):
             return None
         try:
-            return UnitResult.from_dict(res, unit.record)
-        except TypeError:
+            hit = UnitResult.from_dict(res, unit.record)
+        except (TypeError, ValueError, KeyError, AttributeError):
             return None
+        return None if isinstance(hit.payload, Record) and type_errors(hit.payload) else hit
 
     @contextlib.contextmanager
     def claim(self, unit: Unit, log: Callable[[str], None]) -> Iterator[None]:
-        """Hold the unit's lock file (waiting, with one log line, while another run holds it)."""
+        """Hold the unit's lock file (waiting, with one log line, while another run holds it); the holder removes
+        it on release, so no lock file outlives a run (a waiter that then holds a removed file tries again)."""
         try:
             import fcntl
         except ImportError:
             yield
             return
         lock = self.path(unit).with_name(f".{self.path(unit).stem}.lock")
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise disk_error(exc, self.folder) from None
-        try:
+        made = [d for d in (self.folder, *self.folder.parents) if not d.exists()]
+        while True:
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                continue  # another run removed the folder it had made, between the two calls
+            except OSError as exc:
+                raise disk_error(exc, self.folder) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 log(f"[wait]   {unit.name}: another run is computing it")
                 fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(lock).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                break
+            os.close(fd)
+        try:
             yield
         finally:
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
             os.close(fd)
+            for d in made:  # folders this claim created, removed again while empty (a refused unit)
+                with contextlib.suppress(OSError):
+                    d.rmdir()
 
     def run(self, unit: Unit, log: Callable[[str], None]) -> tuple[UnitResult, bool]:
         """The unit's result, from the cache when present; returns (result, was_cached).

@@ -32,7 +32,7 @@ from torch import nn
 from empirics.datasets import load_dataset
 from ntkm.errors import UserInputError
 from verify.cli import main
-from verify.outputs import check_output_dir, output_set
+from verify.outputs import MANIFEST, check_output_dir, output_set
 from verify.runner import Cache, Unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +143,29 @@ def env(tmp_path_factory) -> dict:
     (d / "claims_rows.json").write_text(json.dumps({"claims": [{"id": "x"}], "summary": {}}))
     (d / "broken.json").write_text("{not json")
     (d / "claims_min.json").write_text(json.dumps({"claims": [{"id": "x", "verdict": "holds"}], "summary": {}}))
+    audit_text = out.with_suffix(".json").read_text()
+    (d / "int400.json").write_text(audit_text.replace('"experiment": "audit"',
+                                                      '"experiment": "audit", "big": 1' + "0" * 400, 1))
+    (d / "int5000.json").write_text(audit_text.replace('"experiment": "audit"',
+                                                       '"experiment": "audit", "big": ' + "7" * 5000, 1))
+    (d / "deep.json").write_text('{"experiment": "audit", "claims": [], "summary": {}, "x": ' + "[" * 100_000
+                                 + "]" * 100_000 + "}")
+    for split in ("train", "test"):
+        (d / "bomb" / split / "cat").mkdir(parents=True)
+        (d / "bomb" / split / "cat" / "a.png").write_bytes(_png_header(30_000, 30_000))
     return {"dir": d, "marker": marker, "audit_json": out.with_suffix(".json")}
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that declares width x height pixels (a decompression bomb when large) with one byte of image data."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00")) + chunk(b"IEND", b""))
 
 
 def _evil_pt2(src: Path, dst: Path, payload: bytes) -> None:
@@ -262,6 +284,28 @@ CASES: dict[str, tuple[list[str], int, str]] = {
     "data unknown action": (["data", "frob"], 2, "unknown action"),
     "data dir missing": (["data", "info", "--data-dir", "{d}/nope"], 2, "not a folder"),
     "claims unknown id": (["claims", "--only", "nope", "--out", "{d}/x"], 2, "unknown claim id"),
+    # hostile records, paths of the wrong kind and options past what exists (issue 27)
+    "diff record with 10**400": (["audit", "diff", "{d}/int400.json", "{d}/first/audit.json"], 2, "401 digits"),
+    "diff record with a 5,000-digit int": (["audit", "diff", "{d}/first/audit.json", "{d}/int5000.json"], 2,
+                                           "5000 digits"),
+    "diff record nested 100,000 deep": (["audit", "diff", "{d}/deep.json", "{d}/first/audit.json"], 2,
+                                        "nested 100001 levels"),
+    "render record with 10**400": (["audit", "--render", "{d}/int400.json", "--out", "{d}/first/r2.pdf"], 2,
+                                   "401 digits"),
+    "render record nested 100,000 deep": (["audit", "--render", "{d}/deep.json", "--out", "{d}/first/r2.pdf"], 2,
+                                          "nested"),
+    "report record nested 100,000 deep": (["report", "{d}/deep.json", "--out", "{d}/x"], 2, "nested"),
+    "report record with a 5,000-digit int": (["report", "{d}/int5000.json", "--out", "{d}/x"], 2, "5000 digits"),
+    "diff a folder": (["audit", "diff", "{d}/imgs", "{d}/first/audit.json"], 2, "is a folder, not a file"),
+    "render a folder": (["audit", "--render", "{d}/imgs", "--out", "{d}/first/r2.pdf"], 2, "is a folder, not a file"),
+    "report a folder": (["report", "{d}/imgs"], 2, "is a folder, not a file"),
+    "claims --only ,": (["claims", "--only", ",", "--out", "{d}/x"], 2, "names no claim"),
+    "decompression-bomb PNG": (["audit", "--model", M, "--train", "{d}/bomb", "--test", TE], 2,
+                               r"a\.png declares more pixels"),
+    "target-test beyond the test points": ([*AUD, "--n-test", "100", "--target-test", "50"], 2,
+                                           "--target-test 50 is beyond the 10 test points"),
+    "projection-dim 10**12": ([*AUD, "--projection-dim", str(10**12)], 2, "--projection-dim 1000000000000: .* give at "
+                              "most"),
 }
 
 
@@ -298,20 +342,21 @@ def test_bad_input_case(case: str, env, capsys):
 
 
 def _previous_set(folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in ("a.json", "a.html", "a.pdf"):
-        (folder / name).write_text(f"old {name}")
+    """An earlier run's set (so the folder's manifest lists its files)."""
+    with output_set(folder, ("a.json", "a.html", "a.pdf")) as s:
+        for name in ("a.json", "a.html", "a.pdf"):
+            s.path(name).write_text(f"old {name}")
 
 
 def test_output_set_replaces_the_whole_set_and_drops_stale_members(tmp_path: Path):
     _previous_set(tmp_path)
-    with output_set(tmp_path, ("a.json", "a.html", "a.pdf", "figs")) as s:
+    with output_set(tmp_path, ("a.json", "a.html", "a.pdf", "figs"), folders=("figs",)) as s:
         s.path("a.json").write_text("new")
         s.path("figs").mkdir()
         (s.path("figs") / "f.png").write_text("png")
     assert (tmp_path / "a.json").read_text() == "new" and (tmp_path / "figs" / "f.png").exists()
     assert not (tmp_path / "a.pdf").exists() and not (tmp_path / "a.html").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "figs"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST, "a.json", "figs"]
     assert s.final(s.dir / "a.json") == tmp_path / "a.json"
 
 
@@ -324,13 +369,121 @@ def test_audit_set_removes_earlier_audit_files_but_not_a_users_own(env, tmp_path
     assert "my own notes" in (tmp_path / "r.html").read_text()
 
 
+def _user_files(folder: Path) -> dict[str, bytes]:
+    """A user's own folder of files: name -> content, to check after a run."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"notes.txt": b"my notes\n", "data.json": b'{"mine": true}\n'}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return files
+
+
+def _unchanged(folder: Path, files: dict[str, bytes]) -> bool:
+    return folder.is_dir() and {p.name: p.read_bytes() for p in folder.iterdir()} == files
+
+
+@pytest.mark.parametrize("flag, member", [("--json", "a.json"), ("--summary", "a-summary.md"), ("--html", "a.html"),
+                                          (None, "a.pdf")])
+def test_audit_refuses_a_folder_where_an_output_file_goes(flag, member, env, tmp_path: Path, capsys):
+    """Issue 27: the user's folder `a.json/` (or `a-summary.md/`, ...) was moved aside and deleted; exit 0."""
+    mine = _user_files(tmp_path / member)
+    code = main(["audit", "--render", str(env["audit_json"]), "--out", str(tmp_path / "a.pdf"),
+                 *([flag] if flag else [])])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and f"{tmp_path / member} is a folder" in line, line
+    assert _unchanged(tmp_path / member, mine)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [member]
+
+
+def test_a_folder_appearing_where_a_file_goes_is_refused_at_the_swap(tmp_path: Path):
+    """The same check runs again when the set is swapped in (a folder made while the run worked)."""
+    with pytest.raises(UserInputError, match="is a folder"), output_set(tmp_path, ("a.json", "a.pdf")) as s:
+        s.path("a.json").write_text("new")
+        mine = _user_files(tmp_path / "a.json")
+    assert _unchanged(tmp_path / "a.json", mine)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+def test_figures_are_merged_and_only_the_suites_files_removed(tmp_path: Path):
+    """`figures/` holding the user's own figures: only files an earlier set wrote (its manifest) are replaced or
+    removed; the user's file, even one added after the earlier run, is untouched."""
+    with output_set(tmp_path, ("claims.json", "figures"), folders=("figures",)) as s:
+        s.path("claims.json").write_text("1")
+        s.path("figures").mkdir()
+        for name in ("kappa.png", "old_only.png"):
+            (s.path("figures") / name).write_text(f"run 1 {name}")
+    mine = {"my_plot.png": b"user figure", **{p.name: p.read_bytes() for p in (tmp_path / "figures").iterdir()}}
+    (tmp_path / "figures" / "my_plot.png").write_bytes(mine["my_plot.png"])
+    with output_set(tmp_path, ("claims.json", "figures"), folders=("figures",)) as s:
+        s.path("claims.json").write_text("2")
+        s.path("figures").mkdir()
+        (s.path("figures") / "kappa.png").write_text("run 2 kappa.png")
+    got = {p.name: p.read_bytes() for p in (tmp_path / "figures").iterdir()}
+    assert got == {"my_plot.png": b"user figure", "kappa.png": b"run 2 kappa.png"}
+    listed = json.loads((tmp_path / MANIFEST).read_text())["files"]
+    assert listed == ["claims.json", "figures/kappa.png"]
+
+
+def test_a_users_file_with_a_members_name_that_the_run_does_not_write_survives(tmp_path: Path):
+    """`claims.pdf` of the user's own (no manifest lists it) beside a run that writes no PDF."""
+    (tmp_path / "claims.pdf").write_bytes(b"%PDF my paper")
+    with output_set(tmp_path, ("claims.json", "claims.pdf")) as s:
+        s.path("claims.json").write_text("new")
+    assert (tmp_path / "claims.pdf").read_bytes() == b"%PDF my paper"
+
+
+def test_report_merges_into_a_users_figures_folder(env, tmp_path: Path, monkeypatch, capsys):
+    """`verify report` into a folder whose `figures/` holds the user's files (the renderer stubbed: it writes
+    claims.md and one figure, a different one on the second run)."""
+    import reports.claims_report as claims_report
+
+    rec = tmp_path / "claims.json"
+    rec.write_text((env["dir"] / "claims_min.json").read_text())
+    mine = _user_files(tmp_path / "figures")
+    names = iter(["kappa_vs_n.png", "flip_rates.png"])
+
+    def render(record, out, pdf=True):
+        (Path(out) / "figures").mkdir()
+        fig = Path(out) / "figures" / next(names)
+        fig.write_bytes(b"png")
+        (Path(out) / "claims.md").write_text("md")
+        return claims_report.Written([Path(out) / "claims.md", fig])
+
+    monkeypatch.setattr(claims_report, "render_all", render)
+    for _ in range(2):
+        assert main(["report", str(rec), "--no-pdf"]) == 0, capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "figures").iterdir()} == {**mine, "flip_rates.png": b"png"}
+    assert rec.read_text() == (env["dir"] / "claims_min.json").read_text()
+
+
+@pytest.mark.parametrize("kind", ["figures", "cache"])
+def test_claims_refuses_a_file_where_its_folders_go_before_any_work(kind, tmp_path: Path, capsys):
+    (tmp_path / kind).write_bytes(b"user file")
+    code = main(["claims", "--only", "thm4.1", "--out", str(tmp_path), "--no-pdf"])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and f"{tmp_path / kind} is a file" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kind] and (tmp_path / kind).read_bytes() == b"user file"
+
+
+def test_a_fresh_claims_run_removes_only_cache_entries(tmp_path: Path):
+    from verify.commands.claims import drop_cache_entries
+
+    cache = Cache(tmp_path, version="v1")
+    unit = Unit("u", {"a": 1}, lambda a: {"value": a})
+    cache.run(unit, lambda m: None)
+    (tmp_path / "mine.json").write_text('{"unit": "mine"}')
+    (tmp_path / "broken.json").write_text("{")
+    drop_cache_entries(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.json", "mine.json"]
+
+
 @pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()])
 def test_failed_or_interrupted_set_leaves_the_previous_one(tmp_path: Path, exc: BaseException):
     _previous_set(tmp_path)
     with pytest.raises(type(exc)), output_set(tmp_path, ("a.json", "a.html", "a.pdf")) as s:
         s.path("a.json").write_text("new")
         raise exc
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.html", "a.json", "a.pdf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST, "a.html", "a.json", "a.pdf"]
     assert (tmp_path / "a.json").read_text() == "old a.json"
 
 
@@ -565,6 +718,54 @@ def test_nan_flip_rate_is_not_measurable_never_a_level(env):
     rec = load_record(env["audit_json"])
     rec["risk"].update(level=NOT_MEASURABLE, reason=r["reason"], advice=["check the data"])
     assert "NOT MEASURABLE" in render_report(rec, REALISTIC_REASON)
+
+
+class _Diverging:
+    """Re-fits whose test outputs are NaN (or overflow to infinite logits) once the training inputs were altered; the
+    control re-fit, on the unaltered set, stays finite: a model finite on clean data that diverges under attack."""
+
+    def __init__(self, x: torch.Tensor, value: float):
+        self.x, self.value = x, value
+
+    def control(self, x, y, seed, evals):
+        return {k: np.tile(np.arange(3.0), (len(v), 1)) for k, v in evals.items()}
+
+    def outputs(self, x, y, seed, evals):
+        if torch.equal(x, self.x):
+            return self.control(x, y, seed, evals)
+        return {k: np.tile([self.value, 0.0, -self.value], (len(v), 1)) for k, v in evals.items()}
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_nan_or_inf_under_perturbation_is_not_measurable_in_the_outcome_table_and_curves(value, env, tmp_path: Path,
+                                                                                         capsys):
+    """Issue 27: the outcome table printed "nan [-inf, inf]"; now the panel and the curves say why instead."""
+    from ntkm.codec import write_json
+    from verify.audit import load_record
+    from verify.audit_outcome import outcome_curves, outcome_panel
+    from verify.audit_risk import NOT_MEASURABLE
+
+    gen = torch.Generator().manual_seed(0)
+    x, xt = torch.rand(12, 4, generator=gen), torch.rand(6, 4, generator=gen)
+    y, yt = torch.randint(0, 3, (12,), generator=gen), torch.randint(0, 3, (6,), generator=gen)
+    model = nn.Linear(4, 3)
+    per_test = np.random.default_rng(0).normal(size=(12, 6))
+    refit = _Diverging(x, value)
+    panel = outcome_panel(refit, model, x, y, xt, yt, per_test, np.arange(3), "fgsm", 0.1, 1, 2, 0, 2, 3)
+    curves = outcome_curves(refit, model, x, y, xt, yt, per_test, per_test.sum(axis=1), 3, 0.1, (0.05, 0.1), [2, 3],
+                            "fgsm", 1, 0, 2, 3)
+    for part in (panel, curves):
+        assert part["verdict"] == NOT_MEASURABLE and "NaN or infinite" in part["reason"], part
+    rec = load_record(env["audit_json"])
+    rec["panels"]["outcome"] = panel
+    if "budget" in rec["panels"]:
+        rec["panels"]["budget"]["refit"] = curves
+    write_json(tmp_path / "diverged.json", rec)
+    out = tmp_path / "r.pdf"
+    assert main(["audit", "--render", str(tmp_path / "diverged.json"), "--out", str(out), "--html"]) == 0, \
+        capsys.readouterr().err
+    page = out.with_suffix(".html").read_text()
+    assert "NaN or infinite" in page and not re.search(r"\bnan\b|\binf\b", page.split("<body", 1)[-1])
 
 
 def test_interrupted_claims_report_keeps_the_previous_set(env, tmp_path: Path, monkeypatch, capsys):

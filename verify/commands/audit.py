@@ -19,7 +19,7 @@ from pathlib import Path
 import jinja2
 
 from ntkm.errors import UserInputError
-from verify.audit import load_record, run_audit, summary_name, write_outputs
+from verify.audit import load_record, output_members, run_audit, summary_name, write_outputs
 from verify.audit_ci import (
     DIFF_MOVED_EXIT,
     FAIL_LEVELS,
@@ -32,7 +32,7 @@ from verify.audit_ci import (
 )
 from verify.audit_config import AUDIT_ATTACKS, PANELS, AuditConfig
 from verify.commands.options import Param, choices, options, values
-from verify.outputs import check_output_dir
+from verify.outputs import check_members, check_output_dir
 from verify.presets import parse_choices
 
 NAME = "audit"
@@ -119,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
     if not out.parent.exists():
         raise UserInputError(f"--out {out}: folder {out.parent} does not exist")
     check_output_dir(out.parent, "--out")
+    pdf_name, html_name, json_name, md_name = output_members(out)
+    check_members(out.parent, [pdf_name, *[n for n, on in ((html_name, args.html), (json_name, args.json),
+                                                          (md_name, args.summary)) if on]])
     if args.render:
         result = load_record(args.render)
         check_record(result, args.render)

@@ -52,17 +52,21 @@ def check_claims_record(record: Any, path: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.record)
+    if path.is_dir():
+        raise UserInputError(f"{path} is a folder, not a file; pass the claims.json that 'verify claims' wrote (in "
+                             "that folder: verify report FOLDER/claims.json)")
     if not path.is_file():
         raise UserInputError(f"{path} does not exist; pass the claims.json that 'verify claims' wrote")
     try:
         record = read_json(path)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserInputError(f"{path} is not valid JSON ({exc.__class__.__name__}); pass a claims.json") from None
+        raise UserInputError(f"{path} is not valid JSON ({exc.__class__.__name__}: {str(exc).splitlines()[0][:120]}); "
+                             "pass a claims.json") from None
     check_claims_record(record, path)
     out = check_output_dir(Path(args.out) if args.out else path.parent)
     from reports.claims_report import render_all
 
-    with output_set(out, REPORT_MEMBERS) as staged:
+    with output_set(out, REPORT_MEMBERS, folders=("figures",)) as staged:
         try:
             written = render_all(record, staged.dir, pdf=not args.no_pdf)
         except (KeyError, TypeError, AttributeError, ValueError, IndexError, jinja2.UndefinedError) as exc:
