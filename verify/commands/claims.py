@@ -20,6 +20,7 @@ from verify.commands._common import emit_json, json_target
 from verify.commands.options import EXECUTOR, PRESET, DataOptions, Param, options
 from verify.executors import ExecutorConfig, default_jobs, executor_from_args, run_units
 from verify.experiments import units_for
+from verify.outputs import check_members
 from verify.preregistration import preregistration
 from verify.presets import preset
 from verify.reproducibility import knife_edges, reproducibility_block
@@ -55,6 +56,8 @@ class ClaimsOptions:
                                    "JSON, to stdout)"})
 
 
+#: The files and folders of one run's output set (`verify.outputs`; `figures/` is merged, never replaced).
+CLAIMS_MEMBERS = ("claims.json", "claims.md", "claims.html", "claims.pdf", "figures")
 OPTIONS = (PRESET, *options(ClaimsOptions, "only", "out", "resume"), *options(DataOptions, "data_dir"),
            *options(ClaimsOptions, "list", "no_pdf", "device", "jobs", "plan", Param("json", type=json_target)),
            *EXECUTOR)
@@ -74,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError("--json writes the plan: add --plan (the run itself writes claims.json to --out)")
     if args.only:
         wanted = [s.strip() for s in args.only.split(",") if s.strip()]
+        if not wanted:
+            raise UserInputError(f"--only '{args.only}' names no claim; give comma-separated ids (see 'verify claims "
+                                 "--list')")
         known = {c.id for c in claims}
         bad = [w for w in wanted if w not in known]
         if bad:
@@ -82,15 +88,16 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserInputError(f"--out {out} is a file; give a folder")
+    check_members(out, [m for m in CLAIMS_MEMBERS if m != "figures" and not (args.no_pdf and m == "claims.pdf")],
+                  ("figures", "cache"))
     cache = Cache(out / "cache")
     units = units_for(args.preset, args.data_dir, args.device)
     needed = sorted({u for c in claims for p in (PROTOCOLS if c.empirical else (None,)) for u in protocol_units(c, p)},
                     key=list(units).index)
     if args.plan:
         return show_plan(args, claims, [units[n] for n in needed], cache if args.resume else None, executor.jobs)
-    if not args.resume and cache.folder.exists():
-        for f in cache.folder.glob("*.json"):
-            f.unlink()
+    if not args.resume:
+        drop_cache_entries(cache.folder)
     t0 = time.perf_counter()
     git = git_state()  # the code that runs is the code checked out now
     prereg = preregistration(args.preset)  # before any unit: a malformed docs/DEVIATIONS.md stops the run here
@@ -126,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from reports.claims_report import render_all
     from verify.outputs import output_set
 
-    with output_set(out, ("claims.json", "claims.md", "claims.html", "claims.pdf", "figures")) as staged:
+    with output_set(out, CLAIMS_MEMBERS, folders=("figures",)) as staged:
         write_json(staged.path("claims.json"), record)
         written = render_all(record, staged.dir, pdf=not args.no_pdf)
     written.paths = [staged.final(p) for p in written.paths]
@@ -176,6 +183,19 @@ def show_plan(args: argparse.Namespace, claims: list[Any], units: list[Any], cac
         print(plan.text(record))
     emit_json(args.json, record)
     return 0
+
+
+def drop_cache_entries(folder: Path) -> None:
+    """Remove the suite's cache entries from `folder` (a fresh run without --resume); other files stay."""
+    from ntkm.codec import read_json
+
+    for f in folder.glob("*.json") if folder.is_dir() else ():
+        try:
+            entry = read_json(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(entry, dict) and {"unit", "code_version", "result_sha256"} <= entry.keys():
+            f.unlink()
 
 
 def summary_line(s: dict[str, int]) -> str:
