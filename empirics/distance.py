@@ -55,6 +55,7 @@ from empirics.common import (
     train_networks,
     train_seeds_together,
 )
+from empirics.intervals import LEVEL, loglog_slope, t_interval
 from empirics.losses import targets
 from empirics.mc_reference import mc_reference_kernel, predictor_jackknife_se
 from empirics.models import ModelSpec, SuiteNet, TwoLayerNet, build_model
@@ -185,38 +186,25 @@ def _seed_table(widths: list[int], runs: list[dict[str, Any]], metric: str, seed
                       for wd in widths] for s in seeds], float)
 
 
-def _loglog_slope(widths: list[int], rows: np.ndarray) -> float:
-    w = np.log(np.asarray(widths, float))
-    v = rows.mean(axis=0)
-    ok = np.isfinite(v) & (v > 0)
-    return float(np.polyfit(w[ok], np.log(v[ok]), 1)[0]) if ok.sum() >= 2 else float("nan")
+def slope_interval(widths: list[int], runs: list[dict[str, Any]], metric: str, level: float = LEVEL,
+                   minus: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Log-log slope of `metric` against width: the mean over seeds of each seed's own slope, with a Student-t
+    interval over seeds (`empirics.intervals.t_interval`).
 
-
-def slope_interval(widths: list[int], runs: list[dict[str, Any]], metric: str, n_boot: int = 2000,
-                   level: float = 0.95, seed: int = 0, minus: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Log-log slope of `metric` against width with a percentile bootstrap interval over seeds.
-
-    Each seed is one cluster (its own data subset and initialisations at every width); a resample
-    draws seeds with replacement, averages `metric` per width over the drawn seeds and fits the slope.
-    With `minus` (another model's runs on the same seeds) the statistic is the difference of the two
-    slopes, resampled paired by seed. With s seeds there are at most C(2s-1, s) distinct resamples, so
-    with 3 seeds the interval is close to the range of the per-seed slopes: coarse, and reported with
-    the number of seeds.
+    Each seed is one cluster (its own data subset and initialisations at every width), so its least-squares
+    slope of log `metric` against log width is one replicate. With `minus` (another model's runs on the same
+    seeds) the statistic is the per-seed difference of the two slopes (paired by seed). `per_seed` keeps the
+    per-seed values, so the interval can be recomputed from the record.
     """
     seeds = sorted({r["seed"] for r in runs})
     a = _seed_table(widths, runs, metric, seeds)
     b = _seed_table(widths, minus, metric, seeds) if minus is not None else None
-
-    def stat(idx: np.ndarray) -> float:
-        return _loglog_slope(widths, a[idx]) - (_loglog_slope(widths, b[idx]) if b is not None else 0.0)
-
-    rng = np.random.default_rng(seed)
-    boots = np.array([stat(rng.integers(0, len(seeds), len(seeds))) for _ in range(n_boot)])
-    boots = boots[np.isfinite(boots)]
-    lo, hi = (np.quantile(boots, [(1 - level) / 2, (1 + level) / 2]) if boots.size else (np.nan, np.nan))
-    return {"slope": stat(np.arange(len(seeds))), "ci": [float(lo), float(hi)], "level": level,
-            "seeds": len(seeds), "per_seed": [stat(np.array([i])) for i in range(len(seeds))],
-            "method": f"percentile bootstrap over seeds ({n_boot} resamples), slope of log mean vs log width"
+    per_seed = [loglog_slope(widths, a[i]) - (loglog_slope(widths, b[i]) if b is not None else 0.0)
+                for i in range(len(seeds))]
+    ci = t_interval(per_seed, level)
+    return {"slope": ci["value"], "ci": [ci["lo"], ci["hi"]], "level": level, "seeds": len(seeds),
+            "per_seed": per_seed, "seed_ids": seeds,
+            "method": "Student-t interval over seeds of the per-seed least-squares slope of log metric vs log width"
                       + (", difference of two models paired by seed" if b is not None else "")}
 
 
@@ -298,7 +286,7 @@ def distance_seed(cfg: DistanceConfig, dataset: Any | None, seed: int) -> dict[s
 @dataclass(frozen=True)
 class Trend(Record):
     """Direction of one metric against width (`trend` of the seed means), how many seeds agree with it, and the
-    bootstrap interval of its log-log slope (`slope_interval`)."""
+    seed-level t interval of its log-log slope (`slope_interval`)."""
 
     verdict: str
     spearman: float
