@@ -6,8 +6,8 @@ otherwise): the units that share trained networks form a group (`verify.costs.gr
 network once, as one process running them in turn would), and the groups go to the workers longest first by
 the cost model (`verify.costs.longest_first`), each worker taking the next when it is free. A worker runs its
 units through the same `Cache.run`: the same per-unit lock, the same atomic cache entry the moment a unit
-finishes. A worker loads the code of theory/ and empirics/ when it starts and refuses to run units if that is not
-the code of the cache key (the source changed after the run started). On SIGINT or SIGTERM the workers are
+finishes. A worker loads the code of theory/ and empirics/ when it starts; if that is not the code the run started
+with (the source changed since), it says so and keys its units by the code it runs. On SIGINT or SIGTERM the workers are
 ended (they ignore SIGINT themselves, so a Ctrl-C reaches only this process's handler) and the units in progress
 are lost; finished units stay cached for `--resume`.
 
@@ -55,8 +55,8 @@ class ExecutorConfig:
     are the command-line options (`verify.commands.options.EXECUTOR`)."""
 
     name: str = field(default="local", metadata={
-        "flag": "--executor", "help": "where experiment units run: local (this process, one after another; default) "
-        "or ray (one Ray task per unit; pip install -e '.[ray]')"})
+        "flag": "--executor", "help": "where experiment units run: local (this machine: for claims in --jobs worker "
+        "processes, elsewhere one after another; default) or ray (one Ray task per unit; pip install -e '.[ray]')"})
     address: str | None = field(default=None, metadata={
         "flag": "--ray-address", "metavar": "ADDR", "help": "an existing Ray cluster (HOST:PORT as printed by 'ray "
         "start --head', or auto); without it --executor ray starts a local Ray runtime"})
@@ -126,15 +126,14 @@ def default_jobs(threads: int = 1) -> int:
     return max(1, jobs)
 
 
-#: In a worker: whether the code it loaded at start differs from the driver's (its units would be cached under a
-#: key of other code).
-_STALE: list[bool] = []
+#: In a worker: the code version of what it loaded when it started.
+_LOADED: list[str] = []
 
 
-def _worker_init(threads: int, version: str) -> None:
+def _worker_init(threads: int) -> None:
     """A worker: Ctrl-C goes to the driver (which ends the workers), SIGTERM ends it silently, torch uses
     `threads` threads, progress bars are off (two workers' bars would overwrite each other's line); it loads every
-    module of theory/ and empirics/ now and compares that code with the driver's."""
+    module of theory/ and empirics/ now and records that code's version (`_run_group` keys its units by it)."""
     import pkgutil
 
     import torch
@@ -151,17 +150,19 @@ def _worker_init(threads: int, version: str) -> None:
         for mod in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}."):
             with contextlib.suppress(ImportError):
                 importlib.import_module(mod.name)
-    _STALE.append(code_version() != version)
+    _LOADED.append(code_version())
 
 
 def _run_group(cache: Cache, group: list[Unit]) -> list[tuple[str, UnitResult, bool]]:
     """In a worker: the group's units one after another through the cache (its log lines name the worker)."""
     from empirics.progress import log
 
-    if any(_STALE):
-        raise UserInputError("the source of theory/ or empirics/ changed after this run started (a worker would run "
-                             "other code than its cache key says); rerun with --resume")
     tag = multiprocessing.current_process().name.rsplit("-", 1)[-1]
+    mine = _LOADED[-1] if _LOADED else cache.version
+    if mine != cache.version:  # the source changed after the run started: key the units by the code that runs them
+        log(f"[note]   worker {tag} runs code version {mine} (the run started with {cache.version}: theory/ or "
+            f"empirics/ changed since); its units are cached under {mine}")
+        cache = Cache(cache.folder, mine)
     out = []
     for u in group:
         res, cached = cache.run(u, lambda msg: log(f"{msg}  [worker {tag}]"))
@@ -200,7 +201,7 @@ def _run_parallel(units: list[Unit], cache: Cache, log: Log, jobs: int) -> dict[
         "worker processes, longest first")
     ctx = multiprocessing.get_context("spawn")
     done = 0
-    with ctx.Pool(workers, initializer=_worker_init, initargs=(torch.get_num_threads(), cache.version)) as pool:
+    with ctx.Pool(workers, initializer=_worker_init, initargs=(torch.get_num_threads(),)) as pool:
         for finished in pool.imap_unordered(partial(_run_group, cache), tasks, chunksize=1):
             for name, res, cached in finished:
                 out[name] = (res, cached)

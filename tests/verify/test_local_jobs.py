@@ -18,14 +18,25 @@ from pathlib import Path
 import pytest
 from claims_json import claims_of, same
 
+from ntkm.errors import UserInputError
 from verify.cli import main
-from verify.executors import WORKER_BYTES, default_jobs
+from verify.executors import WORKER_BYTES, ExecutorConfig, default_jobs, run_units
+from verify.runner import Cache, Unit
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Smoke units of every kind that trains (NTK distance, malleability, landscape, the centred variant) and the
 #: theory and kappa units, under both protocols; the centred NTK-distance and the malleability units share
 #: nothing, the two protocols' units neither, so two workers have work from the start.
 ONLY = "thm4.2,kappa-mnist,ntk-relu-mnist,flip-binary-mnist,landscape-mnist,ntk-attn-centred-mnist"
+
+
+def value_unit(a: int) -> dict:
+    """A unit that returns its input (module level: a spawned worker imports it by name)."""
+    return {"value": a}
+
+
+def missing_data_unit(a: int) -> dict:
+    raise UserInputError("data folder /nowhere has no MNIST; run 'verify data download'")
 
 
 def _exit_code(argv: list[str]) -> int:
@@ -109,3 +120,17 @@ def test_default_jobs_is_the_usable_cores_within_memory(monkeypatch):
     assert default_jobs() == 1
     monkeypatch.setattr(ex, "_available_memory", lambda: None)
     assert default_jobs() == cores
+
+
+def test_a_units_bad_input_in_a_worker_stops_the_run_with_its_one_line_error(tmp_path: Path):
+    cache = Cache(tmp_path / "cache")
+    units = [Unit("good", {"a": 1}, value_unit), Unit("bad", {"a": 2}, missing_data_unit),
+             Unit("good2", {"a": 3}, value_unit)]
+    with pytest.raises(UserInputError, match=r"^experiment bad: data folder /nowhere has no MNIST.*nothing was cached"):
+        run_units(units, cache, lambda _: None, ExecutorConfig(jobs=2))
+    assert cache.get(units[1]) is None
+    # the good units that finished are cached; a rerun without the bad unit computes only what is missing
+    done = {u.name for u in (units[0], units[2]) if cache.get(u) is not None}
+    ran = run_units([units[0], units[2]], cache, lambda _: None, ExecutorConfig(jobs=2))
+    assert {n for n, (_, cached) in ran.items() if cached} == done
+    assert [r.payload["value"] for r, _ in ran.values()] == [1, 3]
