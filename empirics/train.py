@@ -2,8 +2,9 @@
 
 Optimisers: Adam with coupled L2 (`decay="coupled"`, torch's `weight_decay`: the paper's reported
 setup), AdamW (`decay="decoupled"`), or full-batch gradient descent. `lr_ref_width` scales the
-learning rate as `lr * sqrt(lr_ref_width / m)` (capped at `lr_max`), which keeps the function-space
-step of Adam the same at every width in NTK parameterisation. `plateau=True` trains until the training loss stops
+learning rate as `lr * sqrt(lr_ref_width / m)` (capped at `lr_max` when one is given; the width-consistent
+protocol gives none, so every width has its own rate), which keeps the function-space step of Adam the same
+at every width in NTK parameterisation. `plateau=True` trains until the training loss stops
 improving (see `plateau_reached`) or `epochs` (the maximum) is reached; every record says whether
 the plateau was reached, whatever the stopping rule.
 
@@ -12,7 +13,10 @@ targets for binary tasks (one output), as docs/PAPER.md's training summary repor
 error against one-hot targets for 10 classes too (the setting in which NTK theory's kernel-regression limit
 is exact).
 Optional PGD adversarial training (Madry et al. 2018): each
-batch is replaced by its PGD adversarial version before the step. Everything is seeded.
+batch is replaced by its PGD adversarial version before the step; the plateau is then judged on the loss
+being minimised (the epoch's mean loss on the adversarial batches, `adv_train_loss`), and the record gets the
+PGD accuracy on the training set at the training eps (`final_robust_train_acc`, which the adequacy gate
+reads). Everything is seeded.
 """
 
 from __future__ import annotations
@@ -88,6 +92,8 @@ class TrainRecord:
     epochs_run: int = 0
     plateau_reached: bool = False
     rel_weight_change: float = float("nan")
+    adv_train_loss: list[float] = field(default_factory=list)
+    final_robust_train_acc: float = float("nan")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -125,6 +131,15 @@ def plateau_reached(losses: list[float], epochs: list[int], window: int, tol: fl
         return False
     gain = min(before) - min(recent)
     return gain < tol * min(before) or gain < tol / 4 * losses[0]
+
+
+def robust_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> float:
+    """Accuracy on (x, y) under the PGD attack adversarial training used (eps `adv_eps`, `adv_steps` steps), with
+    a seed no training batch used."""
+    from empirics.attacks import AttackConfig, attack
+
+    xa = attack(model, x, y, AttackConfig("pgd", cfg.adv_eps, steps=cfg.adv_steps, seed=cfg.seed * 100003 + 7))
+    return accuracy(model, xa, y)
 
 
 @torch.no_grad()
@@ -171,6 +186,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
     with Progress(cfg.epochs, label) as bar:
         for epoch in range(1, cfg.epochs + 1):
             perm = torch.randperm(n, generator=gen).to(x.device)
+            adv_sum = 0.0
             for i in range(0, n, batch):
                 idx = perm[i:i + batch]
                 yb = y[idx]
@@ -182,8 +198,10 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
                 else:
                     xb = inputs[idx]
                 opt.zero_grad(set_to_none=True)
-                per_ex(net(xb), yb).mean().backward()
+                batch_loss = per_ex(net(xb), yb).mean()
+                batch_loss.backward()
                 opt.step()
+                adv_sum += float(batch_loss.detach()) * len(idx) if cfg.adv_train else 0.0
             rec.epochs_run = epoch
             last = epoch == cfg.epochs
             if epoch % cfg.check_every == 0 or epoch % every == 0 or last:
@@ -191,12 +209,16 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
                     out = net(inputs)
                     loss = float(per_ex(out, y).mean())
                 hist_e.append(epoch)
-                hist_l.append(loss)
+                hist_l.append(adv_sum / n if cfg.adv_train else loss)
+                if cfg.adv_train and len(hist_l) == 2:
+                    hist_l[0] = hist_l[1]  # no adversarial loss before the first epoch: start the history here
                 rec.plateau_reached = plateau_reached(hist_l, hist_e, cfg.plateau_window, cfg.plateau_tol)
                 stop = cfg.plateau and rec.plateau_reached
                 if epoch % every == 0 or last or stop:
                     rec.epochs.append(epoch)
                     rec.train_loss.append(loss)
+                    if cfg.adv_train:
+                        rec.adv_train_loss.append(hist_l[-1])
                     with torch.no_grad():
                         rec.train_acc.append(float((predict_labels(out) == y).float().mean()))
                         if test_inputs is not None and y_test is not None:
@@ -215,5 +237,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
         num = sum(float(((p - q) ** 2).sum()) for p, q in zip(params, w0, strict=True))
         den = sum(float((q**2).sum()) for q in w0)
         rec.rel_weight_change = (num / den) ** 0.5 if den > 0 else float("nan")
+    if cfg.adv_train:
+        rec.final_robust_train_acc = robust_accuracy(model, x, y, cfg)
     rec.wall_s = time.perf_counter() - t0
     return rec

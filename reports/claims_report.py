@@ -106,16 +106,34 @@ def _span(vals: list[float], digits: int = 2) -> str:
     return f"{mean:.{digits}f}" + (f" [{min(vals):.{digits}f}–{max(vals):.{digits}f}]" if len(vals) > 1 else "")
 
 
+def _gd_mse_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The gd-mse networks an NTK-distance sweep trains beside each network (`gd_*` fields), as runs of their own."""
+    keys = ("train_acc", "test_acc", "train_loss", "epochs_run", "plateau_reached", "gate")
+    return [{"model": r.get("model", "?"), "training": "gd-mse", **{k: r.get(f"gd_{k}") for k in keys},
+             **{k: r[k] for k in KERNEL_ACC if k in r}} for r in runs if "gd_gate" in r]
+
+
+#: Test accuracy of kernel regression with the analytic and with the empirical (initial) NTK, where a unit records it.
+KERNEL_ACC = ("ntk_predictor_test_acc", "empirical_ntk_predictor_test_acc")
+
+
+def _kernel_acc(rs: list[dict[str, Any]]) -> str:
+    """'analytic / empirical' kernel-regression test accuracy of a row's runs ("-" where not recorded)."""
+    a, e = (_span([r.get(k) for r in rs]) for k in KERNEL_ACC)
+    return "-" if a == e == "-" else f"{a} / {e}"
+
+
 def training_table(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (unit, protocol, model, training): accuracies, loss, epochs, plateau and gate counts."""
+    """One row per (unit, protocol, model, training): accuracies, loss, epochs, plateau and gate counts, the kernel
+    predictors' test accuracy and, for adversarial training, the robust training accuracy the gate reads."""
     out = []
     for name, res in record.get("results", {}).items():
         if "@" not in name or "unavailable" in res:
             continue
         unit, protocol = name.split("@", 1)
         groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for r in _runs_of(res):
-            if "gate" in r:
+        for r in _runs_of(res) + _gd_mse_runs(_runs_of(res)):
+            if r.get("gate"):
                 groups.setdefault((r.get("model", "?"), r.get("training", "standard")), []).append(r)
         for (model, training), rs in groups.items():
             out.append({"unit": unit, "protocol": protocol, "model": model + ("" if training == "standard" else
@@ -125,6 +143,8 @@ def training_table(record: dict[str, Any]) -> list[dict[str, Any]]:
                         "loss": _span([r.get("train_loss") for r in rs], 3),
                         "epochs": _span([r.get("epochs_run") for r in rs], 0),
                         "plateau": f"{sum(bool(r.get('plateau_reached')) for r in rs)}/{len(rs)}",
+                        "kernel_acc": _kernel_acc(rs),
+                        "robust_acc": _span([r["gate"].get("robust_train_acc") for r in rs]),
                         "passed": sum(bool(r["gate"].get("passed")) for r in rs)})
     return out
 
@@ -163,9 +183,11 @@ def to_markdown(record: dict[str, Any]) -> str:
     if training:
         lines += ["## Training behind the empirical numbers", "",
                   markdown_table(["unit", "protocol", "model", "networks", "train acc", "test acc", "final loss",
-                                  "epochs", "plateau", "gate passed"],
+                                  "epochs", "plateau", "kernel predictor test acc (analytic / empirical NTK)",
+                                  "robust train acc", "gate passed"],
                                  [[t["unit"], t["protocol"], t["model"], t["n"], t["train_acc"], t["test_acc"],
-                                   t["loss"], t["epochs"], t["plateau"], f"{t['passed']}/{t['n']}"] for t in training]),
+                                   t["loss"], t["epochs"], t["plateau"], t["kernel_acc"], t["robust_acc"],
+                                   f"{t['passed']}/{t['n']}"] for t in training]),
                   ""]
     for group, title in GROUP_TITLES.items():
         rows = [c for c in record["claims"] if c["group"] == group]

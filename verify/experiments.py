@@ -66,14 +66,15 @@ def landscape_unit(**kwargs: Any) -> LandscapeRecord:
     return run_landscape(LandscapeConfig(**config_kwargs(kwargs)))
 
 
-def protocol_train(p: PresetSizes, protocol: str) -> dict[str, Any]:
+def protocol_train(p: PresetSizes, protocol: str, dataset: str | None = None) -> dict[str, Any]:
     """The training config (as a dict) of claims protocol `protocol` ("paper" or "proper") at preset `p`:
-    the paper's setup for `paper_epochs`, or the width-consistent protocol up to `epochs`."""
+    the paper's setup for `paper_epochs`, or the width-consistent protocol up to `epochs` (its rate is the
+    pilot's choice for `dataset`, `empirics.protocols.proper_lr`)."""
     from empirics.protocols import PAPER, PROPER, protocol_config
 
     if protocol == "paper":
         return asdict(protocol_config(PAPER, p["paper_epochs"]))
-    return asdict(protocol_config(PROPER, p["epochs"]))
+    return asdict(protocol_config(PROPER, p["epochs"], dataset=dataset))
 
 
 def retrain_unit(train: dict[str, Any], **kwargs: Any) -> RetrainRecord:
@@ -119,8 +120,8 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     kinds = {"distance": distance, "malleability": malleability}
     empirical.update({k: (v, *kinds[kind]) for k, (kind, v) in variant_unit_configs(p, data_dir).items()})
     for protocol in PROTOCOLS:
-        train = protocol_train(p, protocol)
         for base, (cfg, fn, record) in empirical.items():
             name = names.at(base, protocol)
+            train = protocol_train(p, protocol, cfg.get("dataset"))
             units[name] = Unit(name, {**cfg, "train": train, **({"device": device} if device else {})}, fn, record)
     return units

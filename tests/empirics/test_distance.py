@@ -8,7 +8,16 @@ import math
 import numpy as np
 import pytest
 
-from empirics.distance import METRICS, DistanceConfig, DistanceRecord, run_ntk_distance, trend
+from empirics.distance import (
+    GD_METRIC,
+    METRICS,
+    DistanceConfig,
+    DistanceRecord,
+    gd_mse_run,
+    linearised_change,
+    run_ntk_distance,
+    trend,
+)
 from empirics.train import TrainConfig
 from ntkm import codec
 from verify.cli import main
@@ -20,6 +29,42 @@ def test_trend_rule():
     assert trend([16, 64, 256, 1024], [1.0, 3.0, 0.5, 2.0])["verdict"] == "non-monotone"
     slope = trend([16, 64, 256, 1024], [1 / math.sqrt(w) for w in (16, 64, 256, 1024)])["loglog_slope"]
     assert slope == pytest.approx(-0.5)
+
+
+def test_linearised_change_matches_stepping_the_linear_model():
+    """The closed form against T explicit gradient-descent steps of the linear model on half the squared error."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(40, 7))
+    k = z @ z.T  # rank 7 of 30 training rows: zero eigenvalues take their limit
+    k_tt, k_st = k[:30, :30], k[30:, :30]
+    y, f0_tr, f0_te = rng.normal(size=(30, 3)), rng.normal(size=(30, 3)), rng.normal(size=(10, 3))
+    eta = 30 / np.linalg.eigvalsh(k_tt)[-1]
+    f_tr, f_te = f0_tr.copy(), f0_te.copy()
+    for _ in range(25):
+        r = f_tr - y
+        f_tr, f_te = f_tr - eta / 30 * k_tt @ r, f_te - eta / 30 * k_st @ r
+    np.testing.assert_allclose(linearised_change(k_tt, k_st, y - f0_tr, 25, eta), f_te - f0_te, rtol=1e-9, atol=1e-9)
+
+
+def test_gd_function_change_shrinks_with_width(mnist_small):
+    """NTK theory: under gd-mse a wide 2L-ReLU's function change follows its linearised model more closely."""
+    import torch
+
+    from empirics.common import dataset_tensors
+    from empirics.distance import reference_kernels
+    from empirics.losses import targets
+    from empirics.models import ModelSpec
+
+    t = dataset_tensors(mnist_small)
+    x_tr, x_te = mnist_small.x_train.astype(np.float64), mnist_small.x_test.astype(np.float64)
+    spec0 = ModelSpec("relu", t.x_train.shape[1], 1, t.out_dim)
+    k_tt, k_st, _ = reference_kernels(DistanceConfig(), spec0, x_tr, x_te, t, 0)
+    y = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
+    cfg = TrainConfig(epochs=60, seed=0)
+    ratio = {m: gd_mse_run(ModelSpec("relu", t.x_train.shape[1], m, t.out_dim), t, cfg, k_tt, k_st, y, "cpu")
+             for m in (32, 2048)}
+    assert ratio[2048]["gd_epochs_run"] > 0 and ratio[2048]["gd_gate"]["reason"]
+    assert ratio[2048][GD_METRIC] < 0.5 * ratio[32][GD_METRIC], {m: r[GD_METRIC] for m, r in ratio.items()}
 
 
 @pytest.mark.claim("ntk-relu-mnist", "ntk-attn-mnist", "ntk-contrast-mnist")

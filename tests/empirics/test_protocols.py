@@ -11,13 +11,13 @@ from tolerances import F32_ACCUMULATED, F64_ALGORITHM
 from empirics.common import dataset_tensors, train_network
 from empirics.models import ModelSpec
 from empirics.protocols import GATE_TEXT, PROTOCOL_NAMES, adequacy, chance_accuracy, protocol_config
-from empirics.train import TrainRecord, effective_lr, plateau_reached
+from empirics.train import TrainConfig, TrainRecord, effective_lr, plateau_reached, train
 from ntkm.errors import UserInputError
 from verify.claims.base import NA, gated
 
 
 def test_width_consistent_protocol_keeps_relative_weight_change_shrinking(mnist_small):
-    """Above the cap, lr ~ m^-1/2 keeps Adam's function-space step fixed, so ||W_T - W_0|| / ||W_0|| falls
+    """lr ~ m^-1/2 keeps Adam's function-space step fixed, so ||W_T - W_0|| / ||W_0|| falls
     roughly like m^-1/2; at the paper's fixed lr it does not fall that way."""
     t = dataset_tensors(mnist_small)
     widths = (256, 1024, 4096)
@@ -32,7 +32,7 @@ def test_width_consistent_protocol_keeps_relative_weight_change_shrinking(mnist_
     assert -0.75 < slope < -0.3, slope
     assert effective_lr(protocol_config("width-consistent", 1), 4096) == pytest.approx(
         effective_lr(protocol_config("width-consistent", 1), 1024) / 2)
-    assert effective_lr(protocol_config("width-consistent", 1), 16) == protocol_config("width-consistent", 1).lr_max
+    assert effective_lr(protocol_config("width-consistent", 1), 16) == protocol_config("width-consistent", 1).lr
     assert effective_lr(protocol_config("paper", 1), 16) == effective_lr(protocol_config("paper", 1), 4096) == 1e-3
 
 
@@ -96,6 +96,101 @@ def test_gate_thresholds_and_reasons():
     assert "no plateau" in adequacy(rec(0.9, 0.5, False), chance)["reason"]
     assert not adequacy(rec(0.7, 0.7, True), chance_accuracy(1, 2))["passed"]  # binary: 0.75 needed
     assert "chance" in GATE_TEXT
+
+
+def test_schedule_gives_distinct_rates_at_every_width_of_every_sweep():
+    """No two widths of any preset's sweep (the distance widths and the malleability width) share a learning rate,
+    on either data set; the paper's protocol is width-independent by design."""
+    from empirics.protocols import LR_REF_WIDTH, PROPER_LR16
+    from verify.presets import PRESET_NAMES, preset
+
+    for name in PRESET_NAMES:
+        p = preset(name)
+        widths = sorted({*p["widths"], p["mall_width"]})
+        assert min(widths) >= LR_REF_WIDTH  # the anchor is the narrowest width: no rate above the pilot's
+        for ds in (*PROPER_LR16, None):
+            cfg = protocol_config("width-consistent", p["epochs"], dataset=ds)
+            rates = [effective_lr(cfg, m) for m in widths]
+            assert len(set(rates)) == len(widths) and rates == sorted(rates, reverse=True), (name, ds, rates)
+            assert rates[0] <= max(PROPER_LR16.values())
+
+
+def test_pilot_record_is_what_the_protocol_uses():
+    """`PROPER_LR16` is the choice recorded by scripts/pilot_lr.py in results/pilot-lr.json, re-derived from the
+    recorded per-width training losses by the pilot's own rule."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from empirics.protocols import PROPER_LR16
+
+    root = Path(__file__).resolve().parents[2]
+    record = json.loads((root / "results" / "pilot-lr.json").read_text())
+    spec = importlib.util.spec_from_file_location("pilot_lr", root / "scripts" / "pilot_lr.py")
+    pilot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pilot)
+    assert record["git_commit"] and record["date"] and record["config"]["widths"][0] == 16
+    for ds, block in record["datasets"].items():
+        assert all(r["final_train_loss"] == pytest.approx(r["loss_ratio"] * r["initial_train_loss"])
+                   for r in block["runs"])
+        assert pilot.choose(block["runs"])["chosen_lr16"] == block["chosen_lr16"] == PROPER_LR16[ds]
+
+
+def test_adversarial_gate_passes_and_fails_on_synthetic_records():
+    """Robust accuracy gates adversarially trained networks only, at the threshold stated in the gate text."""
+    from empirics.protocols import GATE_ROBUST
+
+    chance = chance_accuracy(10, 10)
+    need = chance + GATE_ROBUST * (1 - chance)
+
+    def rec(robust: float) -> TrainRecord:
+        return TrainRecord(final_train_acc=0.9, final_test_acc=0.5, plateau_reached=True, epochs_run=60,
+                           final_robust_train_acc=robust)
+
+    assert adequacy(rec(need + 0.01), chance)["passed"]
+    failed = adequacy(rec(need - 0.01), chance)
+    assert not failed["passed"] and "robust train acc" in failed["reason"] and failed["robust_train_acc"] < need
+    assert adequacy(rec(float("nan")), chance)["passed"]  # standard training: no robust accuracy, no robust test
+    assert f"chance + {GATE_ROBUST:g}(1 - chance)" in GATE_TEXT
+
+
+@pytest.mark.parametrize("preset_name", ["quick", "paper"])
+def test_adversarial_budget_leaves_room_for_the_plateau_window(preset_name):
+    """At quick and paper the adversarial budget exceeds the plateau window, so a flat adversarial loss curve passes
+    the plateau check within it and a still-falling one fails; at the old 40 epochs even a flat one could not pass."""
+    from verify.presets import preset
+
+    budget = preset(preset_name)["adv_max_epochs"]
+    window = TrainConfig().plateau_window
+    epochs = list(range(0, budget + 1, TrainConfig().check_every))
+    flat = [1.0 + np.exp(-e / 5) for e in epochs]
+    falling = [2.0 * 0.98**e for e in epochs]
+    assert plateau_reached(flat, epochs, window, 0.02)
+    assert not plateau_reached(falling, epochs, window, 0.02)
+    old = [e for e in epochs if e <= 40]
+    assert not plateau_reached(flat[:len(old)], old, window, 0.02)
+
+
+def test_adversarial_training_records_robust_accuracy(mnist_small):
+    """PGD accuracy at eps 0 is the clean accuracy; adversarial training records its robust accuracy (at most the
+    clean one here) and the loss it minimised; standard training records neither."""
+    from dataclasses import replace
+
+    from empirics.models import build_model
+    from empirics.train import accuracy, robust_accuracy
+
+    t = dataset_tensors(mnist_small)
+    spec = ModelSpec("relu", t.x_train.shape[1], 32, t.out_dim)
+    cfg = replace(protocol_config("width-consistent", 5, dataset="mnist"), adv_train=True, adv_eps=0.1, adv_steps=2,
+                  check_every=1, plateau=False)
+    model = build_model(spec, t.x_train)
+    rec = train(model, t.x_train, t.y_train, cfg)
+    assert robust_accuracy(model, t.x_train, t.y_train, replace(cfg, adv_eps=0.0)) == accuracy(model, t.x_train,
+                                                                                              t.y_train)
+    assert 0.0 <= rec.final_robust_train_acc <= rec.final_train_acc
+    assert len(rec.adv_train_loss) == len(rec.train_loss) > 0
+    plain = train(build_model(spec, t.x_train), t.x_train, t.y_train, replace(cfg, adv_train=False))
+    assert np.isnan(plain.final_robust_train_acc) and plain.adv_train_loss == []
 
 
 def test_untrained_network_fails_the_gate_and_the_rule_says_not_measurable(mnist_small):

@@ -78,17 +78,21 @@ WIDTHS = [16, 64, 256, 1024]
 
 
 def _block(kind: str, per_seed: dict[int, list[float]], secondary: list[float] | None = None,
-           passed: bool = True) -> dict:
-    """A synthetic ntk-distance block with real slope intervals computed from the runs."""
-    from empirics.distance import METRICS, slope_interval
+           passed: bool = True, gd: dict[int, list[float]] | None = None, gd_passed: bool = True) -> dict:
+    """A synthetic ntk-distance block with real slope intervals computed from the runs; the gd-mse estimand
+    follows `per_seed` unless `gd` is given."""
+    from empirics.distance import GD_METRIC, METRICS, slope_interval
 
     sec = secondary or [1.0] * len(WIDTHS)
+    gd = gd or per_seed
     runs = []
     for s, vals in per_seed.items():
-        for w, v, d in zip(WIDTHS, vals, sec, strict=True):
+        for w, v, d, g in zip(WIDTHS, vals, sec, gd[s], strict=True):
             runs.append({"seed": s, "width": w, "model": kind, "function_abs": v, "function_lin": d * (1 + 0.01 * s),
                          "kernel_drift_centred": d * (1 + 0.02 * s), "train_acc": 0.9, "test_acc": 0.8,
-                         "gate": {"passed": passed, "reason": "passed" if passed else "train acc 0.10 < 0.55"}})
+                         "gate": {"passed": passed, "reason": "passed" if passed else "train acc 0.10 < 0.55"},
+                         GD_METRIC: g, "gd_gate": {"passed": gd_passed,
+                                                   "reason": "passed" if gd_passed else "no plateau after 9 epochs"}})
     per_width = {str(w): {m: {"mean": 1.0, "std": 0.0} for m in ("function_abs", "train_acc", "test_acc")}
                  for w in WIDTHS}
     trends = {m: {"slope_interval": slope_interval(WIDTHS, runs, m)}
@@ -120,6 +124,26 @@ def test_ntk_rule_decides_on_the_slope_interval():
     # a flat, noisy distance: the interval straddles 0, so no direction is shown either way
     out = falls(_distance(_block("relu", FLAT), _block("attn", UP)))
     assert out.verdict == INCONCLUSIVE and "slope CI < 0" in out.condition
+
+
+@pytest.mark.claim("ntk-relu-mnist", "ntk-attn-mnist", "ntk-relu-cifar10", "ntk-attn-cifar10",
+                   "ntk-attn-centred-mnist", "ntk-softmax-mnist", "ntk-qkv-mnist")
+def test_ntk_rule_needs_both_co_primary_estimands():
+    """The paper's distance and the gd-mse estimand decide together: one on the claimed side is 'partly'; the gd-mse
+    networks below the gate leave only the paper's distance, so at most 'partly', and say so."""
+    falls = ntk_claim("mnist", "relu", "decreasing")
+    attn = _block("attn", UP)
+    assert falls(_distance(_block("relu", DOWN, gd=UP), attn)).verdict == PARTLY
+    assert falls(_distance(_block("relu", UP, gd=DOWN), attn)).verdict == PARTLY
+    assert falls(_distance(_block("relu", UP, gd=UP), attn)).verdict == NOT
+    out = falls(_distance(_block("relu", DOWN, gd_passed=False), attn))
+    assert out.verdict == PARTLY and "gd-mse function change not measurable" in out.ours
+    assert out.numbers["co_primary_on_side"] == [True, False]
+    no_gd = _block("relu", DOWN, gd=UP)
+    for r in no_gd["runs"]:
+        del r["gd_gate"], r["gd_function_change"]
+    out = falls(_distance(no_gd, attn))
+    assert out.verdict == HOLDS and "no gd-mse networks" in out.ours  # e.g. the qkv variant: (1) decides alone
 
 
 @pytest.mark.claim("ntk-relu-mnist", "ntk-attn-mnist", "ntk-relu-cifar10", "ntk-attn-cifar10",
