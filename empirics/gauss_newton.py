@@ -24,6 +24,12 @@ coupling between outputs, as for the paper's networks in expectation) this colla
 (`gn_influence_mean`): the same `(K + rho I)^-1` as the NTK leave-one-out formula, so the audit
 uses `rho` = the leave-one-out ridge. `gn_influence_explicit` forms `H` (P x P) and solves with it:
 the reference the Woodbury forms are tested against.
+
+**Empirical Fisher** (`ef_influence`): the same influence with `H = G^T G / n + lambda I`, G = [g_1; ...; g_n]
+(n x P) the per-example loss gradients. Its dual needs only the gradients' Gram matrix `S = G G^T`
+(`S_ij = r_i^T Theta(i, j) r_j`, `S_ij = K_ij (r_i . r_j)` in the mean form, `ef_grams_mean`): by Woodbury,
+`(1/n) g_t^T H^-1 g_i = [(S + rho I)^-1 S(X_train, x_t)]_i` with rho = n lambda, exact and n-dimensional;
+`ef_influence_explicit` is its P x P reference.
 """
 
 from __future__ import annotations
@@ -111,3 +117,33 @@ def gn_influence_explicit(J_train: np.ndarray, J_test: np.ndarray, r_train: np.n
     g = np.einsum("icp,ic->pi", J, r)
     gt = np.einsum("tcp,tc->pt", Jt, rt)
     return g.T @ np.linalg.solve(h, gt) / n
+
+
+def ef_grams_mean(K: np.ndarray, K_test_train: np.ndarray, r_train: np.ndarray,
+                  r_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The loss gradients' Gram matrices (n, n) and (t, n) with `Theta = K (x) I_c`: `K_ij (r_i . r_j)`."""
+    r, rt = np.asarray(r_train, dtype=np.float64), np.asarray(r_test, dtype=np.float64)
+    return np.asarray(K, dtype=np.float64) * (r @ r.T), np.asarray(K_test_train, dtype=np.float64) * (rt @ r.T)
+
+
+def ef_influence(S: np.ndarray, S_test_train: np.ndarray, ridge: float) -> np.ndarray:
+    """Empirical-Fisher influence (n, t) from the gradients' Gram matrices; `ridge = n * damping` on `S`."""
+    S = np.asarray(S, dtype=np.float64)
+    St = np.asarray(S_test_train, dtype=np.float64)
+    n = S.shape[0]
+    if S.shape != (n, n) or St.ndim != 2 or St.shape[1] != n:
+        raise UserInputError(f"gradient Gram matrices of shapes {S.shape} and {St.shape} do not match")
+    if not ridge > 0:
+        raise UserInputError(f"the ridge must be > 0, got {ridge}")
+    return _solve(S + ridge * np.eye(n), St.T)
+
+
+def ef_influence_explicit(J_train: np.ndarray, J_test: np.ndarray, r_train: np.ndarray, r_test: np.ndarray,
+                          damping: float) -> np.ndarray:
+    """Reference: form `H = G^T G / n + damping I` (P x P) from the gradients `g_i = J_i^T r_i` and solve."""
+    J, Jt = np.asarray(J_train, dtype=np.float64), np.asarray(J_test, dtype=np.float64)
+    g = np.einsum("icp,ic->ip", J, np.asarray(r_train, dtype=np.float64))
+    gt = np.einsum("tcp,tc->tp", Jt, np.asarray(r_test, dtype=np.float64))
+    n, p = g.shape
+    h = g.T @ g / n + damping * np.eye(p)
+    return g @ np.linalg.solve(h, gt.T) / n

@@ -266,7 +266,7 @@ def validity(panel: dict[str, Any], path: str | Path) -> Path:
     ax.set_ylabel("actual change after re-fit\n(mean test loss)")
     ax.legend(fontsize=6, frameon=False)
     ax = axes[1]
-    names = [("ntk", "NTK leave-one-out"), ("gn", "Gauss-Newton")]
+    names = [(k, s.get("label", k)) for k, s in panel["lds"].items()]
     for j, (key, _) in enumerate(names):
         s = panel["lds"][key]
         lo = s["lo"] if math.isfinite(s["lo"]) else s["value"]

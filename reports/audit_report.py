@@ -115,7 +115,16 @@ def report_context(result: dict[str, Any], figures: dict[str, str], realistic_re
         "panels": panels, "eps_label": eps_label(cfg["eps"]), "realistic_reason": realistic_reason,
         "outcome_rows": _outcome_rows(panels.get("outcome", {})),
         "projection_note": note,
+        "lds_rows": lds_rows(panels.get("validity", {})),
     }
+
+
+def lds_rows(val: dict[str, Any]) -> list[dict[str, Any]]:
+    """The validity panel's estimators, the best first (the record's `best`), then in the record's order."""
+    scores = val.get("lds") or {}
+    best = val.get("best")
+    order = ([best] if best in scores else []) + [k for k in scores if k != best]
+    return [{"label": {"ntk": "NTK leave-one-out", "gn": "Gauss-Newton"}.get(k, k), **scores[k]} for k in order]
 
 
 def projection_note(proj: dict[str, Any] | None) -> str:

@@ -195,7 +195,8 @@ def _panels(cfg: AuditConfig, st: _Stage, ctx: dict[str, Any], t: Tensors, model
     if "validity" in cfg.panels:
         out["validity"] = st.run("validity", validity_panel, refit, x, y, xt, yt, clean.per_test, ctx["gn_per_test"],
                                  (user["train_acc"], user["test_acc"]), cfg.tau, cfg.lds_subsets, cfg.lds_fraction,
-                                 cfg.refit_seeds - 1, cfg.seed, cfg.target_test, out_dim, cfg.lds_repeats)
+                                 cfg.refit_seeds - 1, cfg.seed, cfg.target_test, out_dim, cfg.lds_repeats,
+                                 {"ef": ctx["ef_per_test"]})
     if "budget" in cfg.panels and "outcome" in cfg.panels:
         bud = out["budget"]
         out["budget"]["refit"] = st.run("outcome", outcome_curves, refit, model, x, y, xt, yt, clean.per_test,

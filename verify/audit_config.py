@@ -157,6 +157,10 @@ DEFINITIONS = {
                  "removed (exact, no retraining). Positive: the point helps; negative: it hurts.",
     "gn_influence": "Gauss-Newton influence: (1/n) g_test^T H^-1 g_i with H = J^T J / n + lambda I, computed "
                     "through the same kernel by Woodbury; uses the network's own loss gradients.",
+    "ef_influence": "Empirical-Fisher influence: (1/n) g_test^T F^-1 g_i with F = G^T G / n + lambda I the "
+                    "empirical Fisher of the per-example loss gradients G, solved exactly in the n-dimensional dual "
+                    "(Woodbury, through the gradients' Gram matrix; ridge 0.1 x its mean diagonal); scored in the "
+                    "validity panel beside NTK and Gauss-Newton influence.",
     "flip_rate": "Of the top tau training points by |influence|, the fraction whose influence changes sign "
                  "(helpful <-> harmful) after each is perturbed within +-eps per pixel and the kernel recomputed.",
     "rho": "Spearman rank correlation of all training points' influences before and after the perturbation: "

@@ -5,8 +5,8 @@ Every "actual" number is a re-fit (`verify.audit_refit`) minus the control re-fi
 - **Linear datamodeling score (LDS**, Park et al. 2023, TRAK): `subsets` random subsets, each leaving out
   a fraction `fraction` of the training points; each is fitted again `repeats` times with different seeds
   (each against the control of its seed). Predicted change of test point t's loss: the sum of the left-out
-  points' influences on t (NTK leave-one-out, and Gauss-Newton); actual: the mean over the repeats of the
-  re-fitted model's loss of t minus the control's. LDS is the Spearman correlation over subsets, averaged
+  points' influences on t (NTK leave-one-out, Gauss-Newton, empirical Fisher); actual: the mean over the
+  repeats of the re-fitted model's loss of t minus the control's. LDS is the Spearman correlation over subsets, averaged
   over test points; its 95 % interval is a bootstrap that resamples subsets and test points together.
 - **Noise ceiling**: re-fits are noisy (another batch order moves every loss), so even a perfect predictor
   cannot reach LDS 1. Two repeats of the same subset agree at a rank correlation r1 (per test point, over
@@ -49,7 +49,7 @@ from verify.audit_refit import Refitter, labels_of, per_example_loss, refit_adeq
 #: The bar of validation, fixed before any measurement: the lower end of the 95 % interval of an estimator's LDS as a
 #: fraction of the noise ceiling must reach it (half of what a perfect predictor of the re-fits could reach).
 FRACTION_MIN = 0.5
-ESTIMATOR_LABELS = {"ntk": "NTK leave-one-out", "gn": "Gauss-Newton"}
+ESTIMATOR_LABELS = {"ntk": "NTK leave-one-out", "gn": "Gauss-Newton", "ef": "empirical Fisher (exact, dual)"}
 TRUSTWORTHY, FRAGILE, INCONCLUSIVE, NOT_MEASURABLE = "trustworthy", "fragile", "inconclusive", "not measurable"
 VALIDITY_RULE = (f"trustworthy if the lower end of the 95 % interval of the NTK influence's LDS as a fraction of the "
                  f"noise ceiling is at least {FRACTION_MIN:g} and removing the top levers raises the re-fitted test "
@@ -187,9 +187,10 @@ def _median_margin_point(out: np.ndarray, yt: np.ndarray) -> int | None:
 def validity_panel(refit: Refitter, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor,
                    ntk_per_test: np.ndarray, gn_per_test: np.ndarray, saved_acc: tuple[float, float], tau: float,
                    subsets: int, fraction: float, noise_seeds: int, seed: int, target: int | None,
-                   out_dim: int, repeats: int = 2) -> dict[str, Any]:
+                   out_dim: int, repeats: int = 2, others: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """LDS against the noise ceiling, top-lever removal, brittleness and the verdict (see the module docstring);
-    each subset is re-fitted `repeats` times (seeds seed, seed + 1, ...), each against its own control."""
+    each subset is re-fitted `repeats` times (seeds seed, seed + 1, ...), each against its own control; `others`
+    adds estimators (name -> influence, training x test points) scored on the same re-fits."""
     n, t = len(x), len(xt)
     y_np, yt_np = y.numpy(), yt.numpy()
     ev = {"train": x, "test": xt}
@@ -219,8 +220,10 @@ def validity_panel(refit: Refitter, x: torch.Tensor, y: torch.Tensor, xt: torch.
         removed.append(rem)
     actual = reps.mean(axis=0)
     preds = {name: np.stack([infl[rem].sum(axis=0) for rem in removed])
-             for name, infl in (("ntk", ntk_per_test), ("gn", gn_per_test))}
+             for name, infl in {"ntk": ntk_per_test, "gn": gn_per_test, **(others or {})}.items()}
     scores, ceiling = score_estimators(preds, reps, seed=seed)
+    for name, sc in scores.items():
+        sc["label"] = ESTIMATOR_LABELS.get(name, name)
     total = ntk_per_test.sum(axis=1)
     k = max(1, min(n - 1, round(tau * n)))
     order = np.argsort(-total, kind="stable")

@@ -146,6 +146,9 @@ def test_cnn_torchscript_audit_end_to_end(cnn_report):
     assert [p["eps"] for p in panels["budget"]["by_eps"]] == sorted(p["eps"] for p in panels["budget"]["by_eps"])
     assert panels["validity"]["verdict"] in ("trustworthy", "fragile", "inconclusive", "not measurable")
     assert any(abs(a) > 0 for a in panels["validity"]["scatter"]["actual"])  # the re-fits did train the module
+    val = panels["validity"]
+    assert set(val["lds"]) == {"ntk", "gn", "ef"} and val["best"] in val["lds"]
+    assert f"{val['lds'][val['best']]['label']} (best)" in html and "empirical Fisher (exact, dual)" in html
     assert set(panels["outcome"]["rows"]) == {"acc_change", "target_flip", "target_loss_change"}
     assert panels["poison"]["k"] == 3 and set(panels["poison"]["rankings"]) >= {"harmful_ntk", "training_loss"}
     for ref in ("relu", "attn"):
@@ -294,20 +297,46 @@ def _jacobians(model: nn.Module, x: torch.Tensor) -> np.ndarray:
     return torch.cat([v.reshape(x.shape[0], -1, v[0].numel() // v.shape[1]) for v in j.values()], 2).numpy()
 
 
-def test_gauss_newton_woodbury_matches_explicit_hessian_inverse():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3)).double()
-    x, xt = torch.randn(11, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
-    y, yt = torch.randint(0, 3, (11,)), torch.randint(0, 3, (4,))
-    J, Jt = _jacobians(model, x), _jacobians(model, xt)
+def _tanh_problem(seed: int, n: int, width: int):
+    """Jacobians and loss residuals of a small 3-class tanh network on random inputs (n training, 4 test points)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(5, width), nn.Tanh(), nn.Linear(width, 3)).double()
+    x, xt = torch.randn(n, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    y, yt = torch.randint(0, 3, (n,)), torch.randint(0, 3, (4,))
     with torch.no_grad():
         r, rt = loss_residuals(model(x), y), loss_residuals(model(xt), yt)
+    return x, xt, y, yt, _jacobians(model, x), _jacobians(model, xt), r, rt
+
+
+def test_gauss_newton_woodbury_matches_explicit_hessian_inverse():
+    _, _, _, _, J, Jt, r, rt = _tanh_problem(0, 11, 6)
     theta = np.einsum("icp,jdp->ijcd", J, J)
     theta_t = np.einsum("tcp,jdp->tjcd", Jt, J)
     for damping in (1e-3, 0.1, 10.0):
         ref = gn_influence_explicit(J, Jt, r, rt, damping)
         got = gn_influence_full(theta, theta_t, r, rt, damping)
         assert np.abs(got - ref).max() / np.abs(ref).max() < F64_SOLVE
+
+
+def test_empirical_fisher_dual_matches_explicit_fisher_inverse():
+    """The n-dimensional Woodbury form of empirical-Fisher influence against the P x P Fisher solve, with the full
+    gradient Gram (r_i^T J_i J_j^T r_j) and, for a model whose outputs do not couple, the mean-kernel Gram."""
+    from empirics.gauss_newton import ef_grams_mean, ef_influence, ef_influence_explicit
+
+    x, xt, y, yt, J, Jt, r, rt = _tanh_problem(1, 9, 7)
+    S = np.einsum("ic,icp,jdp,jd->ij", r, J, J, r)
+    St = np.einsum("tc,tcp,jdp,jd->tj", rt, Jt, J, r)
+    for damping in (1e-3, 0.1, 10.0):
+        ref = ef_influence_explicit(J, Jt, r, rt, damping)
+        got = ef_influence(S, St, 9 * damping)
+        assert np.abs(got - ref).max() / np.abs(ref).max() < F64_SOLVE
+    one = nn.Linear(5, 1).double()  # one output: Theta = K exactly
+    J1, Jt1 = _jacobians(one, x), _jacobians(one, xt)
+    with torch.no_grad():
+        r1, rt1 = loss_residuals(one(x), y % 2), loss_residuals(one(xt), yt % 2)
+    S1, St1 = ef_grams_mean(J1[:, 0] @ J1[:, 0].T, Jt1[:, 0] @ J1[:, 0].T, r1, rt1)
+    ref = ef_influence_explicit(J1, Jt1, r1, rt1, 0.05)
+    assert np.abs(ef_influence(S1, St1, 9 * 0.05) - ref).max() / np.abs(ref).max() < F64_SOLVE
 
 
 def test_mean_form_is_exact_for_one_output_with_the_generic_kernel():

@@ -96,8 +96,13 @@ def test_validity_verdict_follows_whether_influence_can_predict_the_fit(fit, ver
     refit = Refitter(nn.Identity(), [], RefitConfig(train_fn=f"{path}:{fit}"), 1, (1, 28, 28))
     with refit.fitted(x, y, 0) as saved:
         _, inf, gn, acc = _influences(saved, x, y, xt, yt, 1)
-    v = validity_panel(refit, x, y, xt, yt, inf.per_test, gn, acc, 0.1, 12, 0.1, 2, 0, None, 1)
+    v = validity_panel(refit, x, y, xt, yt, inf.per_test, gn, acc, 0.1, 12, 0.1, 2, 0, None, 1,
+                       others={"again": inf.per_test.copy(), "negated": -inf.per_test})
     assert v["control"]["passed"], v["control"]
+    for key in ("value", "lo", "hi", "fraction", "fraction_lo", "fraction_hi"):  # scored on the same re-fits
+        assert v["lds"]["again"][key] == v["lds"]["ntk"][key]
+    assert v["lds"]["negated"]["value"] == pytest.approx(-v["lds"]["ntk"]["value"])
+    assert v["best"] != "negated" or verdict == "fragile"
     assert v["verdict"] == verdict, v["reason"]
     assert v["repeats"] == 2 and v["ceiling"]["value"] == pytest.approx(1.0)  # both fits ignore the seed
     if verdict == "trustworthy":
