@@ -390,10 +390,10 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
     as the cache reads them back)."""
     from empirics.common import dataset_tensors
     from empirics.datasets import load_dataset
+    from empirics.engine import train_many
     from empirics.models import ModelSpec, build_model
     from empirics.protocols import adequacy, chance_accuracy, protocol_config
     from empirics.records import device_info, library_versions, pick_device
-    from empirics.train import train
 
     t0 = time.perf_counter()
     device = pick_device(cfg.device)
@@ -403,26 +403,30 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
     xtr = torch.as_tensor(_pool(ds.x_train, ds.image_shape, cfg.pool), dtype=torch.float32, device=device)
     xte = torch.as_tensor(_pool(ds.x_test, ds.image_shape, cfg.pool), dtype=torch.float32, device=device)
     spec = ModelSpec(cfg.model, xtr.shape[1], cfg.width, t.out_dim, seed=cfg.seed)
-    tcfg = protocol_config(cfg.protocol, cfg.epochs, seed=cfg.seed, dataset=cfg.dataset)
+    tcfg = protocol_config(cfg.protocol, cfg.epochs, seed=cfg.seed)
     Yt = targets(t.y_test, t.out_dim, torch.float64).cpu().numpy()
 
-    def fit(keep: np.ndarray) -> tuple[nn.Module, Any]:
-        kt = torch.as_tensor(keep, device=device)
-        net = build_model(spec, xtr[kt], device=device)
-        rec = train(net, xtr[kt], t.y_train[kt], tcfg, xte, t.y_test, label=f"retrain {cfg.model}")
-        return net, rec
+    def fit(keeps: list[np.ndarray]) -> list[tuple[nn.Module, Any]]:
+        """Networks trained on each subset of the training set, together (`empirics.engine.train_many`: the same
+        weights and records as training them one by one)."""
+        jobs = []
+        for keep in keeps:
+            kt = torch.as_tensor(keep, device=device)
+            net = build_model(spec, xtr[kt], device=device)
+            jobs.append((net, xtr[kt], t.y_train[kt], tcfg, xte, t.y_test, f"retrain {cfg.model}"))
+        return [(job[0], rec) for job, rec in zip(jobs, train_many(jobs), strict=True)]
 
     def test_loss(net: nn.Module) -> float:
         with torch.no_grad():
             return float(((net(xte).double().cpu().numpy() - Yt) ** 2).sum())
 
     n = xtr.shape[0]
-    net, rec = fit(np.arange(n))
+    ((net, rec),) = fit([np.arange(n)])
     infl = influence_scores(net, xtr, t.y_train, xte, t.y_test, ridge_rel=cfg.ridge_rel)
     base = test_loss(net)
     order = np.argsort(infl.total)
     picks = order[np.unique(np.linspace(0, n - 1, min(cfg.n_remove, n)).round().astype(int))]
-    act = np.array([test_loss(fit(np.setdiff1d(np.arange(n), [i]))[0]) - base for i in picks])
+    act = np.array([test_loss(m) - base for m, _ in fit([np.setdiff1d(np.arange(n), [i]) for i in picks])])
     pred = infl.total[picks]
     return RetrainRecord.from_dict(encode({
         "experiment": "influence-retrain-protocol",

@@ -212,3 +212,26 @@ def test_units_give_the_same_record_with_and_without_the_engine(unit, monkeypatc
             assert other == pytest.approx(value, rel=F32_ACCUMULATED, abs=F32_ROUNDING, nan_ok=True), key
         else:
             assert other == value, key
+
+
+@pytest.mark.parametrize("model", ["relu", "attn"])
+def test_retraining_study_is_the_same_with_its_refits_trained_together(model, monkeypatch):
+    """The influence check's leave-one-out refits (one network per removed point, each on its own subset and, for
+    MLP-Attn, its own context) give the same record trained together by the engine as one by one by `train`."""
+    from empirics import engine
+    from empirics.influence import ProtocolRetrainConfig, protocol_retrain_study
+
+    cfg = ProtocolRetrainConfig(model=model, n_train=40, n_test=20, width=32, epochs=12, n_remove=4)
+    groups = []
+    real = engine._train_group
+    monkeypatch.setattr(engine, "_train_group", lambda nets, label: groups.append(len(nets)) or real(nets, label))
+    together = _numbers(protocol_retrain_study(cfg).to_dict())
+    assert sorted(groups) == [1, 4]  # the full fit, then the four refits as one group
+    monkeypatch.setattr(engine, "train_many", lambda jobs: [train(*j) for j in jobs])
+    one_by_one = _numbers(protocol_retrain_study(cfg).to_dict())
+    assert together.keys() == one_by_one.keys()
+    for key, value in one_by_one.items():
+        if isinstance(value, float):
+            assert together[key] == pytest.approx(value, rel=F32_ACCUMULATED, abs=F32_ROUNDING, nan_ok=True), key
+        else:
+            assert together[key] == value, key
