@@ -66,8 +66,11 @@ SUPPORTED_FIELDS: dict[str, Callable[[Any], bool]] = {
 }
 #: Adam's defaults, as `empirics.train.train` uses them.
 BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
-#: Most bytes of weights (times the five stacked copies: W, gradient, two moments, a temporary) in one group.
-MAX_GROUP_BYTES = 1 << 30
+#: Most bytes one group keeps stacked (five copies of W: itself, gradient, two moments, a temporary; and the
+#: features), by device. On a CPU a group larger than the caches streams Adam's state from memory at every step,
+#: where one network at a time keeps it in cache (measured: 20 CIFAR-10 networks of width 512 stacked ran 0.44x
+#: the loop), so CPU groups stay within a quarter of a 32 MiB L3; a GPU takes large groups.
+MAX_GROUP_BYTES = {"cpu": 8 << 20, "cuda": 1 << 30}
 
 
 def fallback_reason(job: Sequence[Any]) -> str | None:
@@ -289,10 +292,10 @@ def _finish(net: _Net, wall_s: float) -> TrainRecord:
 
 
 def _chunks(nets: list[_Net]) -> list[list[_Net]]:
-    """Split a group so that its stacked weights stay under `MAX_GROUP_BYTES`."""
+    """Split a group so that what it stacks stays under its device's `MAX_GROUP_BYTES` (at least one network)."""
     w = nets[0].model.W
     per = 5 * w.numel() * w.element_size() + nets[0].feats.numel() * nets[0].feats.element_size()
-    size = max(1, MAX_GROUP_BYTES // per)
+    size = max(1, MAX_GROUP_BYTES.get(w.device.type, MAX_GROUP_BYTES["cpu"]) // per)
     return [nets[i:i + size] for i in range(0, len(nets), size)]
 
 
