@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -175,7 +176,8 @@ def experiment_data(cfg: Any, dataset: Any | None = None, seed: int = 0) -> tupl
     `cfg` needs the fields dataset (mnist, cifar10 or a PATH, see `empirics.userdata`), task, n_train,
     n_test, sample, data_seed, data_dir, data_source, device, and optionally `classes` (the two classes of
     a binary task on a PATH) and `per_seed_data`: when true, seed `seed` draws its own subset (data seed
-    `data_seed + seed`), so a spread over seeds is also a spread over data subsets.
+    `data_seed + seed`), so a spread over seeds is also a spread over data subsets. The data set's provenance
+    names the networks' input preprocessing (`cfg.preprocess`, default raw), which acts inside the model.
     """
     from empirics.records import pick_device
     from empirics.userdata import load_data
@@ -185,6 +187,8 @@ def experiment_data(cfg: Any, dataset: Any | None = None, seed: int = 0) -> tupl
     ds = dataset or load_data(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task,
                               sample=cfg.sample, seed=data_seed, data_dir=cfg.data_dir, source=cfg.data_source,
                               classes=getattr(cfg, "classes", None))
+    prov = {**(ds.provenance or {}), "preprocess": getattr(cfg, "preprocess", "raw")}
+    ds = dataclasses.replace(ds, provenance=prov)
     return ds, dataset_tensors(ds, device), device
 
 

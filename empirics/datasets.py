@@ -78,7 +78,9 @@ from ntkm.errors import UserInputError
 TASKS = ("10class", "binary")
 SAMPLES = ("first", "balanced")
 SOURCES = ("auto", "full", "bundled")
-PREPROCESSING = ("raw", "center", "standardize")
+PREPROCESSING = ("raw", "center", "standardize", "channel", "unit")
+#: The networks' fixed input layer (`empirics.models.ModelSpec.preprocess`, README "Input preprocessing").
+INPUT_PREPROCESSINGS = ("raw", "channel", "unit")
 ENV_VAR = "NTKM_DATA_DIR"
 JPEG_LABEL = "CIFAR-10, JPEG re-encoding (quality ~75; not the original pixels)"
 MNIST_CLASSES = [str(i) for i in range(10)]
@@ -645,15 +647,33 @@ def _dataset(name: str, task: str, out: dict[str, np.ndarray], classes: list[str
                    IMAGE_SHAPES[name], classes, provenance)
 
 
-def preprocess(x: np.ndarray, mode: str, reference: np.ndarray | None = None) -> np.ndarray:
-    """`raw` (as is), `center` (subtract the per-pixel mean) or `standardize` (also divide by the
-    per-pixel std; constant pixels stay 0). Statistics come from `reference` (default: `x` itself),
-    so test data can be transformed with training statistics. Returns float64."""
+def input_statistics(reference: np.ndarray, channels: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel standardisation of flattened C,H,W inputs as one shift and one scale per coordinate: the mean
+    and standard deviation over every pixel of a channel in `reference` (a constant channel gets scale 1)."""
+    ref = np.asarray(reference, dtype=np.float64)
+    n, d = ref.shape
+    if channels < 1 or d % channels:
+        raise UserInputError(f"{channels} channels do not divide the input dimension {d}")
+    per = ref.reshape(n, channels, d // channels)
+    mu, sd = per.mean(axis=(0, 2)), per.std(axis=(0, 2))
+    return np.repeat(mu, d // channels), np.repeat(np.where(sd > 0, sd, 1.0), d // channels)
+
+
+def preprocess(x: np.ndarray, mode: str, reference: np.ndarray | None = None, channels: int = 1) -> np.ndarray:
+    """`raw` (as is), `center` (subtract the per-pixel mean), `standardize` (also divide by the
+    per-pixel std; constant pixels stay 0), `channel` (per-channel standardisation, `input_statistics`)
+    or `unit` (`channel`, then each row scaled to unit Euclidean norm). Statistics come from `reference`
+    (default: `x` itself), so test data can be transformed with training statistics. Returns float64.
+    `channel` and `unit` are the networks' input layer (`empirics.models.apply_preprocess`) in numpy."""
     mode = check_choice("preprocessing", mode, PREPROCESSING)
     x = np.asarray(x, dtype=np.float64)
     if mode == "raw":
         return x
     ref = x if reference is None else np.asarray(reference, dtype=np.float64)
+    if mode in ("channel", "unit"):
+        shift, scale = input_statistics(ref, channels)
+        h = (x - shift) / scale
+        return h / np.maximum(np.linalg.norm(h, axis=1, keepdims=True), 1e-30) if mode == "unit" else h
     mu = ref.mean(axis=0)
     if mode == "center":
         return x - mu

@@ -71,7 +71,7 @@ from empirics.common import (
 from empirics.intervals import LEVEL, loglog_slope, t_interval
 from empirics.losses import targets
 from empirics.mc_reference import mc_reference_kernel, predictor_jackknife_se
-from empirics.models import ModelSpec, SuiteNet, TwoLayerNet, build_model
+from empirics.models import ModelSpec, SuiteNet, TwoLayerNet, build_model, input_channels, preprocessed_inputs
 from empirics.ntk import empirical_ntk
 from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig
@@ -103,6 +103,7 @@ class DistanceConfig:
     attn_layers: int = H.helped(1, H.ATTN_LAYERS)
     attn_rank: int | None = H.helped(None, H.ATTN_RANK)
     attn_centre: bool = H.centre_field()
+    preprocess: str = H.preprocess_field()
     reference_draws: int = 16
     reference_width: int = 512
     gd_mse: bool = H.helped(True, "also train each network under gd-mse for the gd_function_change estimand")
@@ -298,7 +299,7 @@ def reference_kernels(cfg: DistanceConfig, spec: ModelSpec, x_tr: np.ndarray, x_
 def base_spec(cfg: DistanceConfig, ds: Any, t: Tensors, kind: str, seed: int) -> ModelSpec:
     """`kind`'s network on seed `seed`'s data, at width 1 (each run of the sweep sets its own width)."""
     return ModelSpec(kind, ds.d, 1, t.out_dim, cfg.parameterization, cfg.attn_layers, cfg.attn_rank, seed,
-                     cfg.attn_centre)
+                     cfg.attn_centre, preprocess=cfg.preprocess, channels=input_channels(ds))
 
 
 def distance_networks(cfg: DistanceConfig, ds: Any, t: Tensors, device: str, seed: int) -> list[NetworkRequest]:
@@ -322,10 +323,9 @@ def distance_seed(cfg: DistanceConfig, dataset: Any | None, seed: int) -> dict[s
     refs: dict[str, dict[str, Any]] = {}
     ridges: list[float] = []
     y_t = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
-    x_tr = ds.x_train.astype(np.float64)
-    x_te = ds.x_test.astype(np.float64)
     for kind in cfg.models:
         spec0 = base_spec(cfg, ds, t, kind, seed)
+        x_tr, x_te = preprocessed_inputs(spec0, ds.x_train, ds.x_test)  # the analytic kernels see what the net sees
         k_tt, k_st, mc = reference_kernels(cfg, spec0, x_tr, x_te, t, seed)
         ridge = predictor_ridge(k_tt, ds.x_train.shape[0], cfg.train.weight_decay)
         ridges.append(ridge)

@@ -22,6 +22,11 @@ CENTRE = ("MLP-Attn variant: centre the attention context and the queries by the
           "(reported as the 'centred' variant; the paper's model is uncentred)")
 
 
+PREPROCESS = ("input preprocessing, the network's fixed first layer (attack eps stays in pixel units): raw ([0, 1] "
+              "pixels), channel (per-channel standardisation with training statistics) or unit (channel, then "
+              "each input scaled to unit norm)")
+
+
 def helped(default: Any, help: str, **cli: Any) -> Any:
     """A dataclass field with `default` whose command-line option has `help` (and `cli`: flag, aliases, metavar,
     choices)."""
@@ -31,3 +36,11 @@ def helped(default: Any, help: str, **cli: Any) -> Any:
 def centre_field() -> Any:
     """`attn_centre`, the centred-context MLP-Attn variant: `--centre` (alias `--center`) on the command line."""
     return helped(False, CENTRE, flag="--centre", aliases=("--center",))
+
+
+def preprocess_field() -> Any:
+    """`preprocess`: the fixed input layer (`empirics.models.ModelSpec.preprocess`), `--preprocess` on the command
+    line."""
+    from empirics.datasets import INPUT_PREPROCESSINGS
+
+    return helped("raw", PREPROCESS, choices=INPUT_PREPROCESSINGS)

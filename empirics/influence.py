@@ -327,6 +327,8 @@ class ProtocolRetrainConfig:
     point also leaves the attention context, as it would in a real removal). The actual change of the
     network's test loss (squared error to one-hot / +-1 targets, the loss the influence is defined on)
     is compared with the NTK leave-one-out prediction from the trained network's empirical kernel.
+    `preprocess` is the networks' fixed input layer; every refit keeps the full training set's statistics (the
+    preprocessing is part of the pipeline, fixed before training, not of what a removal changes).
     """
 
     dataset: str = "mnist"
@@ -344,6 +346,7 @@ class ProtocolRetrainConfig:
     data_seed: int = 0
     data_dir: str | None = None
     device: str = "auto"
+    preprocess: str = "raw"
 
 
 def _bootstrap_corr(pred: np.ndarray, act: np.ndarray, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
@@ -391,7 +394,7 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
     from empirics.common import dataset_tensors
     from empirics.datasets import load_dataset
     from empirics.engine import train_many
-    from empirics.models import ModelSpec, build_model
+    from empirics.models import ModelSpec, build_model, input_channels
     from empirics.protocols import adequacy, chance_accuracy, protocol_config
     from empirics.records import device_info, library_versions, pick_device
 
@@ -402,7 +405,8 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
     t = dataset_tensors(ds, device)
     xtr = torch.as_tensor(_pool(ds.x_train, ds.image_shape, cfg.pool), dtype=torch.float32, device=device)
     xte = torch.as_tensor(_pool(ds.x_test, ds.image_shape, cfg.pool), dtype=torch.float32, device=device)
-    spec = ModelSpec(cfg.model, xtr.shape[1], cfg.width, t.out_dim, seed=cfg.seed)
+    spec = ModelSpec(cfg.model, xtr.shape[1], cfg.width, t.out_dim, seed=cfg.seed, preprocess=cfg.preprocess,
+                     channels=input_channels(ds))
     tcfg = protocol_config(cfg.protocol, cfg.epochs, seed=cfg.seed, dataset=cfg.dataset)
     Yt = targets(t.y_test, t.out_dim, torch.float64).cpu().numpy()
 
@@ -412,7 +416,7 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
         jobs = []
         for keep in keeps:
             kt = torch.as_tensor(keep, device=device)
-            net = build_model(spec, xtr[kt], device=device)
+            net = build_model(spec, xtr[kt], device=device, reference=xtr)  # input statistics of the full set
             jobs.append((net, xtr[kt], t.y_train[kt], tcfg, xte, t.y_test, f"retrain {cfg.model}"))
         return [(job[0], rec) for job, rec in zip(jobs, train_many(jobs), strict=True)]
 

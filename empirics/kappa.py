@@ -2,8 +2,10 @@
 
 For each n the first (or a seeded class-balanced) n training images are loaded, preprocessed,
 and `theory.conditioning.condition_numbers` computes kappa(G), kappa_d(G) and kappa_eff from the
-singular values of X in float64. kappa(G^3) = kappa(G)^3 (Thm 4.7) is reported in log space, and
-Thm 4.7's v1 (`kappa^6 / eps^2`) and v2 (`kappa_d^6 n ln n`) width bounds with constant 1.
+singular values of X in float64 (on raw pixels also kappa and kappa_d of the same images under
+per-channel standardisation, `*_channel`, the networks' `channel` input layer). kappa(G^3) = kappa(G)^3
+(Thm 4.7) is reported in log space, and Thm 4.7's v1 (`kappa^6 / eps^2`) and v2 (`kappa_d^6 n ln n`) width
+bounds with constant 1.
 Used by `verify kappa` (which prints it) and the claims units `kappa:<dataset>` (`verify.experiments`).
 """
 
@@ -44,7 +46,12 @@ def kappa_rows(
             data_dir=data_dir,
             source=source,
         )
-        cn = condition_numbers(preprocess(ds.x_train, preprocessing))
+        channels = ds.image_shape[0] if ds.image_shape else 1
+        cn = condition_numbers(preprocess(ds.x_train, preprocessing, channels=channels))
+        beside = {}
+        if preprocessing == "raw":  # the same images standardised per channel, reported beside
+            standardised = condition_numbers(preprocess(ds.x_train, "channel", channels=channels))
+            beside = {f"{k}_channel": standardised[k] for k in ("kappa", "kappa_d", "log10_kappa")}
         log10_k3 = log10_kappa_power(cn["kappa"], 3)
         rows.append(
             {
@@ -68,6 +75,7 @@ def kappa_rows(
                 "log10_kappa_cubed": log10_k3,
                 "bound_v1": width_bound_v1(cn["kappa"], eps),
                 "bound_v2": width_bound_v2(cn["kappa_d"], n),
+                **beside,
                 "provenance": ds.provenance,
                 "seconds": round(time.perf_counter() - t0, 3),
             }

@@ -50,7 +50,7 @@ from empirics.common import (
 )
 from empirics.intervals import t_interval
 from empirics.losses import loss_fn, predict_labels
-from empirics.models import ModelSpec, TwoLayerNet
+from empirics.models import ModelSpec, TwoLayerNet, input_channels
 from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig
 from empirics.vocab import LandscapeVerdict
@@ -89,6 +89,7 @@ class LandscapeConfig:
     attn_layers: int = H.helped(1, H.ATTN_LAYERS)
     attn_rank: int | None = H.helped(None, H.ATTN_RANK)
     attn_centre: bool = H.centre_field()
+    preprocess: str = H.preprocess_field()
     interp_range: tuple[float, float] = (-0.5, 1.5)
     slice_range: float = 1.0
     points: int = 21
@@ -424,7 +425,8 @@ def landscape_seed(cfg: LandscapeConfig, dataset: Any | None, seed: int) -> dict
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in cfg.models}
     for kind in cfg.models:
         spec = ModelSpec(kind, ds.d, cfg.width, t.out_dim, cfg.parameterization, cfg.attn_layers,
-                         cfg.attn_rank, seed, cfg.attn_centre)
+                         cfg.attn_rank, seed, cfg.attn_centre,
+                         preprocess=cfg.preprocess, channels=input_channels(ds))
         tr = train_network(spec, t, replace(cfg.train, seed=seed), device)
         t2 = time.perf_counter()
         run = measure(tr.model, tr.init_W, t, cfg, seed)

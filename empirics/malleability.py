@@ -61,7 +61,7 @@ from empirics.common import (
 )
 from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_scores
 from empirics.mall_stats import BASELINE, INTERVENTIONS, MallSummary, paper_ratio_range, summarise
-from empirics.models import ModelSpec, TwoLayerNet
+from empirics.models import ModelSpec, TwoLayerNet, input_channels
 from empirics.progress import log
 from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig
@@ -112,6 +112,7 @@ class MalleabilityConfig:
     attn_layers: int = H.helped(1, H.ATTN_LAYERS)
     attn_rank: int | None = H.helped(None, H.ATTN_RANK)
     attn_centre: bool = H.centre_field()
+    preprocess: str = H.preprocess_field()
     data_dir: str | None = None
     data_source: str = "auto"
     device: str = "auto"
@@ -278,7 +279,8 @@ def network_config(cfg: MalleabilityConfig, ds: Any, t: Tensors, kind: str, seed
                    adv: bool) -> tuple[ModelSpec, TrainConfig]:
     """The network `kind` of seed `seed` and its training (PGD adversarial training when `adv`)."""
     spec = ModelSpec(kind, ds.d, cfg.width, t.out_dim, cfg.parameterization, cfg.attn_layers,
-                     cfg.attn_rank, seed, cfg.attn_centre)
+                     cfg.attn_rank, seed, cfg.attn_centre,
+                     preprocess=cfg.preprocess, channels=input_channels(ds))
     epochs = cfg.train.epochs if not adv or cfg.adv_max_epochs is None else min(
         cfg.train.epochs, cfg.adv_max_epochs)
     tcfg = replace(cfg.train, seed=seed, adv_train=adv, adv_eps=cfg.eps_values[0],

@@ -12,6 +12,14 @@ Variants beyond the paper, with the same head and the training set as the attent
 linearized attention, `x~ = normalise((x Q)(X K)^T (X V))` with `Q, K, V` (d x k) trained with `W`;
 identity `Q, K, V` would give MLP-Attn). `qkv` is a `QKVAttentionNet`, not a `TwoLayerNet`, because its
 features move during training.
+
+Input preprocessing (`ModelSpec.preprocess`, README "Input preprocessing") is the network's fixed first layer:
+`raw` passes the [0, 1] pixels through; `channel` standardises each colour channel, `(x - mu_c) / sd_c`; `unit`
+does that and then scales each input to unit Euclidean norm. Its statistics (buffers `input_shift`,
+`input_scale`, one value per input coordinate) are computed once, when the network is built, from the clean
+training inputs it is built with, and are saved with the weights. Every input, the attention context's
+included, goes through this layer, so attacks and the audit's eps stay in pixel units; rebuilding the context
+(`set_context`, `context_inputs`) sends the new inputs through the same fixed statistics.
 """
 
 from __future__ import annotations
@@ -21,9 +29,11 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
+from empirics.datasets import INPUT_PREPROCESSINGS, input_statistics
 from empirics.vocab import MODEL_KINDS
 from ntkm.errors import UserInputError
 
@@ -44,6 +54,8 @@ class ModelSpec:
     training mean and `C_c` the context of the mean-removed training inputs.
     attn_temperature: softmax temperature `T` of kind "softmax" (None: `sqrt(d)`, the transformer's scaling).
     qkv_dim: the dimension k of the query, key and value projections of kind "qkv" (the head sees k features).
+    preprocess: the fixed input layer, raw, channel or unit (module docstring).
+    channels: colour channels of the flattened C,H,W input, for the per-channel statistics (1 for raw).
     """
 
     kind: str
@@ -57,11 +69,19 @@ class ModelSpec:
     attn_centre: bool = False
     attn_temperature: float | None = None
     qkv_dim: int = 64
+    preprocess: str = "raw"
+    channels: int = 1
 
     def __post_init__(self) -> None:
         if self.kind == "relu":  # no context: the attention options mean nothing, so equal networks get equal specs
             for name, default in (("attn_layers", 1), ("attn_rank", None), ("attn_centre", False)):
                 object.__setattr__(self, name, default)
+        if self.preprocess == "raw":  # no statistics: the channel count means nothing
+            object.__setattr__(self, "channels", 1)
+        if self.preprocess not in INPUT_PREPROCESSINGS:
+            raise UserInputError(f"unknown preprocess '{self.preprocess}'; choose {', '.join(INPUT_PREPROCESSINGS)}")
+        if self.channels < 1 or self.d % self.channels:
+            raise UserInputError(f"channels must divide the input dimension d={self.d} (got {self.channels})")
         if self.kind not in MODEL_KINDS:
             raise UserInputError(f"unknown model '{self.kind}'; choose one of {', '.join(MODEL_KINDS)}")
         if self.parameterization not in PARAMETERIZATIONS:
@@ -98,6 +118,32 @@ class ModelSpec:
         return asdict(self)
 
 
+def _normalise(h: torch.Tensor) -> torch.Tensor:
+    return h / h.norm(dim=1, keepdim=True).clamp_min(1e-30)
+
+
+def _register_preprocess(module: nn.Module, spec: ModelSpec, reference: torch.Tensor | None,
+                         dtype: torch.dtype) -> None:
+    """The fixed input layer's statistics as buffers (none for raw), from the clean training inputs `reference`."""
+    if spec.preprocess == "raw":
+        return
+    if reference is None:
+        raise UserInputError(f"preprocess '{spec.preprocess}' needs the training inputs for its statistics; build "
+                             "the model with x_train")
+    shift, scale = input_statistics(reference.detach().cpu().double().numpy(), spec.channels)
+    module.register_buffer("input_shift", torch.as_tensor(shift, dtype=dtype))
+    module.register_buffer("input_scale", torch.as_tensor(scale, dtype=dtype))
+
+
+def apply_preprocess(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The fixed first layer of `module` (a suite network) on raw inputs `x` (differentiable in `x`)."""
+    mode = module.spec.preprocess
+    if mode == "raw":
+        return x
+    h = (x - module.input_shift) / module.input_scale
+    return _normalise(h) if mode == "unit" else h
+
+
 def attention_context(x_train: torch.Tensor, rank: int | None = None, centre: bool = False) -> torch.Tensor:
     """`C = X^T X` (d x d), or its rank-r truncation `V_r S_r^2 V_r^T`. Differentiable in X.
 
@@ -111,10 +157,6 @@ def attention_context(x_train: torch.Tensor, rank: int | None = None, centre: bo
     r = min(rank, s.shape[0])
     v = vh[:r].T
     return (v * s[:r] ** 2) @ v.T
-
-
-def _normalise(h: torch.Tensor) -> torch.Tensor:
-    return h / h.norm(dim=1, keepdim=True).clamp_min(1e-30)
 
 
 def attention_features(x: torch.Tensor, context: torch.Tensor, layers: int = 1) -> torch.Tensor:
@@ -146,6 +188,10 @@ class _SuiteBase(nn.Module):
     def features(self, x: torch.Tensor, context_inputs: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
+    def preprocess_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw pixels -> what the network computes on (the fixed first layer, `apply_preprocess`)."""
+        return apply_preprocess(self, x)
+
     def head(self, feats: torch.Tensor) -> torch.Tensor:
         """The trained part, `m^-1/2 A^T relu(W x~)`, on precomputed features `x~`."""
         return (torch.relu(feats @ self.W.T) @ self.A) / self.spec.width**0.5
@@ -173,13 +219,16 @@ class TwoLayerNet(_SuiteBase):
     """2L-ReLU (`kind="relu"`), MLP-Attn (`kind="attn"`) or softmax attention (`kind="softmax"`, the training
     set as keys and values); only `W` is a parameter."""
 
-    def __init__(self, spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32):
+    def __init__(self, spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
+                 reference: torch.Tensor | None = None):
         super().__init__()
         if spec.kind == "qkv":
             raise UserInputError("model 'qkv' trains its attention: build it with empirics.models.build_model")
         self.spec = spec
         gen = torch.Generator().manual_seed(spec.seed)
         _init_head(self, spec, gen, dtype)
+        _register_preprocess(self, spec, x_train if reference is None else reference, dtype)
+        x_train = None if x_train is None else self.preprocess_inputs(x_train.to(dtype))
         if spec.kind == "softmax":
             ctx = x_train.to(dtype) if x_train is not None else torch.zeros(0, spec.d, dtype=dtype)
             self.register_buffer("context", ctx.clone())
@@ -193,7 +242,8 @@ class TwoLayerNet(_SuiteBase):
             self.register_buffer("context", torch.zeros(0, dtype=dtype))
 
     def set_context(self, x_train: torch.Tensor) -> None:
-        """Rebuild `C` from (possibly perturbed) training inputs."""
+        """Rebuild `C` from (possibly perturbed) training inputs (raw pixels; the input statistics stay fixed)."""
+        x_train = self.preprocess_inputs(x_train.to(self.context.dtype))
         if self.spec.kind == "softmax":
             self.context = x_train.to(self.context.dtype).clone()
         elif self.spec.kind == "attn":
@@ -206,8 +256,11 @@ class TwoLayerNet(_SuiteBase):
         """`x~`: raw input for 2L-ReLU; attention features for MLP-Attn.
 
         `context_inputs` (a training set) recomputes `C` on the fly and differentiably, e.g. for an
-        attack that sees its own effect on the context.
+        attack that sees its own effect on the context. Both go through the fixed input layer first.
         """
+        x = self.preprocess_inputs(x)
+        if context_inputs is not None:
+            context_inputs = self.preprocess_inputs(context_inputs)
         if self.spec.kind == "relu":
             return x
         if self.spec.kind == "softmax":
@@ -230,7 +283,8 @@ class QKVAttentionNet(_SuiteBase):
     K, V); standard: `Q = W_Q ~ N(0, 1/d)`. A scalar factor of the scores cancels in the normalisation.
     """
 
-    def __init__(self, spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32):
+    def __init__(self, spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
+                 reference: torch.Tensor | None = None):
         super().__init__()
         if spec.kind != "qkv":
             raise UserInputError(f"QKVAttentionNet is model 'qkv', not '{spec.kind}'")
@@ -241,7 +295,9 @@ class QKVAttentionNet(_SuiteBase):
         for name in ("W_Q", "W_K", "W_V"):
             w = torch.randn(spec.d, spec.qkv_dim, generator=gen, dtype=torch.float64).to(dtype) * std
             setattr(self, name, nn.Parameter(w))
-        ctx = attention_context(x_train.to(dtype)) if x_train is not None else torch.zeros(spec.d, spec.d, dtype=dtype)
+        _register_preprocess(self, spec, x_train if reference is None else reference, dtype)
+        x_train = None if x_train is None else self.preprocess_inputs(x_train.to(dtype))
+        ctx = attention_context(x_train) if x_train is not None else torch.zeros(spec.d, spec.d, dtype=dtype)
         self.register_buffer("context", ctx)
 
     @property
@@ -250,8 +306,8 @@ class QKVAttentionNet(_SuiteBase):
         return self.spec.d**-0.5 if self.spec.parameterization == "ntk" else 1.0
 
     def set_context(self, x_train: torch.Tensor) -> None:
-        """Rebuild `C` from (possibly perturbed) training inputs."""
-        self.context = attention_context(x_train.to(self.context.dtype))
+        """Rebuild `C` from (possibly perturbed) training inputs (raw pixels; the input statistics stay fixed)."""
+        self.context = attention_context(self.preprocess_inputs(x_train.to(self.context.dtype)))
 
     def mixing(self, context: torch.Tensor | None = None) -> torch.Tensor:
         """`M = K^T C V` (k x k), so that the unnormalised features are `u = (x Q) M`."""
@@ -260,19 +316,45 @@ class QKVAttentionNet(_SuiteBase):
         return (a * self.W_K).T @ (ctx @ (a * self.W_V))
 
     def features(self, x: torch.Tensor, context_inputs: torch.Tensor | None = None) -> torch.Tensor:
-        """`x~ = normalise(x Q M)`; `context_inputs` rebuilds `C` differentiably (attacks)."""
-        ctx = None if context_inputs is None else attention_context(context_inputs)
-        return _normalise((x @ (self.alpha * self.W_Q)) @ self.mixing(ctx))
+        """`x~ = normalise(x Q M)` on preprocessed `x`; `context_inputs` rebuilds `C` differentiably (attacks)."""
+        ctx = None if context_inputs is None else attention_context(self.preprocess_inputs(context_inputs))
+        return _normalise((self.preprocess_inputs(x) @ (self.alpha * self.W_Q)) @ self.mixing(ctx))
 
 
 SuiteNet = TwoLayerNet | QKVAttentionNet
 
 
+class _InputLayer(nn.Module):
+    """The fixed first layer alone, as a network of `spec` built on `x_train` would hold it."""
+
+    def __init__(self, spec: ModelSpec, x_train: torch.Tensor):
+        super().__init__()
+        self.spec = spec
+        _register_preprocess(self, spec, x_train, x_train.dtype)
+
+
+def input_channels(ds: object) -> int:
+    """Colour channels of a data set's images, for `ModelSpec.channels` (1 when its image shape is unknown)."""
+    shape = getattr(ds, "image_shape", None)
+    return int(shape[0]) if shape is not None and len(shape) == 3 else 1
+
+
+def preprocessed_inputs(spec: ModelSpec, x_train: np.ndarray, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`x_train` and `xs` (raw pixels) through the fixed input layer of a network of `spec` built on `x_train`, as
+    float64: what the analytic reference kernels must be computed on."""
+    xt = torch.as_tensor(np.asarray(x_train, dtype=np.float64))
+    layer = _InputLayer(spec, xt)
+    return tuple(apply_preprocess(layer, torch.as_tensor(np.asarray(x, dtype=np.float64))).numpy()
+                 for x in (xt, *xs))
+
+
 def build_model(spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
-                device: str = "cpu") -> SuiteNet:
-    """The network of `spec` (`QKVAttentionNet` for kind "qkv", else `TwoLayerNet`)."""
+                device: str = "cpu", reference: torch.Tensor | None = None) -> SuiteNet:
+    """The network of `spec` (`QKVAttentionNet` for kind "qkv", else `TwoLayerNet`) on raw training inputs
+    `x_train`. `reference`: the inputs the preprocessing statistics come from, where they are not `x_train`
+    (a leave-one-out refit keeps the full training set's statistics)."""
     cls = QKVAttentionNet if spec.kind == "qkv" else TwoLayerNet
-    return cls(spec, x_train, dtype).to(device)
+    return cls(spec, x_train, dtype, reference).to(device)
 
 
 def save_model(model: SuiteNet, path: str | Path) -> tuple[Path, Path]:

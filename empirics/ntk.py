@@ -159,6 +159,8 @@ def _closed_form_qkv(model: QKVAttentionNet, x1: torch.Tensor, x2: torch.Tensor 
                      reduction: str) -> torch.Tensor:
     """The kernel of `QKVAttentionNet` in closed form: the W block plus the Q, K and V blocks (module docstring)."""
     k_w = _closed_form_head(model, x1, x2, reduction)  # the head block only needs features, W and A
+    x1 = model.preprocess_inputs(x1)  # the Q, K, V blocks act on what the fixed input layer gives
+    x2 = None if x2 is None else model.preprocess_inputs(x2)
     q1, h1 = _qkv_parts(model, x1)
     q2, h2 = (q1, h1) if x2 is None else _qkv_parts(model, x2)
     xx2 = x1 if x2 is None else x2

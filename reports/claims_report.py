@@ -169,16 +169,16 @@ def to_markdown(record: dict[str, Any]) -> str:
              f"{', uncommitted changes' if record.get('git', {}).get('dirty') else ''}), {fmt(record['wall_s'])} s.",
              "",
              f"**{len(record['claims'])} claims.** Theory and data: {_counts(theory_summary(record))}. Empirical, "
-             + "; ".join(f"{p} protocol: {_counts(s)}" for p, s in record.get("summary_by_protocol", {}).items())
+             + "; ".join(f"{p}: {_counts(s)}" for p, s in _by_condition_summary(record).items())
              + ".", ""]
     for name, p in record.get("protocols", {}).items():
         lines.append(f"- protocol **{name}**: {p['description']} ({p['train']['epochs']} epochs"
                      f"{' at most' if p['train'].get('plateau') else ''})")
     lines += [f"- {record.get('gate', '')}", "", "## Verdict matrix", ""]
-    matrix = [[c["id"], c["by_protocol"]["paper"]["verdict"], c["by_protocol"]["proper"]["verdict"],
-               "yes" if c["robust"] else "no"] if c.get("empirical") else [c["id"], c["verdict"], "(no training)", "-"]
-              for c in record["claims"]]
-    lines += [markdown_table(["claim", "paper protocol", "proper training", "robust"], matrix), ""]
+    names = condition_names(record)
+    matrix = [[c["id"], *(_outcomes(c)[n]["verdict"] for n in names), _agreement(c)] if c.get("empirical")
+              else [c["id"], c["verdict"], *(["(no training)"] * (len(names) - 1)), "-"] for c in record["claims"]]
+    lines += [markdown_table(["claim", *(_condition_label(n) for n in names), "robust"], matrix), ""]
     training = training_table(record)
     if training:
         lines += ["## Training behind the empirical numbers", "",
@@ -197,7 +197,7 @@ def to_markdown(record: dict[str, Any]) -> str:
         for c in rows:
             paper = c["paper"] + (f" (v2: {c['v2']})" if c["v2"] else "")
             if c.get("empirical"):
-                for pname, o in c["by_protocol"].items():
+                for pname, o in _outcomes(c).items():
                     table.append([c["id"], c["statement"], paper, f"{pname}: {o['ours']}",
                                   "-" if o["seeds"] is None else o["seeds"], f"**{o['verdict']}** ({pname})"])
             else:
@@ -216,6 +216,35 @@ def to_markdown(record: dict[str, Any]) -> str:
                   + (f" Deciding condition: {cond}." if cond else "")]
     lines += ["", *preregistration_markdown(record), "## Provenance", "", provenance_markdown(record), ""]
     return "\n".join(lines)
+
+
+def _outcomes(claim: dict[str, Any]) -> dict[str, Any]:
+    """An empirical claim's outcomes per condition (protocol x preprocessing; records before the axis: per protocol)."""
+    return claim.get("by_condition") or claim["by_protocol"]
+
+
+def condition_names(record: dict[str, Any]) -> list[str]:
+    """The conditions of the record's empirical claims, in order ('paper', 'proper', 'paper+channel', ...)."""
+    return next((list(_outcomes(c)) for c in record["claims"] if c.get("empirical")), ["paper", "proper"])
+
+
+def _condition_label(name: str) -> str:
+    protocol, _, pre = name.partition("+")
+    return {"paper": "paper protocol", "proper": "proper training"}.get(protocol, protocol) + f", {pre or 'raw'}"
+
+
+def _agreement(claim: dict[str, Any]) -> str:
+    """'yes' (every condition agrees, none unmeasurable), 'no', or the preprocessing split it names."""
+    if claim["robust"]:
+        return "yes"
+    split = claim.get("preprocessing_split") or {}
+    return "no" + "".join(f"; underdetermined (preprocessing) under {p}: "
+                          + ", ".join(f"{pre} {v}" for pre, v in per.items()) for p, per in split.items())
+
+
+def _by_condition_summary(record: dict[str, Any]) -> dict[str, Any]:
+    return record.get("summary_by_condition") or {f"{p} protocol": s
+                                                  for p, s in record.get("summary_by_protocol", {}).items()}
 
 
 def data_provenance(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -257,6 +286,8 @@ def render_all(record: dict[str, Any], out: Path, pdf: bool = True) -> Written:
         "provenance": data_provenance(record), "training": training_table(record),
         "theory_summary": theory_summary(record),
         "rule_status": {c["id"]: rule_status(record, c["id"]) for c in record["claims"]},
+        "conditions": [(n, _condition_label(n)) for n in condition_names(record)],
+        "agreement": {c["id"]: _agreement(c) for c in record["claims"] if c.get("empirical")},
     })
     written.paths.append(write_html(out / "claims.html", html))
     if pdf:

@@ -85,8 +85,10 @@ def retrain_unit(train: dict[str, Any], **kwargs: Any) -> RetrainRecord:
 
 
 def units_for(preset_name: str, data_dir: str | None = None, device: str | None = None) -> dict[str, Unit]:
-    """Every unit the claims registry may need, keyed by unit name. Units that train networks exist once
-    per claims protocol, named `base@protocol` (see `verify.claims.base.PROTOCOLS`). `device` (cpu, cuda),
+    """Every unit the claims registry may need, keyed by unit name. Units that train networks exist once per
+    condition, claims protocol x the preset's input preprocessings, named `base@protocol` (raw pixels, whose config
+    is as before the axis) or `base@protocol+preprocess` (with `preprocess` in its config; see
+    `verify.claims.units.condition`). `device` (cpu, cuda),
     when given, goes into the config of every unit that trains networks (and so into its cache key)."""
     from empirics.distance import DistanceRecord
     from empirics.influence import RetrainRecord
@@ -120,8 +122,10 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     kinds = {"distance": distance, "malleability": malleability}
     empirical.update({k: (v, *kinds[kind]) for k, (kind, v) in variant_unit_configs(p, data_dir).items()})
     for protocol in PROTOCOLS:
-        for base, (cfg, fn, record) in empirical.items():
-            name = names.at(base, protocol)
-            train = protocol_train(p, protocol, cfg.get("dataset"))
-            units[name] = Unit(name, {**cfg, "train": train, **({"device": device} if device else {})}, fn, record)
+        for pre in p["preprocessings"]:
+            for base, (cfg, fn, record) in empirical.items():
+                name = names.at(base, protocol, pre)
+                train = protocol_train(p, protocol, cfg.get("dataset"))
+                units[name] = Unit(name, {**cfg, "train": train, **({"preprocess": pre} if pre != "raw" else {}),
+                                          **({"device": device} if device else {})}, fn, record)
     return units

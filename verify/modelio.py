@@ -466,7 +466,7 @@ def _build_suite(tensors: dict[str, torch.Tensor], spec: dict[str, Any], path: P
         ms = ModelSpec(**spec)
     except TypeError as exc:
         raise UserInputError(f"spec for {path} has unknown or missing fields ({_first_line(exc)})") from None
-    dummy = torch.ones(1, ms.d) if ms.kind == "attn" else None
+    dummy = torch.ones(1, ms.d) if ms.kind == "attn" or ms.preprocess != "raw" else None  # buffers come from the file
     model = build_model(ms, dummy)
     try:
         model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)

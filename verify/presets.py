@@ -38,6 +38,7 @@ class PresetSizes(TypedDict):
     hutchinson_samples: int
     kappa_ns: tuple[int, ...]
     n_train_by_dataset: dict[str, int]
+    preprocessings: tuple[str, ...]
     #: Sweeps of the premise units (`verify.claims.kappa.kappa_extra_units`), where they differ from its defaults.
     premise_ns: NotRequired[tuple[int, ...]]
     premise_widths: NotRequired[tuple[int, ...]]
@@ -50,20 +51,21 @@ PRESETS: dict[str, PresetSizes] = {
         "mall_width": 128, "mall_n_train": 100, "mall_n_test": 40, "attack_steps": 3, "adv_max_epochs": 5,
         "landscape_points": 5, "landscape_grid": 5, "hessian_iters": 5, "hutchinson_samples": 3,
         "kappa_ns": (50, 100, 200), "n_train_by_dataset": {}, "premise_ns": (16, 32), "premise_widths": (256,),
-        "binary_kappa_ns": (32, 64),
+        "binary_kappa_ns": (32, 64), "preprocessings": ("raw",),
     },
     "quick": {
         "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 512), "seeds": (0, 1, 2), "epochs": 1000,
         "paper_epochs": 500, "mall_width": 512, "mall_n_train": 500, "mall_n_test": 200, "attack_steps": 10,
         "adv_max_epochs": 100, "landscape_points": 21, "landscape_grid": 11, "hessian_iters": 20,
         "hutchinson_samples": 10, "kappa_ns": (32, 50, 64, 100, 128, 200, 500, 1000, 2000),
-        "n_train_by_dataset": {"cifar10": 250},
+        "n_train_by_dataset": {"cifar10": 250}, "preprocessings": ("raw", "channel"),
     },
     "paper": {
         "n_train": 5000, "n_test": 1000, "widths": (16, 64, 256, 1024, 4096), "seeds": (0, 1, 2), "epochs": 1000,
         "paper_epochs": 500, "mall_width": 4096, "mall_n_train": 5000, "mall_n_test": 1000, "attack_steps": 40,
         "adv_max_epochs": 100, "landscape_points": 41, "landscape_grid": 21, "hessian_iters": 50,
         "hutchinson_samples": 30, "kappa_ns": (50, 100, 200, 500, 1000, 2000, 5000, 10000), "n_train_by_dataset": {},
+        "preprocessings": ("raw", "channel"),
     },
 }
 #: What each preset key means (printed in the README's preset table).
@@ -75,6 +77,9 @@ PRESET_KEYS = {
                           "inputs are 4x wider than MNIST's, so training costs 4x per point)",
     "adv_max_epochs": "maximum epochs of PGD adversarial training (each epoch costs about attack-steps + 1 normal "
                       "epochs); at quick and paper more than the gate's 50-epoch plateau window, so the gate can pass",
+    "preprocessings": "input preprocessings `verify claims` judges every empirical claim under, raw first (raw [0, 1] "
+                      "pixels; channel: per-channel standardisation inside the model); each is one more run of "
+                      "every empirical unit per protocol",
 }
 
 

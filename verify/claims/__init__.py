@@ -3,18 +3,31 @@
 One module per claim group (`theory`, `kappa`, `ntk`, `malleability`, `landscape`, `variants`); shared types in
 `base`. Every entry states the paper's value, the protocol we run and the rule that turns our
 measurement into a verdict, written before any run. Empirical claims are judged under both training
-protocols (`base.PROTOCOLS`) and the table shows both verdicts; nothing in the "ours" column is
-copied from the paper.
+protocols (`base.PROTOCOLS`) and under each input preprocessing the preset names (`base.PREPROCESSINGS`), one
+condition per pair, and the table shows every verdict; nothing in the "ours" column is copied from the paper.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from verify.claims import units
-from verify.claims.base import NA, PROTOCOLS, VERDICTS, Claim, Outcome, Results, Verdict, unavailable
+from verify.claims.base import (
+    NA,
+    PREPROCESSINGS,
+    PROTOCOLS,
+    UNDERDETERMINED,
+    VERDICTS,
+    Claim,
+    Outcome,
+    Results,
+    Verdict,
+    unavailable,
+)
 
-__all__ = ["PROTOCOLS", "VERDICTS", "Claim", "Outcome", "Verdict", "all_claims", "evaluate_claim", "claim_row"]
+__all__ = ["PREPROCESSINGS", "PROTOCOLS", "VERDICTS", "Claim", "Outcome", "Verdict", "all_claims", "evaluate_claim",
+           "claim_row", "claim_units", "conditions"]
 
 
 def all_claims() -> list[Claim]:
@@ -30,15 +43,29 @@ def all_claims() -> list[Claim]:
             + VARIANT_CLAIMS)
 
 
-def protocol_units(claim: Claim, protocol: str | None) -> tuple[str, ...]:
-    """The unit names a claim needs under `protocol` (empirical claims) or as written."""
-    return tuple(units.at(u, protocol) for u in claim.units) if claim.empirical and protocol else claim.units
+def conditions(preprocessings: Iterable[str] = ("raw",)) -> list[tuple[str, str]]:
+    """The (protocol, preprocessing) conditions of an empirical claim, protocol-major: raw first within each
+    protocol when `preprocessings` lists it first."""
+    return [(p, pre) for p in PROTOCOLS for pre in preprocessings]
 
 
-def evaluate_claim(claim: Claim, results: Results, protocol: str | None = None) -> Outcome:
-    """Run the claim's rule (on `protocol`'s units for an empirical claim); a missing unit gives
-    "not measurable here" with the reason."""
-    names = protocol_units(claim, protocol)
+def protocol_units(claim: Claim, protocol: str | None, preprocess: str = "raw") -> tuple[str, ...]:
+    """The unit names a claim needs under `protocol` and `preprocess` (empirical claims) or as written."""
+    return tuple(units.at(u, protocol, preprocess) for u in claim.units) if claim.empirical and protocol \
+        else claim.units
+
+
+def claim_units(claim: Claim, preprocessings: Iterable[str] = ("raw",)) -> tuple[str, ...]:
+    """Every unit a claim needs: its units under each condition (empirical claims), or as written."""
+    if not claim.empirical:
+        return claim.units
+    return tuple(u for p, pre in conditions(preprocessings) for u in protocol_units(claim, p, pre))
+
+
+def evaluate_claim(claim: Claim, results: Results, protocol: str | None = None, preprocess: str = "raw") -> Outcome:
+    """Run the claim's rule (on the units of condition `protocol` x `preprocess` for an empirical claim); a missing
+    unit gives "not measurable here" with the reason."""
+    names = protocol_units(claim, protocol, preprocess)
     why = unavailable(results, names)
     if why:
         return Outcome("-", NA, why)
@@ -46,20 +73,46 @@ def evaluate_claim(claim: Claim, results: Results, protocol: str | None = None) 
     return claim.evaluate({**results, **view})
 
 
-def claim_row(claim: Claim, results: Results) -> dict[str, Any]:
-    """One row of the claims table. An empirical claim carries one outcome per protocol under
-    `by_protocol`; its headline `verdict` is the properly-trained one, and `robust` says whether the
-    two protocols agree."""
+def preprocessing_splits(by_condition: dict[str, dict[str, Any]],
+                         preprocessings: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """Per protocol, the verdict under each preprocessing, for the protocols under which two preprocessings give
+    different measured verdicts ("not measurable here" under one of them is not a disagreement: nothing was
+    measured there)."""
+    out = {}
+    for p in PROTOCOLS:
+        per = {pre: by_condition[units.condition(p, pre)]["verdict"] for pre in preprocessings
+               if units.condition(p, pre) in by_condition}
+        if len({v for v in per.values() if v != NA.value}) > 1:
+            out[p] = per
+    return out
+
+
+def claim_row(claim: Claim, results: Results, preprocessings: Iterable[str] = ("raw",)) -> dict[str, Any]:
+    """One row of the claims table. An empirical claim carries one outcome per condition (protocol x
+    preprocessing) under `by_condition` (keyed by `units.condition`) and, for raw pixels, per protocol under
+    `by_protocol`. Its headline `verdict` is the properly-trained raw-pixel one, except that when two
+    preprocessings give different measured verdicts under proper training the headline is "underdetermined"
+    (preprocessing), naming both (`preprocessing_split` lists such splits per protocol); `robust` says whether
+    every condition gives the same verdict and none is "not measurable here"."""
+    pres = tuple(preprocessings)
     row: dict[str, Any] = {"id": claim.id, "group": claim.group, "source": claim.source,
                            "statement": claim.statement, "paper": claim.paper, "v2": claim.v2, "rule": claim.rule,
                            "empirical": claim.empirical}
     if not claim.empirical:
         o = evaluate_claim(claim, results)
         return {**row, **_outcome_dict(o)}
-    per = {p: _outcome_dict(evaluate_claim(claim, results, p)) for p in PROTOCOLS}
+    by_condition = {units.condition(p, pre): _outcome_dict(evaluate_claim(claim, results, p, pre))
+                    for p, pre in conditions(pres)}
+    per = {p: by_condition[units.condition(p, pres[0])] for p in PROTOCOLS}
     head = per[PROTOCOLS[-1]]
-    verdicts = {per[p]["verdict"] for p in PROTOCOLS}
-    return {**row, **head, "by_protocol": per,
+    splits = preprocessing_splits(by_condition, pres)
+    if PROTOCOLS[-1] in splits:
+        named = "; ".join(f"{pre}: {v}" for pre, v in splits[PROTOCOLS[-1]].items())
+        head = {**head, "verdict": UNDERDETERMINED.value,
+                "ours": f"underdetermined (preprocessing), under {PROTOCOLS[-1]} training: {named}",
+                "condition": "the measured verdicts differ between input preprocessings"}
+    verdicts = {o["verdict"] for o in by_condition.values()}
+    return {**row, **head, "by_protocol": per, "by_condition": by_condition, "preprocessing_split": splits,
             "robust": len(verdicts) == 1 and Verdict.NA.value not in verdicts}
 
 

@@ -1,5 +1,6 @@
 """What every claim module shares: the `Verdict` enum, `Claim` and `Outcome`, the two training
-protocols every empirical claim is judged under, and the adequacy gate as the rules read it.
+protocols and the input preprocessings every empirical claim is judged under, and the adequacy gate as the rules
+read it.
 
 A claim's rule lives in exactly one function of one module of this package, and `verify claims` and
 the single-experiment commands call that same function. Claim ids are written out literally in each
@@ -42,6 +43,10 @@ VERDICTS = tuple(v.value for v in Verdict)
 #: The two training protocols of every empirical claim: the paper's reported setup, and one that trains
 #: both networks properly (see `empirics.protocols`). Unit names carry the protocol as `name@protocol`.
 PROTOCOLS = ("paper", "proper")
+#: The input preprocessings every empirical claim may be judged under (`empirics.models.ModelSpec.preprocess`):
+#: raw [0, 1] pixels (the paper's setup as restated) and per-channel standardisation. Which of them a run uses is
+#: the preset's `preprocessings`; a condition is a protocol x preprocessing pair (`units.condition`).
+PREPROCESSINGS = ("raw", "channel")
 
 
 @dataclass

@@ -117,14 +117,17 @@ def _kappa_claim(ds: str) -> Callable[[Results], Outcome]:
         rows = rec.rows
         verdict, note, condition, extra = judge_kappa([(r["n"], r["kappa"]) for r in rows], PAPER_KAPPA[ds])
         parts = [f"n={r['n']}: kappa {fmt(_f(r['kappa']))}"
-                 + (f", kappa_d {fmt(_f(r['kappa_d']))}" if r["n"] > r["d"] else "") for r in rows]
+                 + (f", kappa_d {fmt(_f(r['kappa_d']))}" if r["n"] > r["d"] else "")
+                 + (f" (channel-standardised: {fmt(_f(r['kappa_channel']))})" if "kappa_channel" in r else "")
+                 for r in rows]
         label = rows[0]["provenance"].get("label", ds)
         caveat = jpeg_caveat(label)
         protocol = (f"kappa(G) of the first n raw training images ({label}), float64 singular values of X; "
                     f"n in {[r['n'] for r in rows]}")
         return Outcome("; ".join(parts) + f". {note}." + (f" {caveat[0].upper()}{caveat[1:]}." if caveat else ""),
                        verdict, protocol,
-                       {"rows": [{k: r[k] for k in ("n", "d", "rank", "kappa", "kappa_d")} for r in rows],
+                       {"rows": [{k: r[k] for k in ("n", "d", "rank", "kappa", "kappa_d", "kappa_channel",
+                                                    "kappa_d_channel") if k in r} for r in rows],
                         "paper": PAPER_KAPPA[ds], **extra, "jpeg_caveat": bool(caveat)},
                        condition=condition)
 

@@ -1,7 +1,8 @@
 """The names of the experiment units of `verify claims`, written once.
 
 A unit's name is its key in the results table, the stem of its cache file and what a claim lists in
-`Claim.units`; empirical units run once per training protocol as `name@protocol` (`at`). The claims
+`Claim.units`; empirical units run once per condition, training protocol x input preprocessing, as
+`name@protocol` (raw pixels) or `name@protocol+preprocess` (`at`, `condition`). The claims
 modules, `verify.experiments` and the tests build every name with these functions, so a renamed unit
 cannot leave a rule reading a name that no longer exists. (`reports.claims_report` spells the few names
 its figures need literally: `reports` imports nothing from `verify`.)
@@ -49,6 +50,13 @@ def influence_retrain(model: str) -> str:
     return f"influence-retrain:{model}"
 
 
-def at(name: str, protocol: str) -> str:
-    """The name of unit `name` trained under claims protocol `protocol`."""
-    return f"{name}@{protocol}"
+def condition(protocol: str, preprocess: str = "raw") -> str:
+    """The name of one claims condition, protocol x input preprocessing: the protocol alone for raw pixels (so the
+    names of raw units, their cache files and claims.json stay those of before the axis), `protocol+preprocess`
+    otherwise (`proper+channel`)."""
+    return protocol if preprocess == "raw" else f"{protocol}+{preprocess}"
+
+
+def at(name: str, protocol: str, preprocess: str = "raw") -> str:
+    """The name of unit `name` trained under claims protocol `protocol` on inputs preprocessed by `preprocess`."""
+    return f"{name}@{condition(protocol, preprocess)}"

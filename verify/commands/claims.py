@@ -15,7 +15,8 @@ from empirics.protocols import DESCRIPTIONS, GATE_TEXT
 from empirics.records import device_info, git_state, library_versions
 from ntkm.codec import write_json
 from ntkm.errors import UserInputError
-from verify.claims import PROTOCOLS, VERDICTS, all_claims, claim_row, protocol_units
+from verify.claims import PROTOCOLS, VERDICTS, all_claims, claim_row, claim_units, conditions
+from verify.claims.units import condition
 from verify.commands._common import emit_json, json_target
 from verify.commands.options import EXECUTOR, PRESET, DataOptions, Param, options
 from verify.executors import ExecutorConfig, default_jobs, executor_from_args, run_units
@@ -92,10 +93,10 @@ def run(args: argparse.Namespace) -> int:
                   ("figures", "cache"))
     cache = Cache(out / "cache")
     units = units_for(args.preset, args.data_dir, args.device)
-    needed = sorted({u for c in claims for p in (PROTOCOLS if c.empirical else (None,)) for u in protocol_units(c, p)},
-                    key=list(units).index)
+    pres = tuple(preset(args.preset)["preprocessings"])
+    needed = sorted({u for c in claims for u in claim_units(c, pres)}, key=list(units).index)
     if args.plan:
-        return show_plan(args, claims, [units[n] for n in needed], cache if args.resume else None, executor.jobs)
+        return show_plan(args, claims, pres, [units[n] for n in needed], cache if args.resume else None, executor.jobs)
     if not args.resume:
         drop_cache_entries(cache.folder)
     t0 = time.perf_counter()
@@ -105,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {name: res.payload for name, (res, _) in ran.items()}
     unit_meta: dict[str, Any] = {name: {"cached": cached, "wall_s": res.unit_wall_s, "config": res.unit_config}
                                  for name, (res, cached) in ran.items()}
-    rows = [claim_row(c, results) for c in claims]
-    edges = knife_edges(lambda res: [claim_row(c, res) for c in claims], results, rows)
+    rows = [claim_row(c, results, pres) for c in claims]
+    edges = knife_edges(lambda res: [claim_row(c, res, pres) for c in claims], results, rows)
     record = {
         "title": "Claims of arXiv:2603.13085 — regenerated",
         "preset": args.preset,
@@ -122,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
         "summary": {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS},
         "summary_by_protocol": {p: {v: sum(r["by_protocol"][p]["verdict"] == v for r in rows if r["empirical"])
                                     for v in VERDICTS} for p in PROTOCOLS},
+        "summary_by_condition": {condition(*k): {v: sum(r["by_condition"][condition(*k)]["verdict"] == v
+                                                        for r in rows if r["empirical"]) for v in VERDICTS}
+                                 for k in conditions(pres)},
+        "preprocessings": list(pres),
         "protocols": protocol_descriptions(args.preset),
         "gate": GATE_TEXT,
         "preregistration": prereg,
@@ -139,14 +144,15 @@ def run(args: argparse.Namespace) -> int:
     written.paths = [staged.final(p) for p in written.paths]
     print(f"{len(rows)} claims (headline: theory as checked, empirical rows under proper training): "
           f"{summary_line(record['summary'])} ({record['wall_s']:.0f} s, preset {args.preset})")
-    print(f"  {'paper protocol':<20} {'proper training':<20} claim")
+    names = [condition(*k) for k in conditions(pres)]
+    print("  " + "".join(f"{n:<20} " for n in names) + "claim")
     for r in rows:
         if r["empirical"]:
-            bp = r["by_protocol"]
-            print(f"  {bp['paper']['verdict']:<20} {bp['proper']['verdict']:<20} {r['id']}"
-                  f"{'  (robust)' if r['robust'] else ''}")
+            split = "  (underdetermined: preprocessing)" if r["preprocessing_split"] else ""
+            print("  " + "".join(f"{r['by_condition'][n]['verdict']:<20} " for n in names) + r["id"]
+                  + ("  (robust)" if r["robust"] else split))
         else:
-            print(f"  {r['verdict']:<41} {r['id']}")
+            print(f"  {r['verdict']:<{21 * len(names) - 1}} {r['id']}")
     print("wrote " + ", ".join(str(p) for p in [out / "claims.json", *written]))
     return 0 if written.pdf_ok else 3
 
@@ -166,17 +172,17 @@ def with_jobs(ex: ExecutorConfig, jobs: int | None) -> ExecutorConfig:
     return dataclasses.replace(ex, jobs=jobs if jobs is not None else default_jobs(torch.get_num_threads()))
 
 
-def show_plan(args: argparse.Namespace, claims: list[Any], units: list[Any], cache: Cache | None, jobs: int) -> int:
+def show_plan(args: argparse.Namespace, claims: list[Any], pres: tuple[str, ...], units: list[Any],
+              cache: Cache | None, jobs: int) -> int:
     """`--plan`: the table on stdout (unless the JSON goes there) and the JSON record with --json."""
     from verify import plan
 
     needed_by: dict[str, list[str]] = {}
     for c in claims:
-        for p in PROTOCOLS if c.empirical else (None,):
-            for u in protocol_units(c, p):
-                needed_by.setdefault(u, [])
-                if c.id not in needed_by[u]:
-                    needed_by[u].append(c.id)
+        for u in claim_units(c, pres):
+            needed_by.setdefault(u, [])
+            if c.id not in needed_by[u]:
+                needed_by[u].append(c.id)
     record = {"preset": args.preset, "only": args.only, "resume": bool(args.resume),
               **plan.build(units, cache, jobs, needed_by)}
     if args.json != "-":

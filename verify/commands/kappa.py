@@ -37,6 +37,9 @@ DEFINITIONS = {
     "raw": "pixels in [0, 1] as loaded",
     "center": "subtract the per-pixel mean of the n images (G then has rank <= n - 1, so kappa = inf; see kappa_eff)",
     "standardize": "center, then divide by the per-pixel std of the n images (constant pixels stay 0)",
+    "channel": "subtract the per-channel mean, divide by the per-channel std of the n images (the networks' "
+               "--preprocess channel)",
+    "unit": "channel, then each image scaled to unit Euclidean norm (the networks' --preprocess unit)",
 }
 
 
@@ -47,7 +50,8 @@ class KappaOptions:
     n: str = field(default="100,500", metadata={
         "help": "comma-separated numbers of training images (default: %(default)s)"})
     preprocess: str = field(default="raw", metadata={
-        "help": "raw (pixels in [0,1]), center or standardize (per pixel)"})
+        "help": "raw (pixels in [0,1]), center or standardize (per pixel), channel or unit (per colour channel; "
+                "unit also scales each image to norm 1)"})
     eps: float = field(default=0.1, metadata={
         "help": "accuracy eps in the v1 bound kappa^6/eps^2 (default %(default)s)"})
     seed: int = field(default=0, metadata={"help": "seed of the balanced subset (default %(default)s)"})

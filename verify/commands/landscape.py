@@ -40,7 +40,7 @@ PARAMS = options(
     Param("width", preset="mall_width"),
     Param("n_train", preset="n_train"),
     Param("n_test", preset="n_test"),
-    "parameterization", "attn_layers", "attn_rank", "attn_centre", "flat_step",
+    "parameterization", "attn_layers", "attn_rank", "attn_centre", "preprocess", "flat_step",
 )
 OPTIONS = (*EXPERIMENT, *PARAMS, *options(LandscapeOutputs, "plot"))
 

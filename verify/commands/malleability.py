@@ -51,7 +51,7 @@ PARAMS = options(
     "attack_context", "adv_train", "adv_steps",
     Param("attack_steps", preset="attack_steps"),
     Param("width", preset="mall_width"),
-    "attn_centre",
+    "attn_centre", "preprocess",
     Param("n_train", preset="mall_n_train"),
     Param("n_test", preset="mall_n_test"),
     "ridge", "ridge_rel",

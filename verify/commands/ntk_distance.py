@@ -41,7 +41,7 @@ PARAMS = options(
     Param("widths", preset="widths", parse=lambda text: parse_int_list(text, "--widths")),
     Param("n_train", preset="n_train"),
     Param("n_test", preset="n_test"),
-    "parameterization", "attn_layers", "attn_rank", "attn_centre",
+    "parameterization", "attn_layers", "attn_rank", "attn_centre", "preprocess",
 )
 OPTIONS = (*EXPERIMENT, *PARAMS, *options(DistanceOutputs, "plot"))
 

@@ -1,0 +1,86 @@
+"""The claims' conditions, training protocol x input preprocessing: unit names (raw keeps the names of before the
+axis), one unit per condition with the preprocessing in its config, and the verdict per condition, with the
+"underdetermined (preprocessing)" headline when raw and channel give different measured verdicts."""
+
+from __future__ import annotations
+
+from verify.claims import PROTOCOLS, Claim, Outcome, Verdict, claim_row, claim_units, conditions, units
+from verify.claims.base import HOLDS, NA, NOT, PREPROCESSINGS
+from verify.experiments import units_for
+from verify.presets import PRESET_NAMES, preset
+
+
+def test_condition_names_keep_raw_as_before():
+    assert units.condition("proper") == units.condition("proper", "raw") == "proper"
+    assert units.condition("paper", "channel") == "paper+channel"
+    assert units.at("landscape:mnist", "proper", "raw") == "landscape:mnist@proper"
+    assert units.at("landscape:mnist", "proper", "channel") == "landscape:mnist@proper+channel"
+    assert conditions(("raw", "channel")) == [("paper", "raw"), ("paper", "channel"), ("proper", "raw"),
+                                              ("proper", "channel")]
+
+
+def test_one_unit_per_condition_with_the_preprocessing_in_its_config():
+    for name in PRESET_NAMES:  # raw first (the headline and `by_protocol` are raw's), only what the claims know
+        pres = preset(name)["preprocessings"]
+        assert pres[0] == "raw" and set(pres) <= set(PREPROCESSINGS), name
+    assert preset("smoke")["preprocessings"] == ("raw",)
+    both = [n for n in PRESET_NAMES if "channel" in preset(n)["preprocessings"]]
+    assert both  # the issue: every empirical claim is also run on standardised inputs
+    made = units_for(both[0])
+    raw = [n for n in made if n.endswith("@proper")]
+    assert raw
+    for name in raw:
+        twin = made[name.replace("@proper", "@proper+channel")]
+        assert "preprocess" not in made[name].config  # the raw unit's config (its cache key) is as before
+        assert twin.config == {**made[name].config, "preprocess": "channel"}
+    assert not any("+channel" in n for n in units_for("smoke"))
+
+
+def _claim() -> Claim:
+    """A synthetic empirical claim whose rule reads the verdict its unit's record names."""
+    def evaluate(results):
+        r = results["u"]
+        return Outcome(f"measured {r['v']}", Verdict(r["v"]), "synthetic", seeds=3)
+
+    return Claim("synthetic", "-", "a statement", "-", "the record's verdict", ("u",), evaluate, group="ntk",
+                 empirical=True)
+
+
+def _results(paper_raw: str, paper_channel: str, proper_raw: str, proper_channel: str) -> dict:
+    v = {("paper", "raw"): paper_raw, ("paper", "channel"): paper_channel, ("proper", "raw"): proper_raw,
+         ("proper", "channel"): proper_channel}
+    return {units.at("u", p, pre): {"v": verdict.value} for (p, pre), verdict in v.items()}
+
+
+def test_verdicts_per_condition_and_underdetermined_by_preprocessing():
+    claim = _claim()
+    assert claim_units(claim, ("raw", "channel")) == ("u@paper", "u@paper+channel", "u@proper", "u@proper+channel")
+    row = claim_row(claim, _results(HOLDS, HOLDS, HOLDS, NOT), ("raw", "channel"))
+    assert {k: o["verdict"] for k, o in row["by_condition"].items()} == {
+        "paper": "holds", "paper+channel": "holds", "proper": "holds", "proper+channel": "does not hold"}
+    assert row["by_protocol"]["proper"]["verdict"] == "holds"  # the raw-pixel outcome, as before the axis
+    assert row["verdict"] == "underdetermined"
+    assert "preprocessing" in row["ours"] and "raw: holds" in row["ours"] and "channel: does not hold" in row["ours"]
+    assert row["preprocessing_split"] == {"proper": {"raw": "holds", "channel": "does not hold"}}
+    assert not row["robust"]
+
+
+def test_a_split_under_the_paper_protocol_only_keeps_the_headline():
+    row = claim_row(_claim(), _results(HOLDS, NOT, HOLDS, HOLDS), ("raw", "channel"))
+    assert row["verdict"] == "holds" and list(row["preprocessing_split"]) == ["paper"] and not row["robust"]
+
+
+def test_not_measurable_under_one_preprocessing_is_no_split():
+    row = claim_row(_claim(), _results(NA, HOLDS, NA, HOLDS), ("raw", "channel"))
+    assert row["preprocessing_split"] == {} and row["verdict"] == "not measurable here" and not row["robust"]
+    assert row["by_condition"]["proper+channel"]["verdict"] == "holds"
+
+
+def test_agreement_everywhere_is_robust_and_raw_only_is_as_before():
+    row = claim_row(_claim(), _results(HOLDS, HOLDS, HOLDS, HOLDS), ("raw", "channel"))
+    assert row["robust"] and row["verdict"] == "holds" and row["preprocessing_split"] == {}
+    only_raw = claim_row(_claim(), _results(HOLDS, NOT, HOLDS, NOT))
+    assert list(only_raw["by_condition"]) == list(PROTOCOLS) and only_raw["robust"]
+    missing = claim_row(_claim(), {"u@paper": {"v": "holds"}, "u@proper": {"v": "holds"}}, ("raw", "channel"))
+    assert missing["by_condition"]["proper+channel"]["verdict"] == "not measurable here"
+    assert "u@proper+channel was not run" in missing["by_condition"]["proper+channel"]["protocol"]
