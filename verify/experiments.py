@@ -115,13 +115,14 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     for ds in DATASETS:
         empirical[names.ntk_distance(ds)] = ({
             "dataset": ds, "widths": list(p["widths"]), "seeds": seeds, "n_train": n_train_for(p, ds),
-            "n_test": p["n_test"], "data_dir": data_dir}, *distance)
+            "n_test": p["n_test"], "data_dir": data_dir,
+            **({} if p.get("ntk_gd_mse", True) else {"gd_mse": False})}, *distance)
     empirical.update({k: (v, *malleability) for k, v in malleability_unit_configs(p, data_dir).items()})
     empirical.update({k: (v, landscape_unit, LandscapeRecord) for k, v in landscape_unit_configs(p, data_dir).items()})
     empirical.update({k: (v, retrain_unit, RetrainRecord) for k, v in retrain_unit_configs(p, data_dir).items()})
     kinds = {"distance": distance, "malleability": malleability}
     empirical.update({k: (v, *kinds[kind]) for k, (kind, v) in variant_unit_configs(p, data_dir).items()})
-    for protocol in PROTOCOLS:
+    for protocol in p.get("protocols", PROTOCOLS):
         for pre in p["preprocessings"]:
             for base, (cfg, fn, record) in empirical.items():
                 name = names.at(base, protocol, pre)

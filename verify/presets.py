@@ -1,8 +1,10 @@
 """Presets: how big each experiment is.
 
 - `smoke`: seconds; tiny n and widths; what CI runs end to end.
-- `quick` (default): minutes on a 2-core CPU; real MNIST / CIFAR-10 subsets (the bundled sample is
-  enough when the full data is absent); widths up to 4096.
+- `quick` (default): half an hour on a 2-core CPU; real MNIST / CIFAR-10 subsets (the bundled sample is
+  enough when the full data is absent); 10 seeds, one condition (proper training on channel-standardised inputs).
+- `full`: quick's sizes and seeds under every condition (paper and proper protocols x raw and standardised
+  inputs) and with the gd-mse estimand of the NTK rows: hours on a 2-core CPU (README, Presets).
 - `paper`: the paper's reported scale (500 epochs, widths to 4096, larger n); meant for a GPU.
 
 Every experiment reads its sizes from here, so one table documents the scale of every number.
@@ -14,7 +16,7 @@ from typing import NotRequired, TypedDict
 
 from ntkm.errors import UserInputError
 
-PRESET_NAMES = ("smoke", "quick", "paper")
+PRESET_NAMES = ("smoke", "quick", "full", "paper")
 
 
 class PresetSizes(TypedDict):
@@ -39,6 +41,10 @@ class PresetSizes(TypedDict):
     kappa_ns: tuple[int, ...]
     n_train_by_dataset: dict[str, int]
     preprocessings: tuple[str, ...]
+    #: The claims protocols (`verify.claims.base.PROTOCOLS`) `verify claims` judges every empirical claim under.
+    protocols: tuple[str, ...]
+    #: Whether each NTK-distance network also gets its gd-mse twin (the co-primary estimand of the NTK rows).
+    ntk_gd_mse: bool
     #: Sweeps of the premise units (`verify.claims.kappa.kappa_extra_units`), where they differ from its defaults.
     premise_ns: NotRequired[tuple[int, ...]]
     premise_widths: NotRequired[tuple[int, ...]]
@@ -51,21 +57,31 @@ PRESETS: dict[str, PresetSizes] = {
         "mall_width": 128, "mall_n_train": 100, "mall_n_test": 40, "attack_steps": 3, "adv_max_epochs": 5,
         "landscape_points": 5, "landscape_grid": 5, "hessian_iters": 5, "hutchinson_samples": 3,
         "kappa_ns": (50, 100, 200), "n_train_by_dataset": {}, "premise_ns": (16, 32), "premise_widths": (256,),
-        "binary_kappa_ns": (32, 64), "preprocessings": ("raw",),
+        "binary_kappa_ns": (32, 64), "preprocessings": ("raw",), "protocols": ("paper", "proper"),
+        "ntk_gd_mse": True,
     },
     "quick": {
-        "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 512), "seeds": (0, 1, 2), "epochs": 1000,
+        "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 512), "seeds": tuple(range(10)), "epochs": 1000,
+        "paper_epochs": 500, "mall_width": 512, "mall_n_train": 500, "mall_n_test": 200, "attack_steps": 10,
+        "adv_max_epochs": 60, "landscape_points": 21, "landscape_grid": 11, "hessian_iters": 20,
+        "hutchinson_samples": 10, "kappa_ns": (32, 50, 64, 100, 128, 200, 500, 1000, 2000),
+        "n_train_by_dataset": {"cifar10": 250}, "preprocessings": ("channel",), "protocols": ("proper",),
+        "ntk_gd_mse": False,
+    },
+    "full": {
+        "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 512), "seeds": tuple(range(10)), "epochs": 1000,
         "paper_epochs": 500, "mall_width": 512, "mall_n_train": 500, "mall_n_test": 200, "attack_steps": 10,
         "adv_max_epochs": 100, "landscape_points": 21, "landscape_grid": 11, "hessian_iters": 20,
         "hutchinson_samples": 10, "kappa_ns": (32, 50, 64, 100, 128, 200, 500, 1000, 2000),
-        "n_train_by_dataset": {"cifar10": 250}, "preprocessings": ("raw", "channel"),
+        "n_train_by_dataset": {"cifar10": 250}, "preprocessings": ("raw", "channel"), "protocols": ("paper", "proper"),
+        "ntk_gd_mse": True,
     },
     "paper": {
-        "n_train": 5000, "n_test": 1000, "widths": (16, 64, 256, 1024, 4096), "seeds": (0, 1, 2), "epochs": 1000,
+        "n_train": 5000, "n_test": 1000, "widths": (16, 64, 256, 1024, 4096), "seeds": tuple(range(10)), "epochs": 1000,
         "paper_epochs": 500, "mall_width": 4096, "mall_n_train": 5000, "mall_n_test": 1000, "attack_steps": 40,
         "adv_max_epochs": 100, "landscape_points": 41, "landscape_grid": 21, "hessian_iters": 50,
         "hutchinson_samples": 30, "kappa_ns": (50, 100, 200, 500, 1000, 2000, 5000, 10000), "n_train_by_dataset": {},
-        "preprocessings": ("raw", "channel"),
+        "preprocessings": ("raw", "channel"), "protocols": ("paper", "proper"), "ntk_gd_mse": True,
     },
 }
 #: What each preset key means (printed in the README's preset table).
@@ -76,10 +92,15 @@ PRESET_KEYS = {
     "n_train_by_dataset": "training points per data set where it differs from n_train / mall_n_train (CIFAR-10 "
                           "inputs are 4x wider than MNIST's, so training costs 4x per point)",
     "adv_max_epochs": "maximum epochs of PGD adversarial training (each epoch costs about attack-steps + 1 normal "
-                      "epochs); at quick and paper more than the gate's 50-epoch plateau window, so the gate can pass",
+                      "epochs); more than the gate's 50-epoch plateau window at quick (60, for its time budget), "
+                      "full and paper (100), so the gate can pass",
     "preprocessings": "input preprocessings `verify claims` judges every empirical claim under, raw first (raw [0, 1] "
                       "pixels; channel: per-channel standardisation inside the model); each is one more run of "
                       "every empirical unit per protocol",
+    "protocols": "claims protocols every empirical claim is judged under (paper: the reported setup; proper: the "
+                 "width-consistent protocol); quick judges proper only, full and paper both",
+    "ntk_gd_mse": "whether the NTK-distance sweeps also train every network under gd-mse (the co-primary estimand of "
+                  "the NTK rows); off at quick for its time budget, on at full and paper",
 }
 
 

@@ -154,7 +154,7 @@ def test_adversarial_gate_passes_and_fails_on_synthetic_records():
     assert f"chance + {GATE_ROBUST:g}(1 - chance)" in GATE_TEXT
 
 
-@pytest.mark.parametrize("preset_name", ["quick", "paper"])
+@pytest.mark.parametrize("preset_name", ["quick", "full", "paper"])
 def test_adversarial_budget_leaves_room_for_the_plateau_window(preset_name):
     """At quick and paper the adversarial budget exceeds the plateau window, so a flat adversarial loss curve passes
     the plateau check within it and a still-falling one fails; at the old 40 epochs even a flat one could not pass."""
@@ -163,7 +163,7 @@ def test_adversarial_budget_leaves_room_for_the_plateau_window(preset_name):
     budget = preset(preset_name)["adv_max_epochs"]
     window = TrainConfig().plateau_window
     epochs = list(range(0, budget + 1, TrainConfig().check_every))
-    flat = [1.0 + np.exp(-e / 5) for e in epochs]
+    flat = [1.0 + np.exp(-e / 2) for e in epochs]
     falling = [2.0 * 0.98**e for e in epochs]
     assert plateau_reached(flat, epochs, window, 0.02)
     assert not plateau_reached(falling, epochs, window, 0.02)

@@ -22,9 +22,10 @@ def test_condition_names_keep_raw_as_before():
 def test_one_unit_per_condition_with_the_preprocessing_in_its_config():
     for name in PRESET_NAMES:  # raw first (the headline and `by_protocol` are raw's), only what the claims know
         pres = preset(name)["preprocessings"]
-        assert pres[0] == "raw" and set(pres) <= set(PREPROCESSINGS), name
+        assert ("raw" not in pres or pres[0] == "raw") and set(pres) <= set(PREPROCESSINGS), name
+        assert set(preset(name)["protocols"]) <= set(PROTOCOLS) and preset(name)["protocols"], name
     assert preset("smoke")["preprocessings"] == ("raw",)
-    both = [n for n in PRESET_NAMES if "channel" in preset(n)["preprocessings"]]
+    both = [n for n in PRESET_NAMES if {"raw", "channel"} <= set(preset(n)["preprocessings"])]
     assert both  # the issue: every empirical claim is also run on standardised inputs
     made = units_for(both[0])
     raw = [n for n in made if n.endswith("@proper")]
@@ -34,6 +35,21 @@ def test_one_unit_per_condition_with_the_preprocessing_in_its_config():
         assert "preprocess" not in made[name].config  # the raw unit's config (its cache key) is as before
         assert twin.config == {**made[name].config, "preprocess": "channel"}
     assert not any("+channel" in n for n in units_for("smoke"))
+
+
+def test_a_preset_with_one_condition_makes_only_its_units():
+    """quick judges proper training on standardised inputs only (docs/DEVIATIONS.md D17): no unit of another
+    condition is made, every trained unit is channel-preprocessed, and a claim's units are that condition's."""
+    p = preset("quick")
+    made = units_for("quick")
+    trained = [n for n in made if "@" in n]
+    assert trained and all(n.endswith("@proper+channel") for n in trained)
+    assert all(made[n].config["preprocess"] == "channel" for n in trained)
+    claim = _claim()
+    assert claim_units(claim, p["preprocessings"], p["protocols"]) == ("u@proper+channel",)
+    row = claim_row(claim, {"u@proper+channel": {"v": NOT.value}}, p["preprocessings"], p["protocols"])
+    assert row["verdict"] == NOT.value and list(row["by_condition"]) == ["proper+channel"]
+    assert list(row["by_protocol"]) == ["proper"] and not row["preprocessing_split"]
 
 
 def _claim() -> Claim:

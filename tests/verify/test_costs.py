@@ -48,7 +48,7 @@ def test_predicted_reuse_is_the_memos(monkeypatch):
 
 
 def test_the_estimate_is_linear_in_the_constants():
-    units = [(n, u.config) for n, u in units_for("quick").items()]
+    units = [(n, u.config) for n, u in units_for("full").items()]
     est = [c.total_s for c in costs.plan(units).values()]
     feats = costs.features(units)
     again = [sum(f * costs.CALIBRATED.c[k] for f, k in zip(row, costs.CONSTANT_NAMES, strict=True)) for row in feats]
@@ -56,7 +56,7 @@ def test_the_estimate_is_linear_in_the_constants():
 
 
 def test_the_fit_recovers_constants_that_generated_the_times():
-    units = [(n, u.config) for n, u in units_for("quick").items()]
+    units = [(n, u.config) for n, u in units_for("full").items()]
     truth = {k: v * (1.0 + 0.5 * i) for i, (k, v) in enumerate(costs.CALIBRATED.c.items())}
     times = [c.total_s for c in costs.plan(units, costs.Analytic(truth)).values()]
     fitted = costs.fit(units, times)
@@ -66,7 +66,7 @@ def test_the_fit_recovers_constants_that_generated_the_times():
 
 
 def test_counting_of_networks_follows_the_config():
-    units = units_for("quick")
+    units = units_for("full")
     d = units["ntk-distance:mnist@paper"].config
     nets = costs.networks("ntk-distance:mnist@paper", d)
     gd = [n for n in nets if "gd-mse" in n.key]  # the gd-mse twin of every network, where the experiment trains one

@@ -43,10 +43,11 @@ def all_claims() -> list[Claim]:
             + VARIANT_CLAIMS)
 
 
-def conditions(preprocessings: Iterable[str] = ("raw",)) -> list[tuple[str, str]]:
+def conditions(preprocessings: Iterable[str] = ("raw",),
+               protocols: Iterable[str] = PROTOCOLS) -> list[tuple[str, str]]:
     """The (protocol, preprocessing) conditions of an empirical claim, protocol-major: raw first within each
-    protocol when `preprocessings` lists it first."""
-    return [(p, pre) for p in PROTOCOLS for pre in preprocessings]
+    protocol when `preprocessings` lists it first. `protocols`: the preset's claims protocols."""
+    return [(p, pre) for p in protocols for pre in preprocessings]
 
 
 def protocol_units(claim: Claim, protocol: str | None, preprocess: str = "raw") -> tuple[str, ...]:
@@ -55,11 +56,12 @@ def protocol_units(claim: Claim, protocol: str | None, preprocess: str = "raw") 
         else claim.units
 
 
-def claim_units(claim: Claim, preprocessings: Iterable[str] = ("raw",)) -> tuple[str, ...]:
+def claim_units(claim: Claim, preprocessings: Iterable[str] = ("raw",),
+                protocols: Iterable[str] = PROTOCOLS) -> tuple[str, ...]:
     """Every unit a claim needs: its units under each condition (empirical claims), or as written."""
     if not claim.empirical:
         return claim.units
-    return tuple(u for p, pre in conditions(preprocessings) for u in protocol_units(claim, p, pre))
+    return tuple(u for p, pre in conditions(preprocessings, protocols) for u in protocol_units(claim, p, pre))
 
 
 def evaluate_claim(claim: Claim, results: Results, protocol: str | None = None, preprocess: str = "raw") -> Outcome:
@@ -74,12 +76,13 @@ def evaluate_claim(claim: Claim, results: Results, protocol: str | None = None, 
 
 
 def preprocessing_splits(by_condition: dict[str, dict[str, Any]],
-                         preprocessings: tuple[str, ...]) -> dict[str, dict[str, str]]:
+                         preprocessings: tuple[str, ...],
+                         protocols: Iterable[str] = PROTOCOLS) -> dict[str, dict[str, str]]:
     """Per protocol, the verdict under each preprocessing, for the protocols under which two preprocessings give
     different measured verdicts ("not measurable here" under one of them is not a disagreement: nothing was
     measured there)."""
     out = {}
-    for p in PROTOCOLS:
+    for p in protocols:
         per = {pre: by_condition[units.condition(p, pre)]["verdict"] for pre in preprocessings
                if units.condition(p, pre) in by_condition}
         if len({v for v in per.values() if v != NA.value}) > 1:
@@ -87,14 +90,16 @@ def preprocessing_splits(by_condition: dict[str, dict[str, Any]],
     return out
 
 
-def claim_row(claim: Claim, results: Results, preprocessings: Iterable[str] = ("raw",)) -> dict[str, Any]:
+def claim_row(claim: Claim, results: Results, preprocessings: Iterable[str] = ("raw",),
+              protocols: Iterable[str] = PROTOCOLS) -> dict[str, Any]:
     """One row of the claims table. An empirical claim carries one outcome per condition (protocol x
     preprocessing) under `by_condition` (keyed by `units.condition`) and, for raw pixels, per protocol under
     `by_protocol`. Its headline `verdict` is the properly-trained raw-pixel one, except that when two
     preprocessings give different measured verdicts under proper training the headline is "underdetermined"
     (preprocessing), naming both (`preprocessing_split` lists such splits per protocol); `robust` says whether
-    every condition gives the same verdict and none is "not measurable here"."""
-    pres = tuple(preprocessings)
+    every condition gives the same verdict and none is "not measurable here". `protocols`: the preset's claims
+    protocols (the headline is the last, proper training, where it is judged)."""
+    pres, protos = tuple(preprocessings), tuple(protocols)
     row: dict[str, Any] = {"id": claim.id, "group": claim.group, "source": claim.source,
                            "statement": claim.statement, "paper": claim.paper, "v2": claim.v2, "rule": claim.rule,
                            "empirical": claim.empirical}
@@ -102,14 +107,14 @@ def claim_row(claim: Claim, results: Results, preprocessings: Iterable[str] = ("
         o = evaluate_claim(claim, results)
         return {**row, **_outcome_dict(o)}
     by_condition = {units.condition(p, pre): _outcome_dict(evaluate_claim(claim, results, p, pre))
-                    for p, pre in conditions(pres)}
-    per = {p: by_condition[units.condition(p, pres[0])] for p in PROTOCOLS}
-    head = per[PROTOCOLS[-1]]
-    splits = preprocessing_splits(by_condition, pres)
-    if PROTOCOLS[-1] in splits:
-        named = "; ".join(f"{pre}: {v}" for pre, v in splits[PROTOCOLS[-1]].items())
+                    for p, pre in conditions(pres, protos)}
+    per = {p: by_condition[units.condition(p, pres[0])] for p in protos}
+    head = per[protos[-1]]
+    splits = preprocessing_splits(by_condition, pres, protos)
+    if protos[-1] in splits:
+        named = "; ".join(f"{pre}: {v}" for pre, v in splits[protos[-1]].items())
         head = {**head, "verdict": UNDERDETERMINED.value,
-                "ours": f"underdetermined (preprocessing), under {PROTOCOLS[-1]} training: {named}",
+                "ours": f"underdetermined (preprocessing), under {protos[-1]} training: {named}",
                 "condition": "the measured verdicts differ between input preprocessings"}
     verdicts = {o["verdict"] for o in by_condition.values()}
     return {**row, **head, "by_protocol": per, "by_condition": by_condition, "preprocessing_split": splits,

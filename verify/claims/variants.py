@@ -43,7 +43,8 @@ def variant_unit_configs(p: PresetSizes, data_dir: str | None) -> dict[str, tupl
     """(experiment kind, config keyword arguments) of every variant unit, sized by the preset (the training
     config is added per protocol by `verify.experiments`)."""
     distance = {"dataset": "mnist", "widths": list(p["widths"]), "seeds": list(p["seeds"]),
-                "n_train": n_train_for(p, "mnist"), "n_test": p["n_test"], "data_dir": data_dir, "attn_centre": True}
+                "n_train": n_train_for(p, "mnist"), "n_test": p["n_test"], "data_dir": data_dir, "attn_centre": True,
+                **({} if p.get("ntk_gd_mse", True) else {"gd_mse": False})}
     flip = {"dataset": "mnist", "task": "10class", "width": p["mall_width"], "n_test": p["mall_n_test"],
             "n_train": n_train_for(p, "mnist", "mall_n_train"), "seeds": list(p["seeds"]),
             "attack_steps": p["attack_steps"], "eps": 0.3, "tau": 0.1, "attacks": list(PAPER_ATTACKS),

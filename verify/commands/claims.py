@@ -15,7 +15,7 @@ from empirics.protocols import DESCRIPTIONS, GATE_TEXT
 from empirics.records import device_info, git_state, library_versions
 from ntkm.codec import write_json
 from ntkm.errors import UserInputError
-from verify.claims import PROTOCOLS, VERDICTS, all_claims, claim_row, claim_units, conditions
+from verify.claims import VERDICTS, all_claims, claim_row, claim_units, conditions
 from verify.claims.units import condition
 from verify.commands._common import emit_json, json_target
 from verify.commands.options import EXECUTOR, PRESET, DataOptions, Param, options
@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     cache = Cache(out / "cache")
     units = units_for(args.preset, args.data_dir, args.device)
     pres = tuple(preset(args.preset)["preprocessings"])
-    needed = sorted({u for c in claims for u in claim_units(c, pres)}, key=list(units).index)
+    protos = tuple(preset(args.preset)["protocols"])
+    needed = sorted({u for c in claims for u in claim_units(c, pres, protos)}, key=list(units).index)
     if args.plan:
         return show_plan(args, claims, pres, [units[n] for n in needed], cache if args.resume else None, executor.jobs)
     if not args.resume:
@@ -106,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {name: res.payload for name, (res, _) in ran.items()}
     unit_meta: dict[str, Any] = {name: {"cached": cached, "wall_s": res.unit_wall_s, "config": res.unit_config}
                                  for name, (res, cached) in ran.items()}
-    rows = [claim_row(c, results, pres) for c in claims]
-    edges = knife_edges(lambda res: [claim_row(c, res, pres) for c in claims], results, rows)
+    rows = [claim_row(c, results, pres, protos) for c in claims]
+    edges = knife_edges(lambda res: [claim_row(c, res, pres, protos) for c in claims], results, rows)
     record = {
         "title": "Claims of arXiv:2603.13085 — regenerated",
         "preset": args.preset,
@@ -122,10 +123,10 @@ def run(args: argparse.Namespace) -> int:
         "wall_s": time.perf_counter() - t0,
         "summary": {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS},
         "summary_by_protocol": {p: {v: sum(r["by_protocol"][p]["verdict"] == v for r in rows if r["empirical"])
-                                    for v in VERDICTS} for p in PROTOCOLS},
+                                    for v in VERDICTS} for p in protos},
         "summary_by_condition": {condition(*k): {v: sum(r["by_condition"][condition(*k)]["verdict"] == v
                                                         for r in rows if r["empirical"]) for v in VERDICTS}
-                                 for k in conditions(pres)},
+                                 for k in conditions(pres, protos)},
         "preprocessings": list(pres),
         "protocols": protocol_descriptions(args.preset),
         "gate": GATE_TEXT,
@@ -179,7 +180,7 @@ def show_plan(args: argparse.Namespace, claims: list[Any], pres: tuple[str, ...]
 
     needed_by: dict[str, list[str]] = {}
     for c in claims:
-        for u in claim_units(c, pres):
+        for u in claim_units(c, pres, preset(args.preset)["protocols"]):
             needed_by.setdefault(u, [])
             if c.id not in needed_by[u]:
                 needed_by[u].append(c.id)
@@ -215,7 +216,7 @@ def protocol_descriptions(preset_name: str) -> dict[str, Any]:
 
     p = preset(preset_name)
     out = {}
-    for name in PROTOCOLS:
+    for name in p["protocols"]:
         cfg = protocol_train(p, name)
         out[name] = {"protocol": cfg["protocol"], "description": DESCRIPTIONS[cfg["protocol"]], "train": cfg}
     return out
