@@ -1,6 +1,6 @@
 """`verify claims --jobs N`: units in N worker processes against the same units one after another in one process.
 
-The same smoke units give the same claims.json (every claim and every number, exactly: the workers run the same
+The same smoke units give the same claims.json (every claim exactly, every number within 1e-9: the workers run the same
 code with the same BLAS and torch threads); a SIGINT to a two-worker run after a unit finished exits 130 with
 one line and keeps the finished units cached, and `--resume` computes only the others; bad `--jobs` values are
 one-line errors.
@@ -58,7 +58,10 @@ def test_two_workers_give_the_sequential_claims(tmp_path: Path):
     seq, par = tmp_path / "seq", tmp_path / "par"
     assert main(["claims", "--preset", "smoke", "--only", ONLY, "--out", str(seq), "--no-pdf", "--jobs", "1"]) == 0
     assert main(["claims", "--preset", "smoke", "--only", ONLY, "--out", str(par), "--no-pdf", "--jobs", "2"]) == 0
-    assert same(claims_of(par), claims_of(seq)) == []
+    # Every verdict, text and integer exactly; floats within 1e-9 relative: in the full suite the sequential run shares
+    # the pytest process, whose BLAS state earlier tests have touched, and float64 reductions then differ from a fresh
+    # worker's in the last bits (seen: 16504.374698367523 vs ...545). Alone, the two runs are bit-identical.
+    assert same(claims_of(par), claims_of(seq), rel=1e-9) == []
     rec = json.loads((par / "claims.json").read_text())
     assert rec["executor"]["jobs"] == 2 and not any(u["cached"] for u in rec["units"].values())
     entries = sorted(json.loads(p.read_text())["unit"] for p in (par / "cache").glob("*.json"))
