@@ -236,7 +236,8 @@ def validity_panel(refit: Refitter, x: torch.Tensor, y: torch.Tensor, xt: torch.
                         "actual": float(per_example_loss(out, yt_np, out_dim).mean() - base_loss.mean())}
     beyond = removal["top"]["actual"] > removal["random"]["actual"] + 2 * noise_sd
     brittle = _brittleness(refit, x, y, xt, yt_np, ntk_per_test, ctrl["test"], seed, target, noise_seeds)
-    verdict, why = _verdict(gate, scores, ceiling, beyond)
+    nonfinite = int((~np.isfinite(reps)).sum())
+    verdict, why = _verdict(gate, scores, ceiling, beyond, nonfinite)
     return {"refit": refit.cfg.describe(), "refit_kind": refit.cfg.kind, "control": gate,
             "subsets": subsets, "fraction": fraction, "left_out": int(r), "repeats": repeats, "lds": scores,
             "ceiling": ceiling, "best": best_estimator(scores), "fraction_min": FRACTION_MIN,
@@ -254,11 +255,16 @@ def _fmt_score(name: str, s: dict[str, Any]) -> str:
 
 
 def _verdict(gate: dict[str, Any], scores: dict[str, dict[str, Any]], ceiling: dict[str, Any],
-             beyond: bool) -> tuple[str, str]:
-    """The verdict and its reason by `VALIDITY_RULE`."""
+             beyond: bool, nonfinite: int = 0) -> tuple[str, str]:
+    """The verdict and its reason by `VALIDITY_RULE`; `nonfinite` re-fitted test losses that are NaN or infinite (a
+    model that diverges on a subset) make it not measurable, never a verdict beside a NaN LDS."""
     s = scores["ntk"]
     if not gate["passed"]:
         return NOT_MEASURABLE, f"the control re-fit is not adequate ({gate['reason']})"
+    if nonfinite or not np.isfinite(s["value"]) or not np.isfinite(ceiling["value"]):
+        what = f"{nonfinite} re-fitted test loss(es) are NaN or infinite" if nonfinite else \
+            "the LDS or its noise ceiling is not a finite number"
+        return NOT_MEASURABLE, f"{what}: the re-fits give no ground truth to score influence against"
     if not ceiling["value"] > 0:
         return INCONCLUSIVE, (f"repeated re-fits of the same subsets do not agree with each other (rank agreement "
                               f"{ceiling['agreement']:.2f}), so they give no ground truth to check influence against")

@@ -20,7 +20,14 @@ from verify.audit_budget import budget_curves
 from verify.audit_measure import GenericKernels
 from verify.audit_outcome import poison_panel
 from verify.audit_refit import WARM, RefitConfig, Refitter, refit_adequacy
-from verify.audit_validity import ceiling_from_agreement, lds, score_estimators, validity_panel
+from verify.audit_validity import (
+    NOT_MEASURABLE,
+    _verdict,
+    ceiling_from_agreement,
+    lds,
+    score_estimators,
+    validity_panel,
+)
 
 FITS = '''
 import hashlib
@@ -179,6 +186,22 @@ def test_noise_ceiling_of_agreeing_and_of_unrelated_repeats():
     assert ceiling_from_agreement(0.0, 2) == 0.0 and ceiling_from_agreement(-0.1, 3) == 0.0
     assert ceiling_from_agreement(1.0, 5) == pytest.approx(1.0)
     assert ceiling_from_agreement(0.25, 1) == pytest.approx(0.5)  # one re-fit: sqrt of its reliability
+
+
+def test_re_fits_that_diverge_make_validity_not_measurable():
+    """Re-fits whose test losses turn NaN (a model that diverges on a subset) give no verdict beside a NaN LDS."""
+    rng = np.random.default_rng(3)
+    pred = rng.normal(size=(12, 10))
+    reps = np.stack([pred + rng.normal(size=pred.shape), pred + rng.normal(size=pred.shape)])
+    scores, ceiling = score_estimators({"ntk": pred}, reps, n_boot=50)
+    gate = {"passed": True, "reason": "passed"}
+    finite, _ = _verdict(gate, scores, ceiling, True)
+    assert finite != NOT_MEASURABLE
+    verdict, why = _verdict(gate, scores, ceiling, True, nonfinite=3)
+    assert verdict == NOT_MEASURABLE and "3 re-fitted test loss(es) are NaN or infinite" in why
+    reps[0, 0, 0] = np.nan
+    scores, ceiling = score_estimators({"ntk": np.full_like(pred, np.nan)}, reps, n_boot=50)
+    assert _verdict(gate, scores, ceiling, True)[0] == NOT_MEASURABLE
 
 
 def test_warm_start_control_that_teaches_an_untrained_model_fails(mnist):
