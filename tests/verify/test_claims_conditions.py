@@ -50,6 +50,29 @@ def test_a_preset_with_one_condition_makes_only_its_units():
     row = claim_row(claim, {"u@proper+channel": {"v": NOT.value}}, p["preprocessings"], p["protocols"])
     assert row["verdict"] == NOT.value and list(row["by_condition"]) == ["proper+channel"]
     assert list(row["by_protocol"]) == ["proper"] and not row["preprocessing_split"]
+    assert not claim_row(claim, {"u@proper+channel": {"v": HOLDS.value}}, p["preprocessings"], p["protocols"])["robust"]
+
+
+def test_a_one_condition_run_writes_its_report(tmp_path, monkeypatch, capsys):
+    """A preset with one condition (as quick) runs end to end: report, summary lines and verdict matrix name only
+    its condition (the HTML template once named both protocols and failed on such a record)."""
+    import json
+
+    from verify import presets
+    from verify.cli import main
+
+    one = {**presets.PRESETS["smoke"], "protocols": ("proper",), "preprocessings": ("raw",)}
+    monkeypatch.setitem(presets.PRESETS, "smoke", one)
+    out = tmp_path / "out"
+    assert main(["claims", "--preset", "smoke", "--only", "thm4.2,landscape-mnist", "--out", str(out), "--no-pdf",
+                 "--jobs", "1"]) == 0
+    rec = json.loads((out / "claims.json").read_text())
+    row = next(c for c in rec["claims"] if c["id"] == "landscape-mnist")
+    assert list(row["by_condition"]) == ["proper"] and not row["robust"]
+    assert list(rec["protocols"]) == ["proper"] and "paper" not in rec["summary_by_protocol"]
+    assert "<b>proper</b>" in (out / "claims.html").read_text()
+    assert "landscape-mnist" in capsys.readouterr().out
+
 
 
 def _claim() -> Claim:

@@ -97,7 +97,8 @@ def claim_row(claim: Claim, results: Results, preprocessings: Iterable[str] = ("
     `by_protocol`. Its headline `verdict` is the properly-trained raw-pixel one, except that when two
     preprocessings give different measured verdicts under proper training the headline is "underdetermined"
     (preprocessing), naming both (`preprocessing_split` lists such splits per protocol); `robust` says whether
-    every condition gives the same verdict and none is "not measurable here". `protocols`: the preset's claims
+    every condition gives the same verdict and none is "not measurable here" (never with a single condition: nothing
+    was compared). `protocols`: the preset's claims
     protocols (the headline is the last, proper training, where it is judged)."""
     pres, protos = tuple(preprocessings), tuple(protocols)
     row: dict[str, Any] = {"id": claim.id, "group": claim.group, "source": claim.source,
@@ -118,7 +119,7 @@ def claim_row(claim: Claim, results: Results, preprocessings: Iterable[str] = ("
                 "condition": "the measured verdicts differ between input preprocessings"}
     verdicts = {o["verdict"] for o in by_condition.values()}
     return {**row, **head, "by_protocol": per, "by_condition": by_condition, "preprocessing_split": splits,
-            "robust": len(verdicts) == 1 and Verdict.NA.value not in verdicts}
+            "robust": len(by_condition) > 1 and len(verdicts) == 1 and Verdict.NA.value not in verdicts}
 
 
 def _outcome_dict(o: Outcome) -> dict[str, Any]:

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     written.paths = [staged.final(p) for p in written.paths]
     print(f"{len(rows)} claims (headline: theory as checked, empirical rows under proper training): "
           f"{summary_line(record['summary'])} ({record['wall_s']:.0f} s, preset {args.preset})")
-    names = [condition(*k) for k in conditions(pres)]
+    names = [condition(*k) for k in conditions(pres, protos)]
     print("  " + "".join(f"{n:<20} " for n in names) + "claim")
     for r in rows:
         if r["empirical"]:
