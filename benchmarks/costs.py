@@ -1,6 +1,6 @@
 """Calibrate and check the units' cost model (`verify.costs`) against the measured unit times of a claims run.
 
-    python -m benchmarks.costs results/claims-quick.json [--json FILE]
+    python -m benchmarks.costs results/claims-quick-r3.json [--json FILE]
 
 Fits the analytic model's constants to the run's `units[name]["wall_s"]` (the units in the run's order, one
 process, so networks an earlier unit trained are reused), and reports how well they predict: Spearman rank
