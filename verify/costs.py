@@ -253,8 +253,8 @@ class Analytic:
 
 
 #: Where `CALIBRATED`'s constants come from (README: how well they predict).
-CALIBRATION_SOURCE = ("fitted by `python -m benchmarks.costs results/claims-quick-r3.json`: the 43 units of the quick run "
-                      "at 6d6ecfc (3 seeds, one unit after another on 2 shared cores)")
+CALIBRATION_SOURCE = ("fitted by `python -m benchmarks.costs results/claims-quick-r3.json`: the 43 units of the quick "
+                      "run at 6d6ecfc (3 seeds, one unit after another on 2 shared cores)")
 CALIBRATED = Analytic({
     "step": 0.00188,
     "flop": 1.52e-11,
