@@ -51,6 +51,15 @@ class PresetSizes(TypedDict):
     binary_kappa_ns: NotRequired[tuple[int, ...]]
 
 
+_QUICK: PresetSizes = {
+    "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 512), "seeds": tuple(range(10)), "epochs": 1000,
+    "paper_epochs": 500, "mall_width": 512, "mall_n_train": 500, "mall_n_test": 200, "attack_steps": 10,
+    "adv_max_epochs": 60, "landscape_points": 21, "landscape_grid": 11, "hessian_iters": 20,
+    "hutchinson_samples": 10, "kappa_ns": (32, 50, 64, 100, 128, 200, 500, 1000, 2000),
+    "n_train_by_dataset": {"cifar10": 250}, "preprocessings": ("channel",), "protocols": ("proper",),
+    "ntk_gd_mse": False,
+}
+
 PRESETS: dict[str, PresetSizes] = {
     "smoke": {
         "n_train": 100, "n_test": 40, "widths": (16, 64, 256), "seeds": (0, 1), "epochs": 20, "paper_epochs": 20,
@@ -60,22 +69,9 @@ PRESETS: dict[str, PresetSizes] = {
         "binary_kappa_ns": (32, 64), "preprocessings": ("raw",), "protocols": ("paper", "proper"),
         "ntk_gd_mse": True,
     },
-    "quick": {
-        "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 512), "seeds": tuple(range(10)), "epochs": 1000,
-        "paper_epochs": 500, "mall_width": 512, "mall_n_train": 500, "mall_n_test": 200, "attack_steps": 10,
-        "adv_max_epochs": 60, "landscape_points": 21, "landscape_grid": 11, "hessian_iters": 20,
-        "hutchinson_samples": 10, "kappa_ns": (32, 50, 64, 100, 128, 200, 500, 1000, 2000),
-        "n_train_by_dataset": {"cifar10": 250}, "preprocessings": ("channel",), "protocols": ("proper",),
-        "ntk_gd_mse": False,
-    },
-    "full": {
-        "n_train": 500, "n_test": 200, "widths": (16, 64, 256, 512), "seeds": tuple(range(10)), "epochs": 1000,
-        "paper_epochs": 500, "mall_width": 512, "mall_n_train": 500, "mall_n_test": 200, "attack_steps": 10,
-        "adv_max_epochs": 100, "landscape_points": 21, "landscape_grid": 11, "hessian_iters": 20,
-        "hutchinson_samples": 10, "kappa_ns": (32, 50, 64, 100, 128, 200, 500, 1000, 2000),
-        "n_train_by_dataset": {"cifar10": 250}, "preprocessings": ("raw", "channel"), "protocols": ("paper", "proper"),
-        "ntk_gd_mse": True,
-    },
+    "quick": _QUICK,
+    "full": {**_QUICK, "preprocessings": ("raw", "channel"), "protocols": ("paper", "proper"), "ntk_gd_mse": True,
+             "adv_max_epochs": 100},
     "paper": {
         "n_train": 5000, "n_test": 1000, "widths": (16, 64, 256, 1024, 4096), "seeds": tuple(range(10)), "epochs": 1000,
         "paper_epochs": 500, "mall_width": 4096, "mall_n_train": 5000, "mall_n_test": 1000, "attack_steps": 40,
