@@ -234,7 +234,10 @@ def _condition_label(name: str) -> str:
 
 
 def _agreement(claim: dict[str, Any]) -> str:
-    """'yes' (every condition agrees, none unmeasurable), 'no', or the preprocessing split it names."""
+    """'yes' (every condition agrees, none unmeasurable), 'no', the preprocessing split it names, or '-' when the
+    run judged one condition (nothing was compared)."""
+    if len(_outcomes(claim)) < 2:
+        return "-"
     if claim["robust"]:
         return "yes"
     split = claim.get("preprocessing_split") or {}

@@ -70,7 +70,12 @@ def test_a_one_condition_run_writes_its_report(tmp_path, monkeypatch, capsys):
     row = next(c for c in rec["claims"] if c["id"] == "landscape-mnist")
     assert list(row["by_condition"]) == ["proper"] and not row["robust"]
     assert list(rec["protocols"]) == ["proper"] and "paper" not in rec["summary_by_protocol"]
-    assert "<b>proper</b>" in (out / "claims.html").read_text()
+    html = (out / "claims.html").read_text()
+    assert "<b>proper</b>" in html and "judged twice" not in html
+    assert "| landscape-mnist | " in (out / "claims.md").read_text()
+    from reports.claims_report import _agreement
+
+    assert _agreement(row) == "-"  # one condition: nothing compared, neither 'yes' nor 'no'
     assert "landscape-mnist" in capsys.readouterr().out
 
 
