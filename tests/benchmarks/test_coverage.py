@@ -4,10 +4,13 @@ a band that the old methods (the min-max of per-seed values, the percentile boot
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 
-from benchmarks.coverage import Coverage, flip_methods, main, slope_methods, tost_size
+from benchmarks import coverage
+from benchmarks.coverage import Coverage, flip_methods, main, slope_methods, tost_methods
+from empirics.intervals import fieller, t_interval, tost_ratio
 
 #: 400 replications: Monte Carlo error about 0.011 at 0.95, so a method covering 0.95 falls outside
 #: [0.91, 0.99] with probability about 1e-4; the old methods cover 0.74 (3 seeds) and 0.998-1 (10 seeds).
@@ -31,10 +34,46 @@ def test_seed_level_methods_cover_and_the_old_ones_do_not():
     assert not _inside(old3) and old3.coverage < BAND[0]
 
 
-def test_tost_size_at_the_margin_is_at_most_its_level():
-    rng = np.random.default_rng(7)
-    c = tost_size(REPS, 10, 50, 0.05, rng)
-    assert c.coverage >= BAND[0]
+def _by_kind(rows: list[Coverage]) -> dict[str, list[Coverage]]:
+    out: dict[str, list[Coverage]] = {}
+    for c in rows:
+        out.setdefault(c.kind, []).append(c)
+    return out
+
+
+def test_tost_one_sided_sizes_and_its_90_percent_interval_are_nominal():
+    """Each one-sided test's 1 - size is 0.95 and the 90 % interval covers 0.90, also where the seeds vary so much
+    that the TOST as a whole almost never declares equivalence at the margin (its inherent conservatism)."""
+    rows = _by_kind(tost_methods(REPS, 10, 50, 0.15, np.random.default_rng(7)))
+    assert len(rows["size"]) == 2 and all(_inside(c) for c in rows["size"]), [c.coverage for c in rows["size"]]
+    (ci,) = rows["interval"]
+    assert ci.nominal == 0.90 and abs(ci.coverage - 0.90) <= 3 * math.sqrt(0.09 / ci.reps), ci.coverage
+    (level,) = rows["level"]
+    assert level.check() == "pass" and level.coverage > BAND[1]  # far fewer than alpha rejections: conservative
+    (power,) = rows["power"]
+    assert power.check() == "info" and power.band() is None
+
+
+def test_a_wrong_method_fails_the_check(monkeypatch):
+    """The check catches a deliberately wrong method: a too-narrow interval (80 % sold as 95 %), and a TOST whose
+    one-sided tests run at 0.15 instead of 0.05."""
+    rng = np.random.default_rng(11)
+    monkeypatch.setattr(coverage, "t_interval", lambda v: t_interval(v, level=0.80))
+    monkeypatch.setattr(coverage, "fieller", lambda a, b: fieller(a, b, level=0.80))
+    narrow = [c for c in flip_methods(REPS, 10, 50, 0.05, rng, references=False)]
+    assert narrow and all(c.check() == "fail" and not _inside(c) for c in narrow), [c.coverage for c in narrow]
+    monkeypatch.setattr(coverage, "tost_ratio", lambda a, b, lo, hi: tost_ratio(a, b, lo, hi, alpha=0.15))
+    rows = _by_kind(tost_methods(REPS, 10, 50, 0.0, rng))
+    wrong = rows["size"] + rows["interval"] + rows["level"]
+    assert all(c.check() == "fail" for c in wrong), [c.coverage for c in wrong]
+
+
+def test_check_bands_by_kind():
+    assert Coverage("m", "s", 10, 2000, 1900).check() == "pass"
+    assert Coverage("m", "s", 10, 2000, 1990).check() == "fail"  # too wide is wrong too
+    assert Coverage("m", "s", 10, 2000, 1999, "level").check() == "pass"  # a test may be conservative
+    assert Coverage("m", "s", 10, 2000, 1800, "level").check() == "fail"
+    assert Coverage("m", "s", 10, 2000, 5, "reference").check() == "info"
 
 
 def test_cli_writes_json_and_rejects_bad_sizes(tmp_path, capsys):
@@ -47,3 +86,5 @@ def test_cli_writes_json_and_rejects_bad_sizes(tmp_path, capsys):
     methods = {r["method"] for r in rec["rows"]}
     assert {"t (flip rate)", "fieller (ratio of flip rates)", "t (per-seed slopes)"} <= methods
     assert all(0 <= r["coverage"] <= 1 and r["mc_error"] >= 0 for r in rec["rows"])
+    assert {r["check"] for r in rec["rows"]} <= {"pass", "fail", "info"} and rec["min_reps_for_check"] == 2000
+    assert {r["kind"] for r in rec["rows"]} == {"interval", "size", "level", "power", "reference"}

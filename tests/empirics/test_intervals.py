@@ -50,7 +50,31 @@ def test_tost_agrees_with_the_90_percent_fieller_interval():
         den = 0.3 + rng.normal(0, 0.05, 10)
         ci = fieller(num, den, level=0.90)
         inside = ci["bounded"] and ci["lo"] > 0.67 and ci["hi"] < 1.5
-        assert tost_ratio(num, den, 0.67, 1.5)["equivalent"] == inside
+        tost = tost_ratio(num, den, 0.67, 1.5)
+        assert tost["equivalent"] == inside and tost["ci"] == [ci["lo"], ci["hi"]] and tost["ci_level"] == 0.90
+
+
+def test_tost_one_sided_p_values_are_scipys_t_tests_with_n_minus_1_df():
+    """Each side is scipy's one-sample t test of the linearised per-seed values (df n - 1, not a normal quantile)."""
+    rng = np.random.default_rng(6)
+    for n in (3, 10, 25):
+        num, den = 0.3 + 0.08 * rng.standard_normal(n), 0.25 + 0.05 * rng.standard_normal(n)
+        tost = tost_ratio(num, den, 0.67, 1.5)
+        assert tost["p_lower"] == pytest.approx(stats.ttest_1samp(num - 0.67 * den, 0, alternative="greater").pvalue)
+        assert tost["p_upper"] == pytest.approx(stats.ttest_1samp(num - 1.5 * den, 0, alternative="less").pvalue)
+        assert tost["p"] == max(tost["p_lower"], tost["p_upper"])
+
+
+def test_tost_size_on_the_margin_by_brute_force():
+    """With normal seed values and the truth on the upper margin, the upper test rejects alpha of the time; the
+    TOST as a whole, which also needs the lower test to reject, at most that (20,000 draws, MC sd 0.0015)."""
+    rng = np.random.default_rng(8)
+    den = 0.2 + 0.03 * rng.standard_normal((20_000, 10))
+    num = 1.5 * 0.2 + 0.04 * rng.standard_normal((20_000, 10))
+    recs = [tost_ratio(a, b, 0.67, 1.5) for a, b in zip(num, den, strict=True)]
+    upper = np.mean([r["p_upper"] < 0.05 for r in recs])
+    both = np.mean([r["equivalent"] for r in recs])
+    assert abs(upper - 0.05) < 0.005 and both <= upper
 
 
 def test_loglog_slope_of_a_power_law():
