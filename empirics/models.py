@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from empirics.context_product import factor_is_cheaper
 from empirics.datasets import INPUT_PREPROCESSINGS, input_statistics
 from empirics.vocab import MODEL_KINDS
 from ntkm.errors import UserInputError
@@ -159,12 +160,26 @@ def attention_context(x_train: torch.Tensor, rank: int | None = None, centre: bo
     return (v * s[:r] ** 2) @ v.T
 
 
-def attention_features(x: torch.Tensor, context: torch.Tensor, layers: int = 1) -> torch.Tensor:
-    """`normalise(C^k x)` row by row; intermediate rescaling does not change the result."""
+def attention_features(x: torch.Tensor, context: torch.Tensor | None, layers: int = 1,
+                       factor: torch.Tensor | None = None) -> torch.Tensor:
+    """`normalise(C^k x)` row by row; intermediate rescaling does not change the result.
+
+    `factor`: an n x d `X` with `C = X^T X`, given when `h C = (h X^T) X` is cheaper (`factor_is_cheaper`);
+    then `context` is not read. Equal to the d x d product up to floating-point rounding, and as differentiable.
+    """
     h = x
     for _ in range(layers):
-        h = _normalise(h @ context)  # C is symmetric, so (C h^T)^T = h C
+        h = _normalise(h @ context if factor is None else (h @ factor.T) @ factor)  # C symmetric: (C h^T)^T = h C
     return h
+
+
+def gram_factor(x_train: torch.Tensor, rank: int | None = None, centre: bool = False) -> torch.Tensor | None:
+    """The n x d `X` (mean-removed for `centre`) with `attention_context(x_train, rank, centre) = X^T X`, where
+    the context is the plain Gram and the factor is cheaper (`factor_is_cheaper`); else None (a rank-r truncation
+    keeps the d x d product)."""
+    if rank is not None or not factor_is_cheaper(*x_train.shape):
+        return None
+    return x_train - x_train.mean(dim=0) if centre else x_train
 
 
 def softmax_attention_features(x: torch.Tensor, keys: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -217,7 +232,12 @@ def _init_head(module: nn.Module, spec: ModelSpec, gen: torch.Generator, dtype: 
 
 class TwoLayerNet(_SuiteBase):
     """2L-ReLU (`kind="relu"`), MLP-Attn (`kind="attn"`) or softmax attention (`kind="softmax"`, the training
-    set as keys and values); only `W` is a parameter."""
+    set as keys and values); only `W` is a parameter.
+
+    MLP-Attn with the plain (centred or not) Gram context multiplies by it as `(h X^T) X` through the n x d
+    preprocessed training inputs where that is cheaper (`factor_is_cheaper`: 2 n < d, CIFAR-10 at n = 500), kept
+    as the non-persistent buffer `context_factor`: state dicts and saved models hold `C` only, a model loaded from
+    one multiplies by `C`, `set_context` rebuilds both, and assigning `context` directly drops the factor."""
 
     def __init__(self, spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
                  reference: torch.Tensor | None = None):
@@ -236,6 +256,7 @@ class TwoLayerNet(_SuiteBase):
             if x_train is None:
                 raise UserInputError("MLP-Attn needs the training inputs to build its attention context")
             self.register_buffer("context", attention_context(x_train.to(dtype), spec.attn_rank, spec.attn_centre))
+            self.register_buffer("context_factor", self._factor_of(x_train.to(dtype)), persistent=False)
             if spec.attn_centre:
                 self.register_buffer("context_mean", x_train.to(dtype).mean(dim=0))
         else:
@@ -249,8 +270,28 @@ class TwoLayerNet(_SuiteBase):
         elif self.spec.kind == "attn":
             x_train = x_train.to(self.context.dtype)
             self.context = attention_context(x_train, self.spec.attn_rank, self.spec.attn_centre)
+            self.context_factor = self._factor_of(x_train)
             if self.spec.attn_centre:
                 self.context_mean = x_train.mean(dim=0)
+
+    def _factor_of(self, x_train: torch.Tensor) -> torch.Tensor:
+        """The buffer `context_factor`: `gram_factor` of the preprocessed `x_train` (a copy, n x d), or an empty
+        placeholder (1-d, so the choice is static under tracing and export) where the d x d product is used."""
+        f = gram_factor(x_train, self.spec.attn_rank, self.spec.attn_centre)
+        return x_train.new_zeros(0) if f is None else f.clone()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        """Assigning `context` directly drops the factor (which no longer matches it): `C` is then used."""
+        buffers = self.__dict__.get("_buffers", {})
+        if name == "context" and "context_factor" in buffers and isinstance(value, torch.Tensor):
+            buffers["context_factor"] = value.new_zeros(0)
+        super().__setattr__(name, value)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object, **kwargs: object) -> None:
+        """Loading copies `C` into place; the factor (never saved) is dropped, so the loaded `C` is what is used."""
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if "context_factor" in self._buffers:
+            self._buffers["context_factor"] = self.context.new_zeros(0)
 
     def features(self, x: torch.Tensor, context_inputs: torch.Tensor | None = None) -> torch.Tensor:
         """`x~`: raw input for 2L-ReLU; attention features for MLP-Attn.
@@ -266,13 +307,16 @@ class TwoLayerNet(_SuiteBase):
         if self.spec.kind == "softmax":
             keys = self.context if context_inputs is None else context_inputs
             return softmax_attention_features(x, keys, self.spec.temperature)
+        rank, centre = self.spec.attn_rank, self.spec.attn_centre
         if context_inputs is None:
+            factor = self.context_factor if self.context_factor.dim() == 2 else None  # else the empty placeholder
             ctx = self.context
-            mean = self.context_mean if self.spec.attn_centre else None
-        else:
-            ctx = attention_context(context_inputs, self.spec.attn_rank, self.spec.attn_centre)
-            mean = context_inputs.mean(dim=0) if self.spec.attn_centre else None
-        return attention_features(x if mean is None else x - mean, ctx, self.spec.attn_layers)
+            mean = self.context_mean if centre else None
+        else:  # C is built only where the factor is not cheaper
+            factor = gram_factor(context_inputs, rank, centre)
+            ctx = attention_context(context_inputs, rank, centre) if factor is None else None
+            mean = context_inputs.mean(dim=0) if centre else None
+        return attention_features(x if mean is None else x - mean, ctx, self.spec.attn_layers, factor)
 
 
 class QKVAttentionNet(_SuiteBase):

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from empirics.context_product import context_product_macs
+
 #: Input dimension per data set.
 D = {"mnist": 784, "cifar10": 3072}
 #: The models a unit trains when its config does not name them (the experiments' default).
@@ -209,13 +211,14 @@ QKV_DIM = 64
 
 
 def flops(kind: str, d: int, n: int, m: int) -> tuple[float, float]:
-    """Multiply-adds of a forward pass per example and per batch: the hidden layer and the head; MLP-Attn's d x d
-    context product per example; softmax attention over the n training inputs per example; the trained QKV
+    """Multiply-adds of a forward pass per example and per batch: the hidden layer and the head; MLP-Attn's
+    context product per example (d x d, or through the n training inputs where that is cheaper,
+    `empirics.context_product`); softmax attention over the n training inputs per example; the trained QKV
     attention's projections per example and its k x k mixing matrix through the d x d context per batch."""
     per_example = d * m + m * OUT
     per_batch = 0.0
     if kind == "attn":
-        per_example += d * d
+        per_example += context_product_macs(n, d)
     elif kind == "softmax":
         per_example += 2 * n * d
     elif kind == "qkv":
