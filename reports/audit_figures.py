@@ -280,7 +280,7 @@ def validity(panel: dict[str, Any], path: str | Path) -> Path:
         ax.axhline(panel["fraction_min"] * ceil, color="#1a7f37", ls=":", lw=1,
                    label=f"validation bar ({panel['fraction_min']:g} x ceiling)")
     ax.axhline(0, color="#999", lw=0.6)
-    ax.set_xticks(range(len(names)), [n for _, n in names], fontsize=7)
+    ax.set_xticks(range(len(names)), [n for _, n in names], fontsize=6, rotation=25, ha="right")
     ax.set_xlim(-0.5, len(names) - 0.5)
     ax.set_ylim(min(-0.2, ax.get_ylim()[0]), max(1.0, ax.get_ylim()[1]))
     ax.set_ylabel("LDS (95 % interval)")

@@ -116,15 +116,29 @@ def report_context(result: dict[str, Any], figures: dict[str, str], realistic_re
         "outcome_rows": _outcome_rows(panels.get("outcome", {})),
         "projection_note": note,
         "lds_rows": lds_rows(panels.get("validity", {})),
+        "wiring_note": wiring_note(panels.get("validity", {})),
     }
 
 
 def lds_rows(val: dict[str, Any]) -> list[dict[str, Any]]:
-    """The validity panel's estimators, the best first (the record's `best`), then in the record's order."""
+    """The validity panel's estimators, the best first (the record's `best`), then in the record's order; then the
+    library estimators that were not scored (`unscored`: status and why)."""
     scores = val.get("lds") or {}
     best = val.get("best")
     order = ([best] if best in scores else []) + [k for k in scores if k != best]
-    return [{"label": {"ntk": "NTK leave-one-out", "gn": "Gauss-Newton"}.get(k, k), **scores[k]} for k in order]
+    rows = [{"label": {"ntk": "NTK leave-one-out", "gn": "Gauss-Newton"}.get(k, k), **scores[k]} for k in order]
+    return rows + [{"label": k, **r, "unscored": True} for k, r in (val.get("unscored") or {}).items()]
+
+
+def wiring_note(val: dict[str, Any]) -> str:
+    """One sentence on the kronfluence wiring check (a positive control), empty when kronfluence did not run."""
+    rows = [*(val.get("lds") or {}).values(), *(val.get("unscored") or {}).values()]
+    w = next((r["wiring"] for r in rows if r.get("wiring")), None)
+    if not w:
+        return ""
+    return (f"Wiring check: kronfluence's identity-preconditioned scores against autograd's per-example gradient dot "
+            f"products on {w['train_points']} x {w['test_points']} points differ by at most {w['max_rel_diff']:.1e} "
+            f"(relative; {'passed' if w['passed'] else 'FAILED'} at {w['tolerance']:g}).")
 
 
 def projection_note(proj: dict[str, Any] | None) -> str:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from empirics.audit_attribution import NOT_APPLICABLE, OK, peer_estimators, unscored
 from empirics.audit_ntk import ModelJacobian
 from empirics.audit_structured import ProjectedStructured, StructuredJacobian
 from empirics.common import Tensors, train_network
@@ -58,7 +59,7 @@ from verify.audit_outcome import outcome_curves, outcome_panel, poison_panel
 from verify.audit_projection import choose_projection, projected_kernel, projection_error
 from verify.audit_refit import Refitter, load_train_fn
 from verify.audit_risk import NOT_MEASURABLE, assess_risk, model_gate
-from verify.audit_validity import validity_panel
+from verify.audit_validity import estimator_rows, validity_panel
 from verify.modelio import (
     FlatInput,
     LoadedModel,
@@ -193,10 +194,20 @@ def _panels(cfg: AuditConfig, st: _Stage, ctx: dict[str, Any], t: Tensors, model
             out[p] = {"verdict": NOT_MEASURABLE, "reason": f"the control re-fit is not adequate ({gate['reason']})"}
         return out
     if "validity" in cfg.panels:
+        graph = fit_module if isinstance(fit_module, torch.fx.GraphModule) else None
+        peers = {}
+        if cfg.peers:
+            log(f"audit: the attribution libraries' estimators ({', '.join(cfg.peers)})")
+            peers = unscored(cfg.peers, NOT_APPLICABLE, f"the model runs batches of exactly {loaded.static_batch} "
+                             "examples (exported with a static batch size), and the libraries need per-example "
+                             "batches") if loaded.static_batch else \
+                st.run("attribution libraries", peer_estimators, model, graph, x, y, xt, yt, out_dim, cfg.peers,
+                       cfg.seed, lambda g: FlatInput(g, input_shape))
+        others = {"ef": ctx["ef_per_test"], **{k: r.pop("influence") for k, r in peers.items() if r["status"] == OK}}
         out["validity"] = st.run("validity", validity_panel, refit, x, y, xt, yt, clean.per_test, ctx["gn_per_test"],
                                  (user["train_acc"], user["test_acc"]), cfg.tau, cfg.lds_subsets, cfg.lds_fraction,
-                                 cfg.refit_seeds - 1, cfg.seed, cfg.target_test, out_dim, cfg.lds_repeats,
-                                 {"ef": ctx["ef_per_test"]})
+                                 cfg.refit_seeds - 1, cfg.seed, cfg.target_test, out_dim, cfg.lds_repeats, others)
+        estimator_rows(out["validity"], ctx["estimator_seconds"], peers)
     if "budget" in cfg.panels and "outcome" in cfg.panels:
         bud = out["budget"]
         out["budget"]["refit"] = st.run("outcome", outcome_curves, refit, model, x, y, xt, yt, clean.per_test,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from empirics.audit_attribution import PEERS
 from empirics.audit_ntk import PROJECTION_KINDS
 from empirics.influence import RIDGE_REL_DEFAULT
 from ntkm.errors import UserInputError
@@ -88,6 +89,10 @@ class AuditConfig:
                 "is the target (default: %(default)s)"})
     lds_fraction: float = field(default=0.1, metadata={
         "help": "fraction of training points each LDS subset leaves out (default: %(default)s)"})
+    peers: tuple[str, ...] = field(default=PEERS, metadata={
+        "help": "the field's attribution libraries scored in the validity panel beside the audit's estimators, "
+                "comma-separated: ekfac, kfac, identity (kronfluence), trak (traker), or none; each one not installed "
+                "says how to install it (default: %(default)s)"})
     refit_seeds: int = field(default=3, metadata={
         "help": "re-fit seeds of the outcome table and the re-fit noise (default: %(default)s)"})
     outcome_targets: int = field(default=20, metadata={
@@ -138,6 +143,7 @@ class AuditConfig:
             (self.target_test is None or 0 <= self.target_test < self.n_test,
              f"--target-test must be an index into the {self.n_test} test points, got {self.target_test}"),
             (0.0 < self.poison_fraction <= 0.5, f"--poison-fraction must be in (0, 0.5], got {self.poison_fraction}"),
+            (set(self.peers) <= set(PEERS), f"--peers takes names from {', '.join(PEERS)}, or none"),
             (self.curve_attack in AUDIT_ATTACKS, f"--curve-attack must be one of {', '.join(AUDIT_ATTACKS)}"),
             (self.projection_dim is None or self.projection_dim >= 0,
              f"--projection-dim must be >= 0 (0: the exact kernel), got {self.projection_dim}"),

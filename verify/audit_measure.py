@@ -250,13 +250,18 @@ def measure_network(label: str, model: FlatInput, provider: SuiteKernels | Gener
     Yt = targets(yt, c, torch.float64).numpy()
     clean = influence_from_kernels(K, Kst, Y, Yt, yt.numpy(), ridge=None, ridge_rel=cfg.ridge_rel)
     lam = clean.ridge
+    est_s = {"ntk": times["kernel"] + time.perf_counter() - tic}
+    tic_gn = time.perf_counter()
     with torch.no_grad():
         out_tr, out_te = model(x), model(xt)
     r_tr, r_te = loss_residuals(out_tr, y), loss_residuals(out_te, yt)
     gn_per_test = gn_influence_mean(K, Kst, r_tr, r_te, lam)
+    est_s["gn"] = times["kernel"] + time.perf_counter() - tic_gn
+    tic_ef = time.perf_counter()
     S, St = ef_grams_mean(K, Kst, r_tr, r_te)
     ef_ridge = EF_RIDGE_REL * float(np.trace(S)) / len(S)
     ef_per_test = ef_influence(S, St, ef_ridge) if ef_ridge > 0 else np.full_like(gn_per_test, np.nan)
+    est_s["ef"] = times["kernel"] + time.perf_counter() - tic_ef
     gn = gn_per_test.sum(axis=1)
     times["influence"] = time.perf_counter() - tic
     peak["influence"] = peak_rss_gib()
@@ -327,5 +332,5 @@ def measure_network(label: str, model: FlatInput, provider: SuiteKernels | Gener
         "sharpness": sharp,
         "timings": times, "peak_rss_gib_after": peak,
         "_context": {"probe": lambda c, a, e, s: probe(c, a, e, s)[:2], "clean": clean,
-                     "gn_per_test": gn_per_test, "ef_per_test": ef_per_test},
+                     "gn_per_test": gn_per_test, "ef_per_test": ef_per_test, "estimator_seconds": est_s},
     }

@@ -43,13 +43,15 @@ import numpy as np
 import torch
 from scipy import stats
 
+from empirics.audit_attribution import PEER_LABELS
 from empirics.progress import log
 from verify.audit_refit import Refitter, labels_of, per_example_loss, refit_adequacy
 
 #: The bar of validation, fixed before any measurement: the lower end of the 95 % interval of an estimator's LDS as a
 #: fraction of the noise ceiling must reach it (half of what a perfect predictor of the re-fits could reach).
 FRACTION_MIN = 0.5
-ESTIMATOR_LABELS = {"ntk": "NTK leave-one-out", "gn": "Gauss-Newton", "ef": "empirical Fisher (exact, dual)"}
+ESTIMATOR_LABELS = {"ntk": "NTK leave-one-out", "gn": "Gauss-Newton", "ef": "empirical Fisher (exact, dual)",
+                    **PEER_LABELS}
 TRUSTWORTHY, FRAGILE, INCONCLUSIVE, NOT_MEASURABLE = "trustworthy", "fragile", "inconclusive", "not measurable"
 VALIDITY_RULE = (f"trustworthy if the lower end of the 95 % interval of the NTK influence's LDS as a fraction of the "
                  f"noise ceiling is at least {FRACTION_MIN:g} and removing the top levers raises the re-fitted test "
@@ -247,6 +249,22 @@ def validity_panel(refit: Refitter, x: torch.Tensor, y: torch.Tensor, xt: torch.
                         "actual": actual.mean(axis=1).tolist()},
             "removal": removal, "removal_beyond_noise": bool(beyond), "brittleness": brittle,
             "verdict": verdict, "reason": why, "rule": VALIDITY_RULE}
+
+
+def estimator_rows(val: dict[str, Any], seconds: dict[str, float], peers: dict[str, dict[str, Any]]) -> None:
+    """Adds to each scored estimator's LDS entry its time (the audit's own: with the kernel they share) and, for a
+    library estimator, its version, configuration and wiring check; the library estimators that could not be scored
+    go under `unscored`, with their status and why."""
+    scores = val.get("lds") or {}
+    for name, sec in seconds.items():
+        if name in scores:
+            scores[name]["seconds"] = float(sec)
+    for name, row in peers.items():
+        if name in scores:
+            scores[name].update({k: v for k, v in row.items() if k not in ("label", "status", "reason")})
+            scores[name]["library"] = True
+        else:
+            val.setdefault("unscored", {})[name] = dict(row)
 
 
 def _fmt_score(name: str, s: dict[str, Any]) -> str:

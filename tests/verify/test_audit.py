@@ -15,6 +15,7 @@ from tolerances import F32_ROUNDING, F64_ALGORITHM, F64_ROUNDING, F64_SOLVE, F64
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
+from empirics.audit_attribution import INSTALL, PEERS, installed
 from empirics.audit_ntk import ModelJacobian
 from empirics.common import Tensors, train_network
 from empirics.datasets import load_dataset
@@ -147,7 +148,11 @@ def test_cnn_torchscript_audit_end_to_end(cnn_report):
     assert panels["validity"]["verdict"] in ("trustworthy", "fragile", "inconclusive", "not measurable")
     assert any(abs(a) > 0 for a in panels["validity"]["scatter"]["actual"])  # the re-fits did train the module
     val = panels["validity"]
-    assert set(val["lds"]) == {"ntk", "gn", "ef"} and val["best"] in val["lds"]
+    assert set(val["lds"]) == {"ntk", "gn", "ef"} | {p for p in PEERS if installed(p)} and val["best"] in val["lds"]
+    assert all(val["lds"][k]["seconds"] > 0 for k in val["lds"])
+    for p in PEERS:
+        if not installed(p):
+            assert INSTALL in val["unscored"][p]["reason"] and INSTALL in html.replace("&#39;", "'")
     assert f"{val['lds'][val['best']]['label']} (best)" in html and "empirical Fisher (exact, dual)" in html
     assert set(panels["outcome"]["rows"]) == {"acc_change", "target_flip", "target_loss_change"}
     assert panels["poison"]["k"] == 3 and set(panels["poison"]["rankings"]) >= {"harmful_ntk", "training_loss"}

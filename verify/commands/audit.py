@@ -30,7 +30,7 @@ from verify.audit_ci import (
     reaches,
     read_record,
 )
-from verify.audit_config import AUDIT_ATTACKS, PANELS, AuditConfig
+from verify.audit_config import AUDIT_ATTACKS, PANELS, PEERS, AuditConfig
 from verify.commands.options import Param, choices, options, values
 from verify.outputs import check_members, check_output_dir
 from verify.presets import parse_choices
@@ -75,6 +75,11 @@ def _panels(skip: str) -> tuple[str, ...]:
     return tuple(p for p in PANELS if p not in left_out)
 
 
+def _peers(text: str) -> tuple[str, ...]:
+    """The library estimators `--peers` names (`none`: no library estimator)."""
+    return () if text.strip().lower() == "none" else parse_choices(text, "--peers", PEERS)
+
+
 CONFIG = options(
     AuditConfig, "model", "train", "test", "spec", "input_shape", "eps", "tau",
     Param("attacks", parse=choices("--attack", AUDIT_ATTACKS)),
@@ -82,7 +87,7 @@ CONFIG = options(
     "hessian_points", "bound_eps", "top_k", "seed", "max_memory_gb", "projection_dim", "projection_kind", "data_dir",
     Param("panels", default="", parse=_panels),
     "refit_epochs", "refit_lr", "refit_batch", "train_fn", "lds_subsets", "lds_repeats", "lds_fraction",
-    "refit_seeds",
+    "refit_seeds", Param("peers", parse=_peers),
     "outcome_targets", "target_test", "poison_fraction", "curve_attack",
 )
 ACTION, *OUTPUTS = options(AuditCommandOptions, "action", "out", "html", "json", "summary", "fail_on", "render")
