@@ -220,10 +220,16 @@ def budget(panel: dict[str, Any], path: str | Path) -> Path:
             ax = axes[2, col]
             rp = refit[key]
             rx = np.array([p[xkey] for p in rp], dtype=float)
-            ax.plot(rx, [100 * p["levers"]["target_flip"] for p in rp], "o-", color=USER_COLOR, lw=1.4, ms=3.5,
-                    label=f"levers ({attack})")
-            ax.plot(rx, [100 * p["random"]["target_flip"] for p in rp], "s--", color="#888", lw=1, ms=3,
-                    label=f"random points ({attack})")
+            for arm, fmt, color, lw, ms, what in (("levers", "o-", USER_COLOR, 1.4, 3.5, "levers"),
+                                                  ("random", "s--", "#888", 1.0, 3.0, "random points")):
+                mid = np.array([100 * p[arm]["target_flip"] for p in rp])
+                ivs = [p.get("rows", {}).get("target_flip", {}).get(arm) for p in rp]
+                err = None
+                if None not in ivs:
+                    lo, hi = (np.array([100 * iv[end] for iv in ivs]) for end in ("lo", "hi"))
+                    err = [mid - lo, hi - mid]
+                ax.errorbar(rx, mid, yerr=err, fmt=fmt, color=color, lw=lw, ms=ms, capsize=2,
+                            label=f"{what} ({attack})")
             ax.set_ylabel("re-fitted model:\ntargeted predictions\nchanged (%)")
             if col == 0:
                 ax.legend(fontsize=6.5, frameon=False)

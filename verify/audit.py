@@ -213,7 +213,8 @@ def _panels(cfg: AuditConfig, st: _Stage, ctx: dict[str, Any], t: Tensors, model
         out["budget"]["refit"] = st.run("outcome", outcome_curves, refit, model, x, y, xt, yt, clean.per_test,
                                         clean.total, bud["by_eps"][0]["k"], cfg.eps,
                                         tuple(p["eps"] for p in bud["by_eps"]), [p["k"] for p in bud["by_k"]],
-                                        cfg.curve_attack, cfg.steps, cfg.seed, cfg.outcome_targets, out_dim)
+                                        cfg.curve_attack, cfg.steps, cfg.seed, cfg.outcome_targets, out_dim,
+                                        cfg.refit_seeds)
     if "outcome" in cfg.panels:
         out["outcome"] = st.run("outcome", outcome_panel, refit, model, x, y, xt, yt, clean.per_test,
                                 np.asarray(user["selected"]), user["worst_attack"], cfg.eps, cfg.steps,

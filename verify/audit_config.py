@@ -94,7 +94,8 @@ class AuditConfig:
                 "comma-separated: ekfac, kfac, identity (kronfluence), trak (traker), or none; each one not installed "
                 "says how to install it (default: %(default)s)"})
     refit_seeds: int = field(default=3, metadata={
-        "help": "re-fit seeds of the outcome table and the re-fit noise (default: %(default)s)"})
+        "help": "re-fit seeds of the outcome table, of each point of the re-fitted budget curves, and of the re-fit "
+                "noise (default: %(default)s)"})
     outcome_targets: int = field(default=20, metadata={
         "help": "targeted test predictions in the outcome table (default: %(default)s)"})
     target_test: int | None = field(default=None, metadata={

@@ -4,9 +4,13 @@
 attack at eps and the model is fitted again; as the baseline, k random training points are perturbed the
 same way. Against the control re-fit of each seed: the change of test accuracy, and for the *targeted*
 test predictions (the `targets` test points on which the levers' influence is largest in total) the
-fraction whose predicted label changes and the change of their mean loss. 95 % t-intervals over seeds,
-also of the paired difference levers - random. Rule: the levers move an outcome beyond random points when
-the interval of the difference excludes zero.
+fraction whose predicted label changes and the change of their mean loss. Intervals (95 %, `outcome_rows`)
+that stay where the quantity can lie: the fraction of targeted predictions changed is a proportion, with the
+Wilson score interval of the changes pooled over seeds x targeted points (inside [0, 1]; it treats each as one
+trial); a change of test accuracy and every paired difference levers - random are t-intervals over seeds clipped
+to [-1, 1], where such a change lies; the change of the targeted loss is a plain t-interval over seeds. Rule: the
+levers move an outcome beyond random points when the interval of the difference excludes zero. The re-fitted
+outcome along the budget curves (`outcome_curves`) has the same intervals at every point, from the same seeds.
 
 **Planted poison** (`poison_panel`): a fraction of the training points is altered, half by a label flip
 (a random other class) and half by an eps-bounded perturbation (PGD against the saved model at the
@@ -32,14 +36,47 @@ from torch import nn
 from empirics.attacks import AttackConfig, attack
 from empirics.gauss_newton import gn_influence_mean, loss_residuals
 from empirics.influence import influence_from_kernels
+from empirics.intervals import t_interval, wilson
 from empirics.losses import targets
-from empirics.mall_stats import t_interval
 from empirics.progress import log
 from verify.audit_refit import Refitter, labels_of, per_example_loss
 from verify.audit_risk import NOT_MEASURABLE
 
 OUTCOME_RULE = ("the levers move an outcome beyond random points when the 95 % t-interval over seeds of the paired "
                 "difference (levers - random) excludes zero")
+WILSON_METHOD = "Wilson score interval of the changed predictions pooled over seeds x targeted points"
+CLIPPED_METHOD = "t-interval over seeds, clipped to [-1, 1] (where a change of accuracy or proportion lies)"
+
+
+def _clipped(iv: dict[str, Any]) -> dict[str, Any]:
+    return {**iv, "lo": max(-1.0, iv["lo"]), "hi": min(1.0, iv["hi"]), "method": CLIPPED_METHOD}
+
+
+def _proportion(values: list[float], targets_per_seed: int) -> dict[str, Any]:
+    """A fraction of targeted predictions changed, per seed, as one proportion over seeds x targets (Wilson)."""
+    iv = t_interval(values)
+    lo, hi = wilson(iv["value"], targets_per_seed * iv["n"])
+    return {**iv, "lo": lo, "hi": hi, "method": WILSON_METHOD, "trials": targets_per_seed * iv["n"]}
+
+
+def outcome_rows(per_seed: dict[str, list[dict[str, float]]], n_targets: int) -> dict[str, dict[str, Any]]:
+    """Each outcome metric for the levers, the random points and their paired difference, with the intervals of
+    the module docstring (each inside the range its quantity can take), and whether the levers move it beyond random."""
+    rows = {}
+    for key in ("acc_change", "target_flip", "target_loss_change"):
+        lev = [m[key] for m in per_seed["levers"]]
+        ran = [m[key] for m in per_seed["random"]]
+        diff = t_interval([a - b for a, b in zip(lev, ran, strict=True)])
+        if key == "target_flip":
+            arms = {"levers": _proportion(lev, n_targets), "random": _proportion(ran, n_targets)}
+        elif key == "acc_change":
+            arms = {"levers": _clipped(t_interval(lev)), "random": _clipped(t_interval(ran))}
+        else:
+            arms = {"levers": t_interval(lev), "random": t_interval(ran)}
+        if key != "target_loss_change":
+            diff = _clipped(diff)
+        rows[key] = {**arms, "difference": diff, "beyond_random": bool(diff["lo"] > 0 or diff["hi"] < 0)}
+    return rows
 
 
 def _arm_metrics(out: np.ndarray, ctrl: np.ndarray, yt: np.ndarray, tgt: np.ndarray, out_dim: int) -> dict[str, float]:
@@ -93,13 +130,7 @@ def outcome_panel(refit: Refitter, model: nn.Module, x: torch.Tensor, y: torch.T
                 per_seed[arm].append(_finite_metrics(out, ctrl, yt_np, tgt, out_dim, f"{arm}, seed {seed + s}"))
     except NotMeasurable as exc:
         return {"verdict": NOT_MEASURABLE, "reason": str(exc), "attack": attack_name, "eps": eps, "k": int(k)}
-    rows = {}
-    for key in ("acc_change", "target_flip", "target_loss_change"):
-        lev = [m[key] for m in per_seed["levers"]]
-        ran = [m[key] for m in per_seed["random"]]
-        diff = t_interval([a - b for a, b in zip(lev, ran, strict=True)])
-        rows[key] = {"levers": t_interval(lev), "random": t_interval(ran), "difference": diff,
-                     "beyond_random": bool(diff["lo"] > 0 or diff["hi"] < 0)}
+    rows = outcome_rows(per_seed, len(tgt))
     return {"attack": attack_name, "eps": eps, "k": int(k), "seeds": seeds, "targets": tgt.tolist(),
             "n_targets": int(len(tgt)), "random_points": rand.tolist(), "per_seed": per_seed, "rows": rows,
             "rule": OUTCOME_RULE}
@@ -118,32 +149,40 @@ def loo_error(K: np.ndarray, Y: np.ndarray, ridge: float) -> np.ndarray:
 def outcome_curves(refit: Refitter, model: nn.Module, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor,
                    yt: torch.Tensor, per_test: np.ndarray, total: np.ndarray, k: int, eps: float,
                    eps_grid: tuple[float, ...], k_grid: list[int], attack_name: str, steps: int, seed: int,
-                   n_targets: int, out_dim: int) -> dict[str, Any]:
-    """The re-fitted outcome along the budget curves (one seed, the control's): for each eps (top k levers) and
-    each k (at `eps`), the levers and as many random points perturbed, re-fitted, compared with the control."""
+                   n_targets: int, out_dim: int, seeds: int = 3) -> dict[str, Any]:
+    """The re-fitted outcome along the budget curves: for each eps (top k levers) and each k (at `eps`), the levers
+    and as many random points perturbed, re-fitted with `seeds` seeds (seed, seed + 1, ...), each compared with the
+    control of its seed; per point the mean of each metric (`levers`, `random`) and its interval (`rows`, as the
+    outcome table's)."""
     n = len(x)
     rng = np.random.default_rng(seed + 11)
     order = np.lexsort((np.arange(n), -np.abs(total)))
-    ctrl = refit.control(x, y, seed, {"train": x, "test": xt})["test"]
+    ctrls = [refit.control(x, y, seed + s, {"train": x, "test": xt})["test"] for s in range(seeds)]
     yt_np = yt.numpy()
 
     def point(kk: int, e: float) -> dict[str, Any]:
         sel = np.sort(order[:kk])
         rand = np.sort(rng.choice(n, kk, replace=False))
         tgt = np.argsort(-np.abs(per_test[sel]).sum(axis=0), kind="stable")[:max(1, min(n_targets, len(xt)))]
-        res: dict[str, Any] = {"eps": float(e), "k": int(kk)}
+        per_seed: dict[str, list[dict[str, float]]] = {"levers": [], "random": []}
         for arm, idx in (("levers", sel), ("random", rand)):
             it = torch.as_tensor(idx)
             x_adv = attack(model, x[it], y[it], AttackConfig(attack_name, e, steps=steps, seed=seed + 31))
-            out = refit.outputs(x.index_copy(0, it, x_adv), y, seed, {"test": xt})["test"]
-            res[arm] = _finite_metrics(out, ctrl, yt_np, tgt, out_dim, f"{arm}, eps {e:g}, k {kk}")
-        return res
+            x_alt = x.index_copy(0, it, x_adv)
+            for s, ctrl in enumerate(ctrls):
+                out = refit.outputs(x_alt, y, seed + s, {"test": xt})["test"]
+                per_seed[arm].append(_finite_metrics(out, ctrl, yt_np, tgt, out_dim,
+                                                     f"{arm}, eps {e:g}, k {kk}, seed {seed + s}"))
+        rows = outcome_rows(per_seed, len(tgt))
+        return {"eps": float(e), "k": int(kk), "seeds": seeds, "n_targets": int(len(tgt)), "rows": rows,
+                **{arm: {key: r[arm]["value"] for key, r in rows.items()} for arm in ("levers", "random")}}
 
-    log(f"audit: re-fitted outcome along the budget curves ({2 * (len(eps_grid) + len(k_grid))} re-fits)")
+    log(f"audit: re-fitted outcome along the budget curves ({2 * seeds * (len(eps_grid) + len(k_grid))} re-fits)")
     try:
-        return {"by_eps": [point(k, e) for e in eps_grid], "by_k": [point(kk, eps) for kk in k_grid], "seed": seed}
+        return {"by_eps": [point(k, e) for e in eps_grid], "by_k": [point(kk, eps) for kk in k_grid], "seed": seed,
+                "seeds": seeds}
     except NotMeasurable as exc:
-        return {"verdict": NOT_MEASURABLE, "reason": str(exc), "seed": seed}
+        return {"verdict": NOT_MEASURABLE, "reason": str(exc), "seed": seed, "seeds": seeds}
 
 
 def _precision(order: np.ndarray, planted: np.ndarray, kinds: dict[str, np.ndarray], k: int) -> dict[str, Any]:

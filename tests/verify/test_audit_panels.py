@@ -311,3 +311,57 @@ def test_bad_train_fn_is_one_line_exit_2_before_any_work(spec, match, mnist, tmp
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("audit:")]
     assert code == 2 and len(lines) == 1 and match in lines[0] and "Traceback" not in err, err
     assert list(out.iterdir()) == []
+
+
+def test_outcome_intervals_stay_inside_the_range_of_their_quantity():
+    """Three seeds, one targeted prediction in 60 changed: the t-interval over seeds runs below 0 (the issue's
+    '1.7 % [-5.5 %, 8.8 %]'); the proportion's interval is Wilson's on the 60 pooled trials (scipy's as the
+    independent reference) and accuracy changes near 1 are clipped to [-1, 1]."""
+    from scipy import stats
+
+    from empirics.intervals import t_interval
+    from verify.audit_outcome import outcome_rows
+
+    per_seed = {"levers": [{"acc_change": a, "target_flip": f, "target_loss_change": 0.1 * f}
+                           for a, f in ((0.98, 0.05), (1.0, 0.0), (0.9, 0.0))],
+                "random": [{"acc_change": 0.0, "target_flip": 0.0, "target_loss_change": 0.0} for _ in range(3)]}
+    assert t_interval([0.05, 0.0, 0.0])["lo"] < 0 and t_interval([0.98, 1.0, 0.9])["hi"] > 1
+    rows = outcome_rows(per_seed, 20)
+    flip = rows["target_flip"]["levers"]
+    ref = stats.binomtest(1, 60).proportion_ci(confidence_level=0.95, method="wilson")
+    assert flip["value"] == pytest.approx(1 / 60) and flip["trials"] == 60
+    assert (flip["lo"], flip["hi"]) == pytest.approx((ref.low, ref.high), abs=1e-12)
+    assert rows["target_flip"]["random"]["lo"] == 0.0 and rows["target_flip"]["random"]["hi"] > 0
+    acc = rows["acc_change"]["levers"]
+    assert acc["hi"] == 1.0 and acc["lo"] < acc["value"] < acc["hi"]
+    for r in rows.values():
+        for part in ("levers", "random", "difference"):
+            assert r[part]["lo"] <= r[part]["value"] <= r[part]["hi"]
+    for key in ("acc_change", "target_flip"):
+        for part in ("levers", "random", "difference"):
+            assert -1.0 <= rows[key][part]["lo"] and rows[key][part]["hi"] <= 1.0
+    assert rows["target_flip"]["levers"]["lo"] >= 0.0
+
+
+def test_budget_curve_outcome_re_fits_every_point_with_several_seeds(mnist):
+    """Each point of the re-fitted budget curves: 3 seeds per arm, each against the control of its seed; the means
+    are those of the per-seed re-fits; every interval inside the range of its quantity."""
+    from verify.audit_outcome import outcome_curves
+
+    x, y = torch.as_tensor(mnist.x_train[:60]), torch.as_tensor(mnist.y_train[:60])
+    xt, yt = torch.as_tensor(mnist.x_test[:20]), torch.as_tensor(mnist.y_test[:20])
+    net = _mlp(x, y)
+    refit = Refitter.for_module(net, net, RefitConfig(epochs=1, batch_size=32), 10, (784,))
+    _, inf, _, _ = _influences(net, x, y, xt, yt, 10)
+    curves = outcome_curves(refit, net, x, y, xt, yt, inf.per_test, inf.total, 6, 0.1, (0.05, 0.1), [3, 6], "fgsm",
+                            2, 0, 5, 10, seeds=3)
+    assert curves["seeds"] == 3 and len(curves["by_eps"]) == 2 and len(curves["by_k"]) == 2
+    assert refit.count == 3 + 3 * 2 * 4  # the three controls, then 3 seeds x 2 arms x 4 points
+    for p in curves["by_eps"] + curves["by_k"]:
+        assert p["seeds"] == 3
+        for key, r in p["rows"].items():
+            for arm in ("levers", "random"):
+                assert r[arm]["n"] == 3 and p[arm][key] == pytest.approx(np.mean(r[arm]["per_seed"]))
+                assert r[arm]["lo"] <= r[arm]["value"] <= r[arm]["hi"]
+        assert 0.0 <= p["rows"]["target_flip"]["levers"]["lo"] and p["rows"]["target_flip"]["levers"]["hi"] <= 1.0
+        assert -1.0 <= p["rows"]["acc_change"]["random"]["lo"] and p["rows"]["acc_change"]["random"]["hi"] <= 1.0
