@@ -58,6 +58,7 @@ SUPPORTED_FIELDS: dict[str, Callable[[Any], bool]] = {
     "decay": lambda v: v in ("coupled", "decoupled"),
     "lr_ref_width": lambda v: True,
     "lr_max": lambda v: True,
+    "lr_width_power": lambda v: True,
     "plateau": lambda v: True,
     "plateau_window": lambda v: True,
     "plateau_tol": lambda v: True,

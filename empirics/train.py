@@ -54,6 +54,7 @@ class TrainConfig:
     decay: str = "coupled"
     lr_ref_width: int | None = None
     lr_max: float | None = None
+    lr_width_power: float = 0.5
     plateau: bool = False
     plateau_window: int = 50
     plateau_tol: float = 0.02
@@ -71,6 +72,8 @@ class TrainConfig:
             raise UserInputError(f"unknown loss '{self.loss}'; choose auto (CE / MSE for binary) or mse")
         if self.optimizer not in OPTIMIZERS:
             raise UserInputError(f"unknown optimizer '{self.optimizer}'; choose adam or gd")
+        if not self.lr_width_power > 0:
+            raise UserInputError("lr_width_power must be > 0 (a power of 0 gives every width the same rate)")
         if self.epochs < 0 or self.lr <= 0 or self.batch_size < 1:
             raise UserInputError("epochs must be >= 0, lr > 0 and batch_size >= 1")
 
@@ -100,8 +103,9 @@ class TrainRecord:
 
 
 def effective_lr(cfg: TrainConfig, width: int) -> float:
-    """The learning rate used at `width`: `lr`, or `lr * sqrt(lr_ref_width / width)` capped at `lr_max`."""
-    lr = cfg.lr if cfg.lr_ref_width is None else cfg.lr * (cfg.lr_ref_width / width) ** 0.5
+    """The learning rate used at `width`: `lr`, or `lr * (lr_ref_width / width) ** lr_width_power` capped at
+    `lr_max`."""
+    lr = cfg.lr if cfg.lr_ref_width is None else cfg.lr * (cfg.lr_ref_width / width) ** cfg.lr_width_power
     return min(lr, cfg.lr_max) if cfg.lr_max is not None else lr
 
 

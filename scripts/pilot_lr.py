@@ -1,23 +1,21 @@
-"""Learning-rate pilot of the width-consistent protocol (`empirics.protocols`), on TRAINING LOSS ONLY.
+"""Learning-rate pilot of the width-consistent protocol (`empirics.protocols`), on TRAINING DATA ONLY.
 
-For each data set and each candidate base rate `lr_16` (the Adam rate at m = 16; the protocol uses
-`lr_16 * sqrt(16 / m)` at every width), train both models at the narrowest and a wide width under each input
-preprocessing the claims use (1 seed, n as at the quick preset, up to the quick maximum of epochs with the
-plateau stop) and record the final training loss relative to the loss of chance prediction, ln(classes). The
-chosen rate is the candidate whose worst ratio over the (preprocessing, model, width) cells is smallest (ties:
-the smaller rate): too high a rate kills the narrow network's ReLUs, too low a rate leaves the wide one short of
-a plateau, and both show in the training loss. A cell whose loss stays above half the chance loss under every
-candidate (MLP-Attn on raw pixels, whose features are almost collinear; narrow networks that die whatever the
-rate) is reported and left out of the worst case: no rate fixes it, so it cannot tell the candidates apart. No
-test-set number is used.
+The protocol's Adam rate at width m is `lr16 * (16 / m) ** power`. For each data set, each candidate
+(lr16, power) and each input preprocessing asked for, train both models at every width of the preset's sweep
+(seeds 0..S-1, each its own data subset, n as the preset's claims use it, up to the preset's maximum epochs with
+the plateau stop; the networks go through `empirics.engine.train_many`, which equals `train`). A cell (model,
+width) is *adequate on training* under a candidate when every seed reaches the plateau and the gate's training
+accuracy (chance + 0.5 (1 - chance)). The chosen candidate has the most adequate cells; ties go to the smallest
+worst-case final training loss / ln(classes) over the cells, then to the smaller rate. No test-set number is
+used (test accuracy is not even computed).
 
-The first pass divided by the loss at initialisation instead; with standardised inputs that loss is 25-72 for
-2L-ReLU (outputs of size sqrt(d)), so a narrow network that died at chance scored as well as one that learnt.
-Its choice is recorded beside the one used (`chosen_by_initial_loss_ratio`), not used.
+History: the first pilot (D2 in docs/DEVIATIONS.md) fixed power = 1/2 and chose lr16 on a cut-down run (n = 100,
+m = 16 and 256, 200 epochs); at quick sizes it left CIFAR-10 MLP-Attn at m = 512 (lr 0.007) without a plateau in
+1,000 epochs (run R5), so the power joined the candidates and the pilot now runs at the preset's own sizes (D18).
 
-    nice -n 5 python scripts/pilot_lr.py --out results/pilot-lr.json --jobs 2
+    PYTHONPATH=. python scripts/pilot_lr.py --out results/pilot-lr.json --jobs 2
 
-The output JSON (config, date, git commit, every run, the choice) is what `empirics.protocols.PROPER_LR16`
+The output JSON (config, date, git commit, every run, the choice) is what `empirics.protocols.PROPER_LR`
 cites; tests/empirics/test_protocols.py checks that the two agree.
 """
 
@@ -39,21 +37,19 @@ from typing import Any
 import torch
 
 from empirics.common import dataset_tensors
+from empirics.engine import train_many
 from empirics.losses import loss_fn
-from empirics.models import ModelSpec, build_model
-from empirics.protocols import LR_REF_WIDTH, PROPER, protocol_config
-from empirics.train import effective_lr, train
+from empirics.models import ModelSpec, build_model, input_channels
+from empirics.protocols import GATE_TRAIN, LR_REF_WIDTH, PROPER, chance_accuracy, protocol_config
+from empirics.train import effective_lr
 from empirics.userdata import load_data
 from ntkm.errors import UserInputError
 from verify.presets import n_train_for, parse_int_list, preset
 
-CANDIDATES = (1e-2, 2e-2, 4e-2)
-WIDTHS = (16, 512)
+#: Candidate (lr16, power) pairs: the rate at m = 16 and the exponent of its decrease with width.
+CANDIDATES = tuple((lr, pw) for pw in (0.25, 0.5) for lr in (2e-2, 4e-2, 8e-2))
 MODELS = ("relu", "attn")
 DATASETS = ("mnist", "cifar10")
-PREPROCESSINGS = ("raw", "channel")
-#: A cell "learns" under a candidate when its final/initial training-loss ratio is below this.
-LEARNS = 0.5
 
 
 def _commit() -> str:
@@ -66,96 +62,120 @@ def _commit() -> str:
     return head + ("+uncommitted" if dirty else "")
 
 
-def pilot_run(ds: Any, t: Any, pre: str, kind: str, width: int, lr16: float, epochs: int,
-              seed: int) -> dict[str, Any]:
-    """Train one network at base rate `lr16` and return its training-loss numbers."""
-    from empirics.models import input_channels  # the input-preprocessing layer (issue 23 item 1)
-
-    spec = ModelSpec(kind, ds.d, width, t.out_dim, seed=seed, preprocess=pre, channels=input_channels(ds))
-    cfg = replace(protocol_config(PROPER, epochs, seed=seed), lr=lr16)
-    model = build_model(spec, t.x_train)
-    with torch.no_grad():
-        loss0 = float(loss_fn(t.out_dim, cfg.loss)(model(t.x_train), t.y_train).mean())
-    rec = train(model, t.x_train, t.y_train, cfg, label=f"pilot {kind} m={width} lr16={lr16:g}")
-    return {"preprocess": pre, "model": kind, "width": width, "chance_loss": math.log(t.out_dim),
-            "lr16": lr16, "lr": effective_lr(cfg, width), "initial_train_loss": loss0,
-            "final_train_loss": rec.final_train_loss, "loss_ratio": rec.final_train_loss / loss0,
-            "loss_vs_chance": rec.final_train_loss / math.log(t.out_dim),
-            "final_train_acc": rec.final_train_acc, "epochs_run": rec.epochs_run,
-            "plateau_reached": rec.plateau_reached, "wall_s": rec.wall_s}
-
-
-def _dataset_runs(job: tuple[str, str, int, str | None, int | None, tuple[int, ...], int | None]
-                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Every pilot run of one data set (one process of `--jobs`)."""
-    ds_name, preset_name, seed, data_dir, epochs, widths, n_train = job
+def _job_runs(job: tuple[str, str, str, tuple[int, ...], tuple[str, ...], int, int | None, str | None]
+              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every pilot network of one (data set, model) (one process of `--jobs`), trained through the engine."""
+    ds_name, kind, preset_name, widths, pres, n_seeds, epochs, data_dir = job
     torch.set_num_threads(int(os.environ.get("NTKM_THREADS", "1")))
     p = preset(preset_name)
-    ds = load_data(ds_name, n_train=n_train or n_train_for(p, ds_name), n_test=p["n_test"], seed=seed,
-                   data_dir=data_dir)
-    t = dataset_tensors(ds)
-    runs = [pilot_run(ds, t, pre, kind, w, lr, epochs or p["epochs"], seed)
-            for lr in CANDIDATES for pre in PREPROCESSINGS for kind in MODELS for w in widths]
-    return {"n_train": int(ds.x_train.shape[0]), "data": ds.provenance.get("label", ds_name)}, runs
+    max_epochs = epochs or p["epochs"]
+    jobs, meta, info = [], [], {}
+    for seed in range(n_seeds):
+        ds = load_data(ds_name, n_train=n_train_for(p, ds_name), n_test=1, seed=seed, data_dir=data_dir)
+        t = dataset_tensors(ds)
+        info = {"n_train": int(ds.x_train.shape[0]), "data": ds.provenance.get("label", ds_name)}
+        for pre in pres:
+            for lr16, power in CANDIDATES:
+                for w in widths:
+                    spec = ModelSpec(kind, ds.d, w, t.out_dim, seed=seed, preprocess=pre, channels=input_channels(ds))
+                    cfg = replace(protocol_config(PROPER, max_epochs, seed=seed), lr=lr16, lr_width_power=power)
+                    model = build_model(spec, t.x_train)
+                    with torch.no_grad():
+                        loss0 = float(loss_fn(t.out_dim, cfg.loss)(model(t.x_train), t.y_train).mean())
+                    jobs.append((model, t.x_train, t.y_train, cfg, None, None, f"pilot {ds_name} {kind} m={w}"))
+                    meta.append({"seed": seed, "preprocess": pre, "model": kind, "width": w, "lr16": lr16,
+                                 "power": power, "lr": effective_lr(cfg, w), "chance_loss": math.log(t.out_dim),
+                                 "chance_acc": chance_accuracy(t.out_dim, t.out_dim), "initial_train_loss": loss0})
+    runs = []
+    for m, rec in zip(meta, train_many(jobs, label=f"pilot {ds_name} {kind}"), strict=True):
+        runs.append({**m, "final_train_loss": rec.final_train_loss,
+                     "loss_vs_chance": rec.final_train_loss / m["chance_loss"],
+                     "final_train_acc": rec.final_train_acc, "epochs_run": rec.epochs_run,
+                     "plateau_reached": rec.plateau_reached, "wall_s": rec.wall_s})
+    return info, runs
 
 
-def choose(runs: list[dict[str, Any]], key: str = "loss_vs_chance") -> dict[str, Any]:
-    """The candidate with the smallest worst-case `key` over the cells that learn under some candidate (ties: the
-    smaller rate), every candidate's score, and the cells left out."""
+def adequate_on_training(r: dict[str, Any]) -> bool:
+    """The gate's training half: a plateau and train accuracy >= chance + GATE_TRAIN (1 - chance)."""
+    return bool(r["plateau_reached"]) and r["final_train_acc"] >= r["chance_acc"] + GATE_TRAIN * (1 - r["chance_acc"])
+
+
+def choose(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The candidate with the most cells (preprocess, model, width) adequate on training in every seed; ties: the
+    smallest worst-case final training loss / ln(classes) over the cells that some candidate makes adequate (a cell
+    no candidate makes adequate, such as MLP-Attn at m = 16, cannot tell the candidates apart), then the smaller
+    rate."""
     def cell(r: dict[str, Any]) -> tuple[str, str, int]:
         return r["preprocess"], r["model"], r["width"]
 
-    learns = {cell(r) for r in runs if r[key] < LEARNS}
-    rates = sorted({r["lr16"] for r in runs})
-    scores = {lr: max((r[key] for r in runs if r["lr16"] == lr and cell(r) in learns), default=float("inf"))
-              for lr in rates}
-    best = min(scores, key=lambda lr: (scores[lr], lr))
-    left_out = sorted({cell(r) for r in runs} - learns)
-    return {"chosen_lr16": best, "worst_loss_ratio": {f"{lr:g}": s for lr, s in scores.items()},
-            "cells_left_out": ["/".join(map(str, c)) for c in left_out]}
+    cands = sorted({(r["lr16"], r["power"]) for r in runs})
+    cells = sorted({cell(r) for r in runs})
+    ok = {cand: [c for c in cells if all(adequate_on_training(r) for r in runs
+                                         if cell(r) == c and (r["lr16"], r["power"]) == cand)] for cand in cands}
+    informative = {c for cand in cands for c in ok[cand]}
+    scores: dict[tuple[float, float], dict[str, Any]] = {}
+    for cand in cands:
+        rs = [r for r in runs if (r["lr16"], r["power"]) == cand]
+        scores[cand] = {"adequate_cells": len(ok[cand]), "cells": len(cells),
+                        "failing": ["/".join(map(str, c)) for c in cells if c not in ok[cand]],
+                        "worst_loss_vs_chance": max((r["loss_vs_chance"] for r in rs if cell(r) in informative),
+                                                    default=float("inf")),
+                        "epochs_run_total": sum(r.get("epochs_run", 0) for r in rs)}
+    best = min(scores, key=lambda c: (-scores[c]["adequate_cells"], scores[c]["worst_loss_vs_chance"], c[0]))
+    return {"chosen": {"lr16": best[0], "power": best[1]},
+            "cells_left_out_of_the_tie_break": ["/".join(map(str, c)) for c in cells if c not in informative],
+            "scores": [{"lr16": c[0], "power": c[1], **v} for c, v in scores.items()]}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/pilot-lr.json")
     ap.add_argument("--preset", default="quick")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=2, help="seeds 0..S-1, each its own data subset")
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--jobs", type=int, default=1, help="processes (one data set each)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes (one (data set, model) each)")
     ap.add_argument("--epochs", type=int, default=None, help="maximum epochs (default: the preset's)")
-    ap.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="the narrow and the wide width")
-    ap.add_argument("--n-train", type=int, default=None, help="training points (default: the preset's per data set)")
+    ap.add_argument("--widths", default=None, help="widths (default: the preset's sweep)")
+    ap.add_argument("--preprocess", default=None, help="comma-separated preprocessings (default: the preset's)")
     args = ap.parse_args(argv)
     try:
         p = preset(args.preset)
-        widths = parse_int_list(args.widths, "--widths", minimum=LR_REF_WIDTH)
-        if (args.epochs is not None and args.epochs < 1) or (args.n_train is not None and args.n_train < 10):
-            raise UserInputError(f"--epochs must be >= 1 and --n-train >= 10, got {args.epochs}, {args.n_train}")
+        widths = parse_int_list(args.widths, "--widths", minimum=1) if args.widths else tuple(p["widths"])
+        pres = tuple(args.preprocess.split(",")) if args.preprocess else tuple(p["preprocessings"])
+        if (args.epochs is not None and args.epochs < 1) or args.seeds < 1:
+            raise UserInputError(f"--epochs and --seeds must be >= 1, got {args.epochs}, {args.seeds}")
     except UserInputError as e:
         print(f"pilot_lr: {e}", file=sys.stderr)
         return 2
     out: dict[str, Any] = {
-        "what": "learning-rate pilot of the width-consistent protocol, training loss only (scripts/pilot_lr.py)",
+        "what": "learning-rate pilot of the width-consistent protocol, training data only (scripts/pilot_lr.py)",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "git_commit": _commit(),
-        "config": {"preset": args.preset, "seed": args.seed, "widths": list(widths), "models": list(MODELS),
-                   "candidates_lr16": list(CANDIDATES), "lr_ref_width": LR_REF_WIDTH,
-                   "max_epochs": args.epochs or p["epochs"],
-                   "schedule": f"lr16 * sqrt({LR_REF_WIDTH} / m)", "optimizer": "adam, no weight decay, batch 128",
-                   "preprocessings": list(PREPROCESSINGS),
-                   "rule": f"smallest worst-case final training loss / ln(classes) over the (preprocessing, model, "
-                           f"width) cells where it is < {LEARNS} under some candidate; ties: the smaller rate"},
+        "config": {"preset": args.preset, "seeds": list(range(args.seeds)), "widths": list(widths),
+                   "models": list(MODELS), "candidates": [{"lr16": a, "power": b} for a, b in CANDIDATES],
+                   "lr_ref_width": LR_REF_WIDTH, "max_epochs": args.epochs or p["epochs"],
+                   "schedule": f"lr16 * ({LR_REF_WIDTH} / m) ** power", "optimizer": "adam, no weight decay, batch 128",
+                   "preprocessings": list(pres),
+                   "rule": "most (preprocess, model, width) cells adequate on training (plateau and train accuracy "
+                           f">= chance + {GATE_TRAIN:g}(1 - chance)) in every seed; ties: smallest worst-case final "
+                           "training loss / ln(classes) over the cells some candidate makes adequate, then the smaller "
+                           "lr16"},
         "datasets": {}}
-    jobs = [(ds_name, args.preset, args.seed, args.data_dir, args.epochs, widths, args.n_train) for ds_name in DATASETS]
+    jobs = [(ds_name, kind, args.preset, widths, pres, args.seeds, args.epochs, args.data_dir)
+            for ds_name in DATASETS for kind in MODELS]
+    jobs.sort(key=lambda j: j[0] != "cifar10")  # the longest first
     if args.jobs > 1:
         with multiprocessing.get_context("spawn").Pool(min(args.jobs, len(jobs))) as pool:
-            parts = pool.map(_dataset_runs, jobs)
+            parts = pool.map(_job_runs, jobs, chunksize=1)
     else:
-        parts = [_dataset_runs(job) for job in jobs]
-    for ds_name, (info, runs) in zip(DATASETS, parts, strict=True):
-        out["datasets"][ds_name] = {**info, "runs": runs, **choose(runs),
-                                    "chosen_by_initial_loss_ratio": choose(runs, "loss_ratio")["chosen_lr16"]}
-        print(f"{ds_name}: chosen lr16 {out['datasets'][ds_name]['chosen_lr16']:g}; worst loss ratio per candidate "
-              f"{out['datasets'][ds_name]['worst_loss_ratio']}")
+        parts = [_job_runs(job) for job in jobs]
+    for ds_name in DATASETS:
+        runs = [r for job, (_, rs) in zip(jobs, parts, strict=True) if job[0] == ds_name for r in rs]
+        info = next(i for job, (i, _) in zip(jobs, parts, strict=True) if job[0] == ds_name)
+        out["datasets"][ds_name] = {**info, "runs": runs, **choose(runs)}
+        c = out["datasets"][ds_name]["chosen"]
+        print(f"{ds_name}: chosen lr16 {c['lr16']:g}, power {c['power']:g}; "
+              + "; ".join(f"({s['lr16']:g}, {s['power']:g}): {s['adequate_cells']}/{s['cells']} cells, worst "
+                          f"{s['worst_loss_vs_chance']:.3f}" for s in out["datasets"][ds_name]["scores"]))
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:

@@ -2,9 +2,10 @@
 
 - `smoke`: seconds; tiny n and widths; what CI runs end to end.
 - `quick` (default): half an hour on a 2-core CPU; real MNIST / CIFAR-10 subsets (the bundled sample is
-  enough when the full data is absent); 10 seeds, one condition (proper training on channel-standardised inputs).
+  enough when the full data is absent); 10 seeds, one condition (proper training on standardised inputs scaled to
+  unit norm, `unit`).
 - `full`: quick's sizes and seeds under every condition (paper and proper protocols x raw and standardised
-  inputs) and with the gd-mse estimand of the NTK rows: hours on a 2-core CPU (README, Presets).
+  unit-norm inputs) and with the gd-mse estimand of the NTK rows: hours on a 2-core CPU (README, Presets).
 - `paper`: the paper's reported scale (500 epochs, widths to 4096, larger n); meant for a GPU.
 
 Every experiment reads its sizes from here, so one table documents the scale of every number.
@@ -56,7 +57,7 @@ _QUICK: PresetSizes = {
     "paper_epochs": 500, "mall_width": 512, "mall_n_train": 500, "mall_n_test": 200, "attack_steps": 10,
     "adv_max_epochs": 60, "landscape_points": 21, "landscape_grid": 11, "hessian_iters": 20,
     "hutchinson_samples": 10, "kappa_ns": (32, 50, 64, 100, 128, 200, 500, 1000, 2000),
-    "n_train_by_dataset": {"cifar10": 250}, "preprocessings": ("channel",), "protocols": ("proper",),
+    "n_train_by_dataset": {"cifar10": 250}, "preprocessings": ("unit",), "protocols": ("proper",),
     "ntk_gd_mse": False,
 }
 
@@ -70,14 +71,14 @@ PRESETS: dict[str, PresetSizes] = {
         "ntk_gd_mse": True,
     },
     "quick": _QUICK,
-    "full": {**_QUICK, "preprocessings": ("raw", "channel"), "protocols": ("paper", "proper"), "ntk_gd_mse": True,
+    "full": {**_QUICK, "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper"), "ntk_gd_mse": True,
              "adv_max_epochs": 100},
     "paper": {
         "n_train": 5000, "n_test": 1000, "widths": (16, 64, 256, 1024, 4096), "seeds": tuple(range(10)), "epochs": 1000,
         "paper_epochs": 500, "mall_width": 4096, "mall_n_train": 5000, "mall_n_test": 1000, "attack_steps": 40,
         "adv_max_epochs": 100, "landscape_points": 41, "landscape_grid": 21, "hessian_iters": 50,
         "hutchinson_samples": 30, "kappa_ns": (50, 100, 200, 500, 1000, 2000, 5000, 10000), "n_train_by_dataset": {},
-        "preprocessings": ("raw", "channel"), "protocols": ("paper", "proper"), "ntk_gd_mse": True,
+        "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper"), "ntk_gd_mse": True,
     },
 }
 #: What each preset key means (printed in the README's preset table).
@@ -91,8 +92,9 @@ PRESET_KEYS = {
                       "epochs); more than the gate's 50-epoch plateau window at quick (60, for its time budget), "
                       "full and paper (100), so the gate can pass",
     "preprocessings": "input preprocessings `verify claims` judges every empirical claim under, raw first (raw [0, 1] "
-                      "pixels; channel: per-channel standardisation inside the model); each is one more run of "
-                      "every empirical unit per protocol",
+                      "pixels; unit: per-channel standardisation, then each input scaled to unit norm, inside the "
+                      "model; channel, the standardisation alone, is available to the single commands); each is one "
+                      "more run of every empirical unit per protocol",
     "protocols": "claims protocols every empirical claim is judged under (paper: the reported setup; proper: the "
                  "width-consistent protocol); quick judges proper only, full and paper both",
     "ntk_gd_mse": "whether the NTK-distance sweeps also train every network under gd-mse (the co-primary estimand of "

@@ -101,39 +101,71 @@ def test_gate_thresholds_and_reasons():
 def test_schedule_gives_distinct_rates_at_every_width_of_every_sweep():
     """No two widths of any preset's sweep (the distance widths and the malleability width) share a learning rate,
     on either data set; the paper's protocol is width-independent by design."""
-    from empirics.protocols import LR_REF_WIDTH, PROPER_LR16
+    from empirics.protocols import LR_REF_WIDTH, PROPER_LR
     from verify.presets import PRESET_NAMES, preset
 
     for name in PRESET_NAMES:
         p = preset(name)
         widths = sorted({*p["widths"], p["mall_width"]})
         assert min(widths) >= LR_REF_WIDTH  # the anchor is the narrowest width: no rate above the pilot's
-        for ds in (*PROPER_LR16, None):
+        for ds in (*PROPER_LR, None):
             cfg = protocol_config("width-consistent", p["epochs"], dataset=ds)
             rates = [effective_lr(cfg, m) for m in widths]
             assert len(set(rates)) == len(widths) and rates == sorted(rates, reverse=True), (name, ds, rates)
-            assert rates[0] <= max(PROPER_LR16.values())
+            assert rates[0] <= max(lr for lr, _ in PROPER_LR.values())
+            lr16, power = PROPER_LR.get(ds or "", min(PROPER_LR.values()))
+            assert rates[-1] == pytest.approx(lr16 * (LR_REF_WIDTH / widths[-1]) ** power)  # the stated schedule
 
 
 def test_pilot_record_is_what_the_protocol_uses():
-    """`PROPER_LR16` is the choice recorded by scripts/pilot_lr.py in results/pilot-lr.json, re-derived from the
-    recorded per-width training losses by the pilot's own rule."""
+    """`PROPER_LR` is the choice recorded by scripts/pilot_lr.py in results/pilot-lr.json, re-derived from the
+    recorded runs by the pilot's own rule, and the recorded rates are the schedule's."""
     import importlib.util
     import json
     from pathlib import Path
 
-    from empirics.protocols import PROPER_LR16
+    from empirics.protocols import LR_REF_WIDTH, PROPER_LR
 
     root = Path(__file__).resolve().parents[2]
     record = json.loads((root / "results" / "pilot-lr.json").read_text())
     spec = importlib.util.spec_from_file_location("pilot_lr", root / "scripts" / "pilot_lr.py")
     pilot = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pilot)
-    assert record["git_commit"] and record["date"] and record["config"]["widths"][0] == 16
+    assert record["git_commit"] and record["date"] and record["config"]["widths"][0] == LR_REF_WIDTH
+    assert set(record["datasets"]) == set(PROPER_LR)
     for ds, block in record["datasets"].items():
-        assert all(r["final_train_loss"] == pytest.approx(r["loss_ratio"] * r["initial_train_loss"])
+        assert all(r["lr"] == pytest.approx(r["lr16"] * (LR_REF_WIDTH / r["width"]) ** r["power"])
+                   and r["loss_vs_chance"] == pytest.approx(r["final_train_loss"] / r["chance_loss"])
                    for r in block["runs"])
-        assert pilot.choose(block["runs"])["chosen_lr16"] == block["chosen_lr16"] == PROPER_LR16[ds]
+        chosen = pilot.choose(block["runs"])["chosen"]
+        assert chosen == block["chosen"] and (chosen["lr16"], chosen["power"]) == PROPER_LR[ds]
+
+
+def test_pilot_rule_prefers_more_adequate_cells_then_lower_loss():
+    """The pilot's rule on synthetic runs: more cells adequate on training wins over a lower loss; among equals the
+    lower worst-case loss wins; and a seed that fails makes its cell fail."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("pilot_lr", Path(__file__).resolve().parents[2] / "scripts"
+                                                  / "pilot_lr.py")
+    pilot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pilot)
+
+    def run(lr16, power, width, seed, plateau, acc, loss):
+        return {"lr16": lr16, "power": power, "preprocess": "unit", "model": "attn", "width": width, "seed": seed,
+                "plateau_reached": plateau, "final_train_acc": acc, "chance_acc": 0.1, "loss_vs_chance": loss}
+
+    runs = [run(0.02, 0.5, w, s, True, 0.9, 0.01) for w in (16, 512) for s in (0, 1)]
+    runs[-1] = run(0.02, 0.5, 512, 1, False, 0.9, 0.01)  # one seed short of a plateau: its cell fails
+    runs += [run(0.04, 0.25, w, s, True, 0.9, 0.3) for w in (16, 512) for s in (0, 1)]
+    out = pilot.choose(runs)
+    assert out["chosen"] == {"lr16": 0.04, "power": 0.25}
+    assert next(s for s in out["scores"] if s["lr16"] == 0.02)["failing"] == ["unit/attn/512"]
+    runs += [run(0.08, 0.25, w, s, True, 0.9, 0.2) for w in (16, 512) for s in (0, 1)]
+    assert pilot.choose(runs)["chosen"] == {"lr16": 0.08, "power": 0.25}  # equal cells: the lower loss
+    runs += [run(0.08, 0.5, w, s, True, 0.5, 0.2) for w in (16, 512) for s in (0, 1)]  # train acc below the gate
+    assert pilot.choose(runs)["chosen"] == {"lr16": 0.08, "power": 0.25}
 
 
 def test_adversarial_gate_passes_and_fails_on_synthetic_records():

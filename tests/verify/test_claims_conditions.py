@@ -25,32 +25,32 @@ def test_one_unit_per_condition_with_the_preprocessing_in_its_config():
         assert ("raw" not in pres or pres[0] == "raw") and set(pres) <= set(PREPROCESSINGS), name
         assert set(preset(name)["protocols"]) <= set(PROTOCOLS) and preset(name)["protocols"], name
     assert preset("smoke")["preprocessings"] == ("raw",)
-    both = [n for n in PRESET_NAMES if {"raw", "channel"} <= set(preset(n)["preprocessings"])]
+    both = [n for n in PRESET_NAMES if {"raw", "unit"} <= set(preset(n)["preprocessings"])]
     assert both  # the issue: every empirical claim is also run on standardised inputs
     made = units_for(both[0])
     raw = [n for n in made if n.endswith("@proper")]
     assert raw
     for name in raw:
-        twin = made[name.replace("@proper", "@proper+channel")]
+        twin = made[name.replace("@proper", "@proper+unit")]
         assert "preprocess" not in made[name].config  # the raw unit's config (its cache key) is as before
-        assert twin.config == {**made[name].config, "preprocess": "channel"}
-    assert not any("+channel" in n for n in units_for("smoke"))
+        assert twin.config == {**made[name].config, "preprocess": "unit"}
+    assert not any("+" in n for n in units_for("smoke"))
 
 
 def test_a_preset_with_one_condition_makes_only_its_units():
-    """quick judges proper training on standardised inputs only (docs/DEVIATIONS.md D17): no unit of another
-    condition is made, every trained unit is channel-preprocessed, and a claim's units are that condition's."""
+    """quick judges proper training on standardised unit-norm inputs only (docs/DEVIATIONS.md D17, D19): no unit of
+    another condition is made, every trained unit is unit-preprocessed, and a claim's units are that condition's."""
     p = preset("quick")
     made = units_for("quick")
     trained = [n for n in made if "@" in n]
-    assert trained and all(n.endswith("@proper+channel") for n in trained)
-    assert all(made[n].config["preprocess"] == "channel" for n in trained)
+    assert trained and all(n.endswith("@proper+unit") for n in trained)
+    assert all(made[n].config["preprocess"] == "unit" for n in trained)
     claim = _claim()
-    assert claim_units(claim, p["preprocessings"], p["protocols"]) == ("u@proper+channel",)
-    row = claim_row(claim, {"u@proper+channel": {"v": NOT.value}}, p["preprocessings"], p["protocols"])
-    assert row["verdict"] == NOT.value and list(row["by_condition"]) == ["proper+channel"]
+    assert claim_units(claim, p["preprocessings"], p["protocols"]) == ("u@proper+unit",)
+    row = claim_row(claim, {"u@proper+unit": {"v": NOT.value}}, p["preprocessings"], p["protocols"])
+    assert row["verdict"] == NOT.value and list(row["by_condition"]) == ["proper+unit"]
     assert list(row["by_protocol"]) == ["proper"] and not row["preprocessing_split"]
-    assert not claim_row(claim, {"u@proper+channel": {"v": HOLDS.value}}, p["preprocessings"], p["protocols"])["robust"]
+    assert not claim_row(claim, {"u@proper+unit": {"v": HOLDS.value}}, p["preprocessings"], p["protocols"])["robust"]
 
 
 def test_a_one_condition_run_writes_its_report(tmp_path, monkeypatch, capsys):

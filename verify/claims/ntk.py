@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from empirics.distance import GD_METRIC, DistanceRecord, slope_interval
 from empirics.protocols import GATE_TEXT
@@ -47,6 +48,13 @@ NTK_RULE = ("widths at which every seed's network passes the adequacy gate are k
 MIN_WIDTHS = 3
 
 
+
+def _width_factor(tcfg: dict[str, Any]) -> str:
+    """The schedule's width factor as printed in a row's protocol, e.g. " x (16/m)^0.5" ("" without one)."""
+    if not tcfg.get("lr_ref_width"):
+        return ""
+    return f" x ({tcfg['lr_ref_width']}/m)^{tcfg.get('lr_width_power', 0.5):g}"
+
 def gated_widths(runs: list[dict]) -> tuple[list[int], dict[int, list[str]]]:
     """Widths at which every seed's network passed the adequacy gate, and the reasons for the others."""
     widths = sorted({int(r["width"]) for r in runs})
@@ -79,7 +87,7 @@ def ntk_claim(ds: str, kind: str, claimed: str, unit: str | None = None) -> Call
         tcfg = cfg["train"]
         protocol = (f"{res.data.get('label', ds)}, n_train={cfg['n_train']}, n_test={cfg['n_test']}, widths "
                     f"{cfg['widths']}, protocol {tcfg.get('protocol', 'custom')} ({tcfg['optimizer']} lr "
-                    f"{tcfg['lr']}{' x sqrt(' + str(tcfg['lr_ref_width']) + '/m)' if tcfg.get('lr_ref_width') else ''}"
+                    f"{tcfg['lr']}{_width_factor(tcfg)}"
                     f", wd {tcfg['weight_decay']} {tcfg.get('decay', 'coupled')}, "
                     f"{'up to ' if tcfg.get('plateau') else ''}{tcfg['epochs']} epochs), NTK parameterisation"
                     f"{'; MLP-Attn context centred (variant)' if cfg.get('attn_centre') else ''}; "
