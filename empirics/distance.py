@@ -29,7 +29,9 @@ The paper does not define its distance. We measure four, each on the same runs:
 - `init_vs_analytic`: `||Theta_0 - Theta_inf||_F / ||Theta_inf||_F` (the empirical kernel at
   initialisation against the analytic kernel; about `m^-1/2` by Thm 4.2).
 - `ntk_predictor_test_acc`, `empirical_ntk_predictor_test_acc`: test accuracy of kernel regression (same
-  ridge) with the analytic kernel and with the network's own empirical kernel at initialisation.
+  ridge) with the analytic kernel and with the network's own empirical kernel at initialisation (each trained
+  network of the malleability and landscape units records the first and, with its trained kernel, the
+  `trained_ntk_predictor_test_acc`: `kernel_predictor_accuracy`).
 - `kernel_drift_centred`, `init_vs_analytic_centred`: the same two on doubly centred kernels `H K H`
   (`H = I - 11^T/n`). The Frobenius norm of MLP-Attn's kernel is dominated by its near-constant mode
   (attention features are almost collinear on raw pixels), which hides what happens in the directions
@@ -68,6 +70,7 @@ from empirics.common import (
     train_networks,
     train_seeds_together,
 )
+from empirics.influence import model_kernels
 from empirics.intervals import LEVEL, loglog_slope, t_interval
 from empirics.losses import targets
 from empirics.mc_reference import mc_reference_kernel, predictor_jackknife_se
@@ -76,7 +79,7 @@ from empirics.ntk import empirical_ntk
 from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig
 from ntkm import tables
-from ntkm.codec import Record, encode
+from ntkm.codec import Record, encode, stable_hash
 from theory import gram, kernels, krr
 
 #: The gd-mse estimand (module docstring), co-primary in the NTK-distance claims.
@@ -279,21 +282,73 @@ def reference_kernels(cfg: DistanceConfig, spec: ModelSpec, x_tr: np.ndarray, x_
                       seed: int) -> tuple[np.ndarray, np.ndarray, Any]:
     """Infinite-width reference kernels (train x train, test x train) of `spec`'s model and the Monte Carlo
     estimate behind them (None where the closed form of Thm 4.2 applies)."""
-    kind = spec.kind
-    if kind == "qkv":
+    if spec.kind == "qkv":
         mc = mc_reference_kernel(spec, t.x_train, torch.cat([t.x_train, t.x_test]), cfg.reference_draws,
                                  cfg.reference_width, seed)
         k, n = mc.mean, x_tr.shape[0]
         return k[:n, :n], k[n:, :n], mc
-    if kind == "attn":
-        opts = {"k": cfg.attn_layers, "rank": cfg.attn_rank, "centre": cfg.attn_centre}
-        f_tr, f_te = gram.attention_features(x_tr, x_tr, **opts), gram.attention_features(x_tr, x_te, **opts)
-    elif kind == "softmax":
-        f_tr = kernels.softmax_attention_features(x_tr, x_tr, spec.temperature)
-        f_te = kernels.softmax_attention_features(x_tr, x_te, spec.temperature)
-    else:
-        f_tr, f_te = x_tr, x_te
-    return kernels.analytic_ntk_two_layer(f_tr, f_tr), kernels.analytic_ntk_two_layer(f_te, f_tr), None
+    return *analytic_kernels(spec, x_tr, x_te), None
+
+
+def analytic_features(spec: ModelSpec, x_tr: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The input map of `spec`'s model in Thm 4.2 (raw inputs, linearized attention with `spec`'s options, or softmax
+    attention; the context from the training rows `x_tr`) on the rows `x` of preprocessed inputs. Not for `qkv`,
+    whose attention is trained."""
+    if spec.kind == "attn":
+        return gram.attention_features(x_tr, x, k=spec.attn_layers, rank=spec.attn_rank, centre=spec.attn_centre)
+    if spec.kind == "softmax":
+        return kernels.softmax_attention_features(x_tr, x, spec.temperature)
+    return x
+
+
+def analytic_kernels(spec: ModelSpec, x_tr: np.ndarray, x_te: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The analytic infinite-width NTK of `spec`'s model (`analytic_features`), train x train and test x train, on
+    preprocessed inputs. Not for `qkv` (no closed form: `reference_kernels` estimates it)."""
+    f_tr, f_te = analytic_features(spec, x_tr, x_tr), analytic_features(spec, x_tr, x_te)
+    return kernels.analytic_ntk_two_layer(f_tr, f_tr), kernels.analytic_ntk_two_layer(f_te, f_tr)
+
+
+#: The kernel predictors' test accuracies `kernel_predictor_accuracy` records on each trained network of the
+#: malleability and landscape units (the NTK-distance runs record the first, and the empirical kernel at
+#: initialisation as `empirical_ntk_predictor_test_acc`).
+KERNEL_PREDICTOR_ACC = ("ntk_predictor_test_acc", "trained_ntk_predictor_test_acc")
+
+
+#: Analytic-predictor accuracies computed in this process, by data subset (`Tensors.key`), feature map and decay:
+#: the networks of one subset (standard and adversarial training, the malleability and landscape units, every width)
+#: share one, which for CIFAR-10's attention features (a 3072 x 3072 context) is most of the cost.
+_ANALYTIC_ACC: dict[str, float] = {}
+
+
+def kernel_predictor_accuracy(model: SuiteNet, t: Tensors, weight_decay: float,
+                              trained: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
+    """Test accuracy of kernel regression on the network's own training subset and targets (one-hot / +-1), with
+    the ridge rule of the NTK-distance predictor (`predictor_ridge` of the kernel fitted): `ntk_predictor_test_acc`
+    with the analytic NTK of the model (`analytic_features` of train and test rows in one pass, one context; NaN
+    for `qkv`, which has none) and `trained_ntk_predictor_test_acc` with the trained network's own empirical NTK,
+    `trained` (train x train, test x train) where the caller has it, else `empirics.influence.model_kernels`.
+    Beside the network's accuracy it says how much of it a kernel machine reaches."""
+    y_t = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
+    y_test = t.y_test.cpu().numpy()
+    n = y_t.shape[0]
+
+    def acc(k_tt: np.ndarray, k_st: np.ndarray) -> float:
+        alpha = krr.krr_fit(k_tt, y_t, predictor_ridge(k_tt, n, weight_decay))
+        return _acc(krr.krr_predict(k_st, alpha), y_test)
+
+    spec = model.spec
+    key = stable_hash({"data": t.key, "weight_decay": weight_decay, "spec": {
+        k: v for k, v in spec.to_dict().items() if k not in ("width", "seed", "parameterization")}}) if t.key else ""
+    analytic = _ANALYTIC_ACC.get(key, float("nan"))
+    if spec.kind != "qkv" and key not in _ANALYTIC_ACC:
+        x_tr, x_te = preprocessed_inputs(spec, t.x_train.cpu().numpy(), t.x_test.cpu().numpy())
+        f = analytic_features(spec, x_tr, np.concatenate([x_tr, x_te]))
+        k = kernels.analytic_ntk_two_layer(f, f[:n])
+        analytic = acc(k[:n], k[n:])
+        if key:
+            _ANALYTIC_ACC[key] = analytic
+    k_tt, k_st = trained if trained is not None else model_kernels(model, t.x_train, t.x_test)
+    return dict(zip(KERNEL_PREDICTOR_ACC, (analytic, acc(k_tt, k_st)), strict=True))
 
 
 def base_spec(cfg: DistanceConfig, ds: Any, t: Tensors, kind: str, seed: int) -> ModelSpec:

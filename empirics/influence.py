@@ -165,15 +165,16 @@ def model_kernels(model: nn.Module, x_train: torch.Tensor,
 
 
 def influence_scores(model: nn.Module, x_train: torch.Tensor, y_train: torch.Tensor, x_test: torch.Tensor,
-                     y_test: torch.Tensor, ridge: float | None = None,
-                     ridge_rel: float = RIDGE_REL_DEFAULT) -> InfluenceResult:
+                     y_test: torch.Tensor, ridge: float | None = None, ridge_rel: float = RIDGE_REL_DEFAULT,
+                     kernels: tuple[np.ndarray, np.ndarray] | None = None) -> InfluenceResult:
     """NTK leave-one-out influence of each training point on each test point (and summed).
 
-    The kernel is the trained network's empirical NTK (float64); targets are one-hot or +-1 as in
-    training. `ridge` is absolute; when None it is `ridge_rel * trace(K_m) / n`.
+    The kernel is the trained network's empirical NTK (float64; `kernels`, `model_kernels(model, x_train, x_test)`,
+    where the caller has computed it already); targets are one-hot or +-1 as in training. `ridge` is absolute; when
+    None it is `ridge_rel * trace(K_m) / n`.
     """
     out_dim = output_dim(model, x_train)
-    K, Kst = model_kernels(model, x_train, x_test)
+    K, Kst = kernels if kernels is not None else model_kernels(model, x_train, x_test)
     Y = targets(y_train.cpu(), out_dim, torch.float64).numpy()
     Yt = targets(y_test.cpu(), out_dim, torch.float64).numpy()
     return influence_from_kernels(K, Kst, Y, Yt, y_test.cpu().numpy(), ridge, ridge_rel)

@@ -19,7 +19,9 @@ without defining either word. We measure, for each trained network and w.r.t. th
   scale (the first-layer Hessian grows with `||x~||^2`; MNIST pixels in [0, 1] have `||x|| ~ 9`
   while MLP-Attn's features are unit-norm): see `scale_aware` and `filter_flatness`.
 
-Everything is measured in float64 on a copy of the trained (float32) network.
+Everything is measured in float64 on a copy of the trained (float32) network. Beside it, each run records the
+test accuracy of kernel regression with the analytic NTK and with the trained network's own kernel
+(`empirics.distance.kernel_predictor_accuracy`).
 
 Adding the L2 term `(wd / 2) ||W||^2` that Adam's `weight_decay` optimises would add `wd * I` to the
 Hessian: the top eigenvalue by `wd` and the trace by `wd * W.numel()`; it is recorded, not added.
@@ -48,6 +50,7 @@ from empirics.common import (
     subset_provenance,
     train_network,
 )
+from empirics.distance import KERNEL_PREDICTOR_ACC, kernel_predictor_accuracy
 from empirics.intervals import t_interval
 from empirics.losses import loss_fn, predict_labels
 from empirics.models import ModelSpec, TwoLayerNet, input_channels
@@ -63,7 +66,7 @@ HVP = Callable[[torch.Tensor], torch.Tensor]
 SUMMARY_METRICS = (
     "top_eigenvalue", "trace", "filter_increase", "filter_increase_rel", "slice_increase",
     "sharpness_w2", "sharpness_per_loss", "sharpness_per_input", "train_loss", "test_loss",
-    "train_acc", "test_acc",
+    "train_acc", "test_acc", *KERNEL_PREDICTOR_ACC,
 )
 
 
@@ -431,7 +434,10 @@ def landscape_seed(cfg: LandscapeConfig, dataset: Any | None, seed: int) -> dict
         t2 = time.perf_counter()
         run = measure(tr.model, tr.init_W, t, cfg, seed)
         summary = tr.training_summary()
-        run.update({"model": kind, "measure_wall_s": time.perf_counter() - t2,
+        t3 = time.perf_counter()
+        run.update({"model": kind, "measure_wall_s": t3 - t2,
+                    **kernel_predictor_accuracy(tr.model, t, cfg.train.weight_decay),
+                    "kernel_predictor_wall_s": time.perf_counter() - t3,
                     "final_train_loss_float32": tr.record.final_train_loss,
                     **{k: v for k, v in summary.items() if k not in run}})
         runs[kind].append(run)

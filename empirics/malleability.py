@@ -32,7 +32,10 @@ Interventions:
 - `adversarial`: perturb *all* training points with the attack; flip rate over the clean top-tau
   set and rho over all points. Baseline: random signs on all points.
 
-Per-example records (index, old influence, new influence, flipped) are kept for every selected point.
+Per-example records (index, old influence, new influence, flipped) are kept for every selected point. Every
+trained network also records the test accuracy of kernel regression with the analytic NTK of its model and with
+its own trained kernel, on its training subset (`empirics.distance.kernel_predictor_accuracy`: the NTK-distance
+predictor's ridge rule, not the influence ridge above).
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ from empirics.common import (
     train_networks,
     train_seeds_together,
 )
-from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_scores
+from empirics.distance import kernel_predictor_accuracy
+from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_scores, model_kernels
 from empirics.mall_stats import BASELINE, INTERVENTIONS, MallSummary, paper_ratio_range, summarise
 from empirics.models import ModelSpec, TwoLayerNet, input_channels
 from empirics.progress import log
@@ -211,7 +215,10 @@ def _attack_seed(seed: int, eps_idx: int, name: str, intervention: str) -> int:
 def measure_model(model: TwoLayerNet, t: Tensors, cfg: MalleabilityConfig, seed: int) -> dict[str, Any]:
     """Every intervention, attack (plus the random baseline) and eps for one trained network."""
     x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
-    clean = influence_scores(model, x, y, xt, yt, cfg.ridge, cfg.ridge_rel)
+    kernels = model_kernels(model, x, xt)
+    clean = influence_scores(model, x, y, xt, yt, cfg.ridge, cfg.ridge_rel, kernels=kernels)
+    t0 = time.perf_counter()
+    predictors = kernel_predictor_accuracy(model, t, cfg.train.weight_decay, trained=kernels)
     lam = clean.ridge
     n = x.shape[0]
     k = n_top(cfg.tau, n)
@@ -224,6 +231,7 @@ def measure_model(model: TwoLayerNet, t: Tensors, cfg: MalleabilityConfig, seed:
                   "positive_fraction": float(np.mean(clean.total > 0)),
                   "selected_positive_fraction": float(np.mean(clean.total[sel] > 0))},
         "measurements": [],
+        **predictors, "kernel_predictor_wall_s": time.perf_counter() - t0,
     }
     names = (BASELINE,) + tuple(cfg.attacks)
     for e_idx, eps in enumerate(cfg.eps_values):

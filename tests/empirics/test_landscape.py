@@ -29,6 +29,8 @@ from empirics.landscape import (
 from empirics.models import ModelSpec, build_model
 from empirics.train import TrainConfig
 from ntkm import codec
+from verify.claims import units
+from verify.claims.landscape import LANDSCAPE_CLAIMS
 
 pytestmark = [pytest.mark.claim("landscape-mnist"), pytest.mark.claim("landscape-cifar10")]
 
@@ -189,6 +191,15 @@ def test_smoke_on_real_mnist(mnist_small, tmp_path):
     assert record.verdict.verdict in ("holds", "partly", "does not hold", "not measurable")
     for res in record.models.values():
         assert all("gate" in r and "train_acc" in r for r in res.runs)
+        for key in ("ntk_predictor_test_acc", "trained_ntk_predictor_test_acc"):  # the kernel predictors, per seed
+            assert all(0.0 <= r[key] <= 1.0 for r in res.runs) and res.summary[key]["n"] == 2
+    row = LANDSCAPE_CLAIMS[0].evaluate({units.landscape("mnist"): record})
+    relu, attn = (record.models[m].summary for m in ("relu", "attn"))
+    assert (f"kernel predictor test acc (analytic NTK / the trained network's NTK; the network itself): ReLU "
+            f"{relu['ntk_predictor_test_acc']['mean']:.2f} / {relu['trained_ntk_predictor_test_acc']['mean']:.2f} "
+            f"({relu['test_acc']['mean']:.2f}), Attn {attn['ntk_predictor_test_acc']['mean']:.2f}") in row.ours
+    assert row.numbers["kernel_predictor_test_acc"]["ReLU"]["trained_ntk"] == [
+        r["trained_ntk_predictor_test_acc"] for r in record.models["relu"].runs]
     for fn, name in ((landscape_lines, "lines.png"), (landscape_contours, "contours.png")):
         path = fn(result, tmp_path / name)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -24,12 +25,13 @@ from verify.claims.base import Verdict
 from verify.claims.malleability import experiment_outcomes
 from verify.cli import main
 
+SMOKE = MalleabilityConfig(dataset="mnist", width=64, n_train=60, n_test=20, seeds=(0, 1), tau=0.1,
+                           eps=0.3, eps_sweep=(0.0,), attack_steps=2, train=TrainConfig(epochs=2))
+
 
 @pytest.fixture(scope="module")
 def smoke_record():
-    cfg = MalleabilityConfig(dataset="mnist", width=64, n_train=60, n_test=20, seeds=(0, 1), tau=0.1,
-                             eps=0.3, eps_sweep=(0.0,), attack_steps=2, train=TrainConfig(epochs=2))
-    record = run_malleability(cfg)
+    record = run_malleability(SMOKE)
     stored = MalleabilityRecord.from_dict(codec.loads(codec.dumps(record)))
     assert stored == record and MalleabilityRecord.from_dict(record.to_dict()) == record
     return stored
@@ -105,6 +107,53 @@ def test_summary_rows_and_ratios(smoke_record):
     assert s.find("rows", model="attn", attack="pgd", eps=0.3) == next(
         r for r in s.rows if r["model"] == "attn" and r["attack"] == "pgd" and r["eps"] == 0.3)
     assert s.find("rows", model="cnn") is None and s.find("adv_train", model="attn") is None
+
+
+def _direct_ridge_solve_acc(k_tt: np.ndarray, k_st: np.ndarray, y: np.ndarray, y_test: np.ndarray,
+                            ridge: float) -> float:
+    """Kernel ridge regression on one-hot targets by `numpy.linalg.solve`, and its test accuracy."""
+    alpha = np.linalg.solve(k_tt + ridge * np.eye(len(y)), np.eye(10)[y])
+    return float(np.mean((k_st @ alpha).argmax(axis=1) == y_test))
+
+
+@pytest.mark.claim("flip-mnist")
+def test_kernel_predictor_accuracy_matches_a_direct_solve(smoke_record):
+    """Each run's kernel-predictor accuracies against kernels built another way on the same subset: the analytic
+    NTK from its formula (`<x, x'> (pi - theta) / 2 pi` written out for 2L-ReLU; `theory.kernels.analytic_ntk_mlp_attn`
+    for MLP-Attn) and the trained network's NTK from its Jacobians (`torch_func`, not the closed form), each solved
+    by numpy with ridge `n * weight_decay` (the NTK-distance rule under decay)."""
+    import torch
+
+    from empirics.common import experiment_data, train_network
+    from empirics.malleability import network_config
+    from empirics.ntk import empirical_ntk
+    from theory.kernels import analytic_ntk_mlp_attn
+
+    for seed in SMOKE.seeds:
+        ds, t, device = experiment_data(SMOKE, None, seed)
+        x, xt = np.asarray(ds.x_train, np.float64), np.asarray(ds.x_test, np.float64)
+        ridge = SMOKE.n_train * SMOKE.train.weight_decay
+        for kind in SMOKE.models:
+            run = next(r for r in smoke_record.runs if r["seed"] == seed and r["model"] == kind)
+            spec, tcfg = network_config(SMOKE, ds, t, kind, seed, adv=False)
+            tr = train_network(spec, t, tcfg, device)
+            assert tr.record.final_test_acc == run["test_acc"]  # the network the run measured
+            if kind == "relu":
+                norm = np.linalg.norm(x, axis=1)
+                inner = np.concatenate([x, xt]) @ x.T
+                cos = np.clip(inner / np.outer(np.concatenate([norm, np.linalg.norm(xt, axis=1)]), norm), -1, 1)
+                k = inner * (np.pi - np.arccos(cos)) / (2 * np.pi)
+            else:
+                k = analytic_ntk_mlp_attn(x, np.concatenate([x, xt]), x)
+            n = len(x)
+            assert run["ntk_predictor_test_acc"] == _direct_ridge_solve_acc(k[:n], k[n:], ds.y_train, ds.y_test,
+                                                                            ridge)
+            m64 = copy.deepcopy(tr.model).double()
+            both = torch.as_tensor(np.concatenate([x, xt]))
+            theta = empirical_ntk(m64, both, both[:n], implementation="torch_func").numpy()
+            assert run["trained_ntk_predictor_test_acc"] == _direct_ridge_solve_acc(
+                theta[:n], theta[n:], ds.y_train, ds.y_test, ridge)
+            assert run["kernel_predictor_wall_s"] >= 0
 
 
 def test_top_by_abs_and_count():

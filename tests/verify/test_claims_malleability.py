@@ -4,7 +4,7 @@ contract of `empirics.malleability.run_malleability`, summarised by `empirics.ma
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -215,6 +215,45 @@ def test_gate_failure_is_not_measurable():
     assert o.verdict == NA and "not measurable" in o.ours and "attn seed 1" in o.ours
     o = flip_outcome(fake_record(STRONG, other_failing=True), "mnist", "10class")
     assert o.verdict == NA and "second init" in o.ours
+
+
+#: Per (model, training): analytic-NTK, trained-NTK and network test accuracy; seeds alternate +-0.01 around them.
+KERNEL_ACCS = {("attn", "standard"): (0.71, 0.74, 0.80), ("relu", "standard"): (0.62, 0.83, 0.88),
+               ("attn", "adversarial"): (0.71, 0.66, 0.70), ("relu", "adversarial"): (0.62, 0.75, 0.79)}
+
+
+def _with_kernels(rec: MalleabilityRecord) -> MalleabilityRecord:
+    """`rec` with each run's kernel-predictor and network test accuracies (`KERNEL_ACCS`) as the experiment stores
+    them; the summary is left as it was (it reads none of them)."""
+    def accs(r: dict[str, Any]) -> dict[str, float]:
+        d = 0.01 * (-1) ** r["seed"]
+        a, e, net = KERNEL_ACCS[(r["model"], r["training"])]
+        return {"ntk_predictor_test_acc": a + d, "trained_ntk_predictor_test_acc": e - d, "test_acc": net + d}
+
+    return replace(rec, runs=[{**r, **accs(r)} for r in rec.runs])
+
+
+@pytest.mark.claim("flip-mnist", "flip-cifar10", "flip-binary-mnist", "flip-binary-cifar10", "adv-attn-mnist",
+                   "adv-relu-mnist", "flip-qkv-mnist")
+def test_rows_show_the_kernel_predictors_beside_the_network_and_keep_their_verdicts():
+    head = "kernel predictor test acc (analytic NTK / the trained network's NTK; the network itself): "
+    for rec, outcome in ((fake_record(STRONG), lambda r: flip_outcome(r, "mnist", "10class")),
+                         (fake_record(LEVEL_, dataset="cifar10", task="binary"), no_gap_outcome),
+                         (fake_record(STRONG, failing=(("standard", "attn", 1),)),
+                          lambda r: flip_outcome(r, "mnist", "10class"))):
+        plain, shown = outcome(rec), outcome(_with_kernels(rec))
+        assert shown.verdict is plain.verdict and shown.ours == f"{plain.ours}; {head}ReLU 0.62 / 0.83 (0.88), Attn " \
+            "0.71 / 0.74 (0.80)"
+        per_seed = shown.numbers["kernel_predictor_test_acc"]["Attn"]
+        assert per_seed["seeds"] == list(QUICK_SEEDS)
+        assert per_seed["analytic_ntk"] == pytest.approx([0.71 + 0.01 * (-1) ** s for s in QUICK_SEEDS])
+        assert per_seed["network"] == pytest.approx([0.80 + 0.01 * (-1) ** s for s in QUICK_SEEDS])
+        assert {k: v for k, v in shown.numbers.items() if k != "kernel_predictor_test_acc"} == plain.numbers
+    adv = _with_kernels(_adv((0.3, 0.1), (0.7, 0.1)))
+    o = adv_outcome(adv, "relu")
+    assert o.ours.endswith(f"{head}ReLU 0.62 / 0.83 (0.88), ReLU (adversarial) 0.62 / 0.75 (0.79)")
+    qkv = replace(adv, runs=[{**r, "ntk_predictor_test_acc": float("nan")} for r in adv.runs])  # no analytic NTK
+    assert f"{head}ReLU - / 0.83 (0.88)" in adv_outcome(qkv, "relu").ours
 
 
 @pytest.mark.claim("flip-binary-mnist")

@@ -9,12 +9,14 @@ module, so one search for an id finds its rule, its check and its test.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from empirics.vocab import LandscapeVerdict
+from empirics.distance import KERNEL_PREDICTOR_ACC
+from empirics.vocab import LandscapeVerdict, model_short
 from theory import checks as theory_checks
 
 #: Unit name -> its result as the cache holds it: the unit's typed record (`verify.runner.Unit.record`), or a dict.
@@ -44,10 +46,9 @@ VERDICTS = tuple(v.value for v in Verdict)
 #: both networks properly (see `empirics.protocols`). Unit names carry the protocol as `name@protocol`.
 PROTOCOLS = ("paper", "proper")
 #: The input preprocessings every empirical claim may be judged under (`empirics.models.ModelSpec.preprocess`):
-#: raw [0, 1] pixels (the paper's setup as restated), per-channel standardisation, and standardisation then unit
-#: norm (the presets' standardised condition, docs/DEVIATIONS.md D19). Which of them a run uses is the preset's
-#: `preprocessings`; a condition is a protocol x preprocessing pair (`units.condition`).
-PREPROCESSINGS = ("raw", "channel", "unit")
+#: raw [0, 1] pixels (the paper's setup as restated) and per-channel standardisation. Which of them a run uses is
+#: the preset's `preprocessings`; a condition is a protocol x preprocessing pair (`units.condition`).
+PREPROCESSINGS = ("raw", "channel")
 
 
 @dataclass
@@ -119,6 +120,42 @@ def gated(runs: Iterable[dict[str, Any]], gate_text: str, protocol: str) -> Outc
     shown = "; ".join(failed[:4]) + (f"; and {len(failed) - 4} more" if len(failed) > 4 else "")
     return Outcome(f"not measurable: {len(failed)} network(s) below the adequacy gate ({shown})", Verdict.NA,
                    protocol, {"gate_failures": failed}, gate=gate_text)
+
+
+def kernel_predictor(runs: Iterable[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The kernel predictors' test accuracy beside each network's own, from the runs of a malleability or landscape
+    record (`empirics.distance.kernel_predictor_accuracy`): the text of the means over seeds per model (and
+    training, where not standard), and per model the per-seed values. ("", {}) for runs that do not record it."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        if any(k in r for k in KERNEL_PREDICTOR_ACC):
+            training = r.get("training", "standard")
+            label = model_short(r.get("model", "?")) + ("" if training == "standard" else f" ({training})")
+            groups.setdefault(label, []).append(r)
+    if not groups:
+        return "", {}
+
+    def mean(rs: list[dict[str, Any]], key: str) -> str:
+        vals = [float(v) for r in rs if isinstance(v := r.get(key), (int, float)) and math.isfinite(v)]
+        return f"{sum(vals) / len(vals):.2f}" if vals else "-"
+
+    analytic, trained = KERNEL_PREDICTOR_ACC
+    text = ("kernel predictor test acc (analytic NTK / the trained network's NTK; the network itself): "
+            + ", ".join(f"{label} {mean(rs, analytic)} / {mean(rs, trained)} ({mean(rs, 'test_acc')})"
+                        for label, rs in groups.items()))
+    numbers = {label: {"seeds": [r.get("seed") for r in rs], "analytic_ntk": [r.get(analytic) for r in rs],
+                       "trained_ntk": [r.get(trained) for r in rs], "network": [r.get("test_acc") for r in rs]}
+               for label, rs in groups.items()}
+    return text, numbers
+
+
+def with_kernel_predictor(out: Outcome, runs: Iterable[dict[str, Any]]) -> Outcome:
+    """`out` with the kernel predictors' test accuracy of `runs` (`kernel_predictor`) appended to its text and
+    numbers (`kernel_predictor_test_acc`); `out` itself where the runs do not record it. The verdict is untouched."""
+    text, numbers = kernel_predictor(runs)
+    if not text:
+        return out
+    return replace(out, ours=f"{out.ours}; {text}", numbers={**out.numbers, "kernel_predictor_test_acc": numbers})
 
 
 HOLDS, PARTLY, NOT, UNDERDETERMINED, NA = (Verdict.HOLDS, Verdict.PARTLY, Verdict.NOT, Verdict.UNDERDETERMINED,

@@ -8,7 +8,7 @@ from empirics.landscape import LandscapeRecord
 from empirics.vocab import DATASETS, LandscapeVerdict, dataset_label
 from reports.text import fmt, mean_pm
 from verify.claims import units
-from verify.claims.base import NA, Claim, Outcome, Results, verdict_of
+from verify.claims.base import NA, Claim, Outcome, Results, kernel_predictor, verdict_of
 from verify.presets import PresetSizes, n_train_for
 
 
@@ -43,11 +43,14 @@ def _landscape_claim(ds: str) -> Any:
                     f"{tcfg.get('protocol', 'custom')} ({tcfg['optimizer']}, {'up to ' if tcfg.get('plateau') else ''}"
                     f"{tcfg['epochs']} epochs); Hessian of the training loss w.r.t. W ({cfg['hessian_iters']} Lanczos "
                     f"steps, {cfg['hutchinson_samples']} Hutchinson probes)")
+        kernel_txt, kernel_acc = kernel_predictor([r for m in res.models.values() for r in m.runs])
         train = (f"train acc ReLU {mean_pm(relu['train_acc'])}, Attn {mean_pm(attn['train_acc'])}; test acc ReLU "
-                 f"{mean_pm(relu['test_acc'])}, Attn {mean_pm(attn['test_acc'])}")
+                 f"{mean_pm(relu['test_acc'])}, Attn {mean_pm(attn['test_acc'])}"
+                 + (f"; {kernel_txt}" if kernel_txt else ""))
+        kernel = {"kernel_predictor_test_acc": kernel_acc} if kernel_acc else {}
         if v.verdict == LandscapeVerdict.NA:
             return Outcome(f"not measurable: {v.reason or ''}; {train}", NA, protocol,
-                           {"reason": v.reason}, v.seeds, gate=v.gate or "")
+                           {"reason": v.reason, **kernel}, v.seeds, gate=v.gate or "")
         iv = v.intervals
 
         def ratio(m: str) -> str:
@@ -61,7 +64,7 @@ def _landscape_claim(ds: str) -> Any:
         if caveats:
             ours += ". Caveats: " + "; ".join(caveats)
         return Outcome(ours, verdict_of(v.verdict), protocol,
-                       {"intervals": iv, "criteria_above": v.criteria_above}, v.seeds,
+                       {"intervals": iv, "criteria_above": v.criteria_above, **kernel}, v.seeds,
                        gate=v.gate or "", condition="CI of log(ReLU/Attn) > 0 for (B) and (A')")
 
     return evaluate

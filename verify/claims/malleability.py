@@ -19,6 +19,7 @@ from empirics.malleability import MalleabilityRecord
 from empirics.protocols import GATE_TEXT
 from empirics.vocab import DATASETS, PAPER_ATTACKS, dataset_label, model_name, model_short
 from theory.paper import PAPER_ADV, PAPER_FLIP, PAPER_RATIO_V1, PAPER_RATIO_V2
+from verify.claims import base as claim_base
 from verify.claims import units
 from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, Claim, Outcome, Results, Verdict, gated
 from verify.presets import PresetSizes, n_train_for
@@ -255,7 +256,11 @@ FLIP_RULE = (GATE_FIRST + "Transformed intervention at eps 0.3, standard trainin
 
 
 def flip_outcome(res: MalleabilityRecord, ds: str, task: str) -> Outcome:
-    """The flip rule (`FLIP_RULE`) on one malleability record."""
+    """The flip rule (`FLIP_RULE`) on one malleability record, the kernel predictors' test accuracy beside it."""
+    return claim_base.with_kernel_predictor(_flip(res, ds, task), _gate_runs(res))
+
+
+def _flip(res: MalleabilityRecord, ds: str, task: str) -> Outcome:
     protocol, na = _opened(res)
     if na:
         return na
@@ -357,7 +362,11 @@ NO_GAP_RULE = (GATE_FIRST + "Ratio of RAW flip rates Attn/ReLU pooled over FGSM/
 
 
 def no_gap_outcome(res: MalleabilityRecord) -> Outcome:
-    """The no-gap rule (`NO_GAP_RULE`) on one malleability record."""
+    """The no-gap rule (`NO_GAP_RULE`) on one malleability record, the kernel predictors' test accuracy beside it."""
+    return claim_base.with_kernel_predictor(_no_gap(res), _gate_runs(res))
+
+
+def _no_gap(res: MalleabilityRecord) -> Outcome:
     protocol, na = _opened(res)
     if na:
         return na
@@ -392,7 +401,12 @@ ADV_RULE = (GATE_FIRST.replace("of the unit", "of this model (standard and adver
 
 
 def adv_outcome(res: MalleabilityRecord, model: str) -> Outcome:
-    """The adversarial-training rule (`ADV_RULE`) for one model of an `adv_train` record."""
+    """The adversarial-training rule (`ADV_RULE`) for one model of an `adv_train` record, the kernel predictors'
+    test accuracy of its standard and adversarially trained networks beside it."""
+    return claim_base.with_kernel_predictor(_adv(res, model), [r for r in res.runs if r["model"] == model])
+
+
+def _adv(res: MalleabilityRecord, model: str) -> Outcome:
     c = res.config
     protocol = (_protocol(res) + f"; adversarial training: PGD (eps {c['eps']}, {c['adv_steps']} steps) on every "
                 f"batch, at most {c.get('adv_max_epochs') or c['train']['epochs']} epochs")
