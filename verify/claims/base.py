@@ -46,9 +46,10 @@ VERDICTS = tuple(v.value for v in Verdict)
 #: both networks properly (see `empirics.protocols`). Unit names carry the protocol as `name@protocol`.
 PROTOCOLS = ("paper", "proper")
 #: The input preprocessings every empirical claim may be judged under (`empirics.models.ModelSpec.preprocess`):
-#: raw [0, 1] pixels (the paper's setup as restated) and per-channel standardisation. Which of them a run uses is
-#: the preset's `preprocessings`; a condition is a protocol x preprocessing pair (`units.condition`).
-PREPROCESSINGS = ("raw", "channel")
+#: raw [0, 1] pixels (the paper's setup as restated), per-channel standardisation, and standardisation then unit
+#: norm (the presets' standardised condition, docs/DEVIATIONS.md D19). Which of them a run uses is the preset's
+#: `preprocessings`; a condition is a protocol x preprocessing pair (`units.condition`).
+PREPROCESSINGS = ("raw", "channel", "unit")
 
 
 @dataclass
