@@ -55,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("claims_json", help="a claims.json whose units were computed (not cached)")
     ap.add_argument("--json", default=None, help="write the record here")
     args = ap.parse_args(argv)
-    rec = report(read_json(args.claims_json))
+    record = read_json(args.claims_json)
+    if not _units(record)[0]:
+        print(f"benchmarks.costs: {args.claims_json} has no unit computed by its run (all cached, e.g. a --resume "
+              "re-render); give the claims.json of a run that computed its units", file=sys.stderr)
+        return 2
+    rec = report(record)
     print("constants (s per unit of feature): " + ", ".join(f"{k}={v:.3g}" for k, v in rec["constants_fitted"].items()))
     for k, a in rec["agreement"].items():
         print(f"{k:<14} Spearman {a['spearman']:.3f}, measured/estimated median {a['median_ratio']:.2f} "

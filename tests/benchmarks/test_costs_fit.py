@@ -20,3 +20,15 @@ def test_report_on_times_the_model_generated_is_exact():
     # leave-one-out: a unit whose feature no other unit has cannot be predicted, but most are, exactly
     assert abs(rec["agreement"]["leave_one_out"]["median_ratio"] - 1) < 1e-6
     assert [u["unit"] for u in rec["units"]] == [n for n, _ in units]
+
+
+def test_a_record_of_cached_units_gets_a_one_line_error(tmp_path, capsys):
+    """A --resume re-render (every unit cached, no time measured) cannot calibrate anything: exit 2, one line."""
+    from benchmarks.costs import main
+    from ntkm.codec import write_json
+
+    path = tmp_path / "claims.json"
+    write_json(path, {"units": {"theory": {"cached": True, "wall_s": 0.5, "config": {"seed": 0}}}})
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no unit computed" in err
