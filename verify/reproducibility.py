@@ -7,7 +7,11 @@ became `x (1 + r u) + a v` (`u`, `v` random signs, one pair per distinct value; 
 `a = TOLERANCE_ABS`), and
 lists the claims whose verdict (under any protocol or condition) changes: those have a number within the
 tolerance of a threshold of their rule. The unit results are the rules' inputs (per-seed and per-point values and
-the intervals computed from them), so this perturbs what the rules read, not the rules.
+the intervals computed from them), so this perturbs what the rules read, not the rules. The configuration blocks
+of a result (`CONFIG_KEYS`: the design a unit ran, e.g. its training config with `weight_decay` 0.0) are the same
+on every machine and are left as they are: moving them measures nothing, and a noisy 0.0 rebuilt into a
+`TrainConfig` is a negative weight decay that the config rejects (before this, every quick run's check failed on
+it and said only "(check failed)").
 
 What it cannot see: decisions taken before a record is written (the adequacy gate's pass/fail is stored as a
 boolean) and the amplification of float noise by training itself (a different last bit in epoch 1 can give a
@@ -29,6 +33,8 @@ TOLERANCE_ABS = 1e-9
 #: Perturbed copies per check and the generator seed of their signs.
 N_PERTURBATIONS = 4
 SEED = 20_260_313
+#: Keys whose value is a unit's configuration, not a measurement: copied unchanged.
+CONFIG_KEYS = frozenset({"config", "unit_config"})
 
 
 class FloatNoise:
@@ -40,10 +46,10 @@ class FloatNoise:
         self.moved: dict[float, float] = {}
 
     def __call__(self, obj: Any) -> Any:
-        """A copy of the JSON-like `obj` with every finite float moved; integers, booleans, strings and
-        non-finite values unchanged."""
+        """A copy of the JSON-like `obj` with every finite float moved; integers, booleans, strings, non-finite
+        values and configuration blocks (`CONFIG_KEYS`) unchanged."""
         if isinstance(obj, dict):
-            return {k: self(v) for k, v in obj.items()}
+            return {k: v if k in CONFIG_KEYS else self(v) for k, v in obj.items()}
         if isinstance(obj, list):
             return [self(v) for v in obj]
         if isinstance(obj, float) and np.isfinite(obj):

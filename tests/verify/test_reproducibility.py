@@ -70,3 +70,18 @@ def test_a_rule_that_fails_on_noisy_input_is_reported_not_raised():
 
     (entry,) = rp.knife_edges(fragile, results, _rows(results), n=2)
     assert entry["claim"] == "(check failed)" and entry["where"] == "KeyError"
+
+
+def test_configuration_blocks_are_not_moved_so_a_zero_weight_decay_stays_a_valid_config():
+    """A unit's config is its design, not a measurement: a noisy `weight_decay` 0.0 would rebuild into a negative
+    decay that `TrainConfig` rejects (the quick run's check once failed on exactly that)."""
+    from dataclasses import asdict
+
+    from empirics.train import TrainConfig
+
+    noise = rp.FloatNoise(np.random.default_rng(1))
+    cfg = asdict(TrainConfig(weight_decay=0.0, lr=0.01))
+    out = noise({"config": {"train": cfg}, "unit_config": {"train": cfg}, "value": 0.0, "per_seed": [0.5]})
+    assert out["config"]["train"] == cfg and out["unit_config"]["train"] == cfg
+    TrainConfig(**out["config"]["train"])  # still a valid config
+    assert out["value"] != 0.0 and out["per_seed"][0] != 0.5  # measurements still move
