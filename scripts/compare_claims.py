@@ -5,7 +5,8 @@ with `--only`) before and after, then
 
     python scripts/compare_claims.py tests/data/smoke-claims-43279c4.json.gz NEW/claims.json
 
-Ignored: run metadata (time of generation, code version, git state, library versions, the machine, the executor)
+Ignored: run metadata (time of generation, code version, git state, library versions, the machine, the executor),
+the data files' locations (`location`, `path`: another clone reads the same files, their checksums are compared)
 and every wall-clock timing (keys ending in `wall_s`, `seconds`, `timings`). The machine and library descriptions
 (`device`, `versions`, `git`, `executor`) are ignored where they are objects; a unit's configured `device` (a
 string, part of its cache key) is compared. Everything else, including every float, must be equal: floats to a
@@ -29,8 +30,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-#: Ignored wherever they occur (timestamps, code versions, the digest of a result's exact bits and timings).
-IGNORED_KEYS = frozenset({"generated", "created", "code_version", "result_sha256"})
+#: Ignored wherever they occur (timestamps, code versions, the digest of a result's exact bits and timings, and
+#: where the data files lie on this machine: a clone elsewhere reads the same files, whose checksums are compared).
+IGNORED_KEYS = frozenset({"generated", "created", "code_version", "result_sha256", "location", "path"})
 #: Ignored where their value is an object: descriptions of the machine, the libraries, the checkout, the executor.
 IGNORED_OBJECTS = frozenset({"git", "versions", "device", "executor"})
 IGNORED_SUFFIXES = ("wall_s", "seconds", "timings")

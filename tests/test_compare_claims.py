@@ -24,6 +24,16 @@ def test_timings_and_metadata_are_ignored():
     assert cc.differences(RECORD, new) == []
 
 
+def test_a_data_files_location_is_ignored_but_its_checksum_is_not():
+    """Two clones read the same files from different folders: the paths may differ, the checksums may not."""
+    old = {"data": {"location": "/a/shared/mnist", "files": [{"path": "/a/shared/mnist/x.gz", "sha256": "00"}]}}
+    new = copy.deepcopy(old)
+    new["data"]["location"], new["data"]["files"][0]["path"] = "/b/shared/mnist", "/b/shared/mnist/x.gz"
+    assert cc.differences(old, new) == []
+    new["data"]["files"][0]["sha256"] = "01"
+    assert cc.differences(old, new) == ["/data/files[0]/sha256: '00' != '01'"]
+
+
 def test_a_changed_number_or_verdict_is_caught():
     new = copy.deepcopy(RECORD)
     new["claims"][0]["value"] = 0.125 * (1 + 1e-9)

@@ -4,6 +4,9 @@
 - `quick` (default): half an hour on a 2-core CPU; real MNIST / CIFAR-10 subsets (the bundled sample is
   enough when the full data is absent); 10 seeds, one condition (proper training on standardised inputs scaled to
   unit norm, `unit`).
+- `axes`: quick, with proper training judged under both preprocessings (raw pixels and `unit`), so that every
+  verdict that depends on the input preprocessing is named ("underdetermined (preprocessing)"): about twice quick
+  (its `unit` units are quick's, so `--resume` over a quick run's cache computes only the raw ones).
 - `full`: quick's sizes and seeds under every condition (paper and proper protocols x raw and standardised
   unit-norm inputs) and with the gd-mse estimand of the NTK rows: hours on a 2-core CPU (README, Presets).
 - `paper`: the paper's reported scale (500 epochs, widths to 4096, larger n); meant for a GPU.
@@ -17,7 +20,7 @@ from typing import NotRequired, TypedDict
 
 from ntkm.errors import UserInputError
 
-PRESET_NAMES = ("smoke", "quick", "full", "paper")
+PRESET_NAMES = ("smoke", "quick", "axes", "full", "paper")
 
 
 class PresetSizes(TypedDict):
@@ -71,6 +74,7 @@ PRESETS: dict[str, PresetSizes] = {
         "ntk_gd_mse": True,
     },
     "quick": _QUICK,
+    "axes": {**_QUICK, "preprocessings": ("raw", "unit")},
     "full": {**_QUICK, "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper"), "ntk_gd_mse": True,
              "adv_max_epochs": 100},
     "paper": {
