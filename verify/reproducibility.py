@@ -7,9 +7,10 @@ became `x (1 + r u) + a v` (`u`, `v` random signs, one pair per distinct value; 
 `a = TOLERANCE_ABS`), and
 lists the claims whose verdict (under any protocol or condition) changes: those have a number within the
 tolerance of a threshold of their rule. The unit results are the rules' inputs (per-seed and per-point values and
-the intervals computed from them), so this perturbs what the rules read, not the rules. The configuration blocks
-of a result (`CONFIG_KEYS`: the design a unit ran, e.g. its training config with `weight_decay` 0.0) are the same
-on every machine and are left as they are: moving them measures nothing, and a noisy 0.0 rebuilt into a
+the intervals computed from them), so this perturbs what the rules read, not the rules. The design of a run is
+the same on every machine and is not moved: the configuration blocks of the results (`CONFIG_KEYS`, e.g. a
+training config with `weight_decay` 0.0) and every value that occurs in one of them wherever else it occurs (an
+eps of 0.3 that a rule looks runs up by, a width). Moving them measures nothing, and a noisy 0.0 rebuilt into a
 `TrainConfig` is a negative weight decay that the config rejects (before this, every quick run's check failed on
 it and said only "(check failed)").
 
@@ -41,13 +42,14 @@ class FloatNoise:
     """One draw of float noise: `x -> x (1 + rel u) + abs_ v` with random signs `u`, `v` drawn once per distinct
     value, so equal numbers stay equal (an eps or a width that a rule looks rows up by still matches)."""
 
-    def __init__(self, rng: np.random.Generator, rel: float = TOLERANCE_REL, abs_: float = TOLERANCE_ABS):
+    def __init__(self, rng: np.random.Generator, rel: float = TOLERANCE_REL, abs_: float = TOLERANCE_ABS,
+                 fixed: frozenset[float] = frozenset()):
         self.rng, self.rel, self.abs = rng, rel, abs_
-        self.moved: dict[float, float] = {}
+        self.moved: dict[float, float] = {v: v for v in fixed}
 
     def __call__(self, obj: Any) -> Any:
         """A copy of the JSON-like `obj` with every finite float moved; integers, booleans, strings, non-finite
-        values and configuration blocks (`CONFIG_KEYS`) unchanged."""
+        values, configuration blocks (`CONFIG_KEYS`) and the `fixed` values unchanged."""
         if isinstance(obj, dict):
             return {k: v if k in CONFIG_KEYS else self(v) for k, v in obj.items()}
         if isinstance(obj, list):
@@ -66,6 +68,15 @@ class FloatNoise:
         return self(encode(payload))
 
 
+def design_values(obj: Any, inside: bool = False) -> set[float]:
+    """Every float inside a configuration block (`CONFIG_KEYS`) of the JSON-like `obj`."""
+    if isinstance(obj, dict):
+        return set().union(*(design_values(v, inside or k in CONFIG_KEYS) for k, v in obj.items()))
+    if isinstance(obj, list):
+        return set().union(*(design_values(v, inside) for v in obj))
+    return {obj} if inside and isinstance(obj, float) else set()
+
+
 def verdicts(row: dict[str, Any], path: str = "") -> Iterator[tuple[str, str]]:
     """Every (where, verdict) in a claims row: the headline and each protocol's or condition's."""
     for k, v in row.items():
@@ -82,11 +93,13 @@ def knife_edges(evaluate: Callable[[dict[str, Any]], list[dict[str, Any]]], resu
     order) for a results mapping; each of `n` perturbed copies of `results` is evaluated and compared with
     `rows`. One entry per claim and place, with every verdict seen there."""
     rng = np.random.default_rng(seed)
+    fixed = frozenset(set().union(*(design_values(p.to_dict() if isinstance(p, Record) else encode(p))
+                                    for p in results.values())))
     base = {r["id"]: dict(verdicts(r)) for r in rows}
     seen: dict[tuple[str, str], set[str]] = {}
     failures: list[dict[str, Any]] = []
     for _ in range(n):
-        noise = FloatNoise(rng, rel, abs_)
+        noise = FloatNoise(rng, rel, abs_, fixed)
         try:  # the check must never cost a finished run: a rule that fails on noisy input is reported instead
             noisy_rows = evaluate({name: noise.payload(p) for name, p in results.items()})
         except Exception as exc:  # noqa: BLE001 - any failure of any rule is reported the same way

@@ -85,3 +85,20 @@ def test_configuration_blocks_are_not_moved_so_a_zero_weight_decay_stays_a_valid
     assert out["config"]["train"] == cfg and out["unit_config"]["train"] == cfg
     TrainConfig(**out["config"]["train"])  # still a valid config
     assert out["value"] != 0.0 and out["per_seed"][0] != 0.5  # measurements still move
+
+
+def test_a_design_value_stays_put_wherever_it_occurs_so_rules_still_find_their_rows():
+    """An eps of 0.3 in a unit's config is also the key its runs are looked up by: it is not moved anywhere, while
+    a measurement equal to no design value still moves."""
+    results = {"u": {"config": {"eps": 0.3, "train": {"weight_decay": 0.0}},
+                     "runs": [{"eps": 0.3, "flip": 0.42}]}}
+
+    def rule(res):
+        run = next(r for r in res["u"]["runs"] if r["eps"] == res["u"]["config"]["eps"])
+        return [{"id": "a", "verdict": "holds" if run["flip"] > 0 else "does not hold"}]
+
+    assert rp.design_values(results) == {0.3, 0.0}
+    assert rp.knife_edges(rule, results, rule(results), n=3) == []
+    noise = rp.FloatNoise(np.random.default_rng(0), fixed=frozenset(rp.design_values(results)))
+    out = noise(results)
+    assert out["u"]["runs"][0]["eps"] == 0.3 and out["u"]["runs"][0]["flip"] != 0.42
