@@ -330,7 +330,8 @@ def _peer_rows(net: nn.Module, graph: torch.fx.GraphModule | None, x: torch.Tens
                                     version=version, wiring=wiring)
                     continue
                 infl = kronfluence_scores(copy.deepcopy(model), x, y, xt, yt, out_dim, nm, seed)
-                config = f"FactorArguments(strategy='{nm}'), ScoreArguments() (default damping), true Fisher"
+                config = ("FactorArguments(strategy='identity'): no preconditioning" if nm == "identity" else
+                          f"FactorArguments(strategy='{nm}'), ScoreArguments() (default damping), true Fisher")
             else:
                 infl = trak_scores(copy.deepcopy(model), x, y, xt, yt, seed)
                 config = (f"TRAKer(task='image_classification'), one model, normal projection to "

@@ -205,6 +205,11 @@ def summary_markdown(rec: dict[str, Any]) -> str:
                       f"ceiling {ceil['value']:.2f}") if lds and "fraction" in lds and ceil else ""
         extra = f" (LDS {lds['value']:.2f} [{lds['lo']:.2f}, {lds['hi']:.2f}]{of_ceiling})" if lds else ""
         rows.append(("influence against re-fits", f"{val['verdict']}{extra}"))
+        best = val.get("lds", {}).get(val.get("best"))
+        if best and val.get("best") != "ntk" and "fraction" in best:
+            rows.append(("best estimator against re-fits", f"{best.get('label', val['best'])}: LDS {best['value']:.2f} "
+                         f"[{best['lo']:.2f}, {best['hi']:.2f}]; {best['fraction']:.2f} [{best['fraction_lo']:.2f}, "
+                         f"{best['fraction_hi']:.2f}] of the ceiling"))
     bud = panels.get("budget", {})
     if bud.get("breaking_label"):
         rows.append(("breaking budget", str(bud["breaking_label"])))

@@ -204,6 +204,11 @@ def test_summary_states_the_records_findings(records):
     assert f"interval {100 * lo:.1f} % to {100 * hi:.1f} %" in md
     pan = rec["panels"]
     assert pan["validity"]["verdict"] in md
+    best = pan["validity"].get("best")
+    if best and best != "ntk" and "fraction" in pan["validity"]["lds"][best]:
+        assert f"best estimator against re-fits | {pan['validity']['lds'][best]['label']}: LDS" in md
+    else:
+        assert "best estimator against re-fits" not in md
     assert f"breaking budget | {pan['budget']['breaking_label']}" in md
     if "rankings" in pan["poison"]:
         po = pan["poison"]
