@@ -327,13 +327,17 @@ def kernel_predictor_accuracy(model: SuiteNet, t: Tensors, weight_decay: float,
     with the analytic NTK of the model (`analytic_features` of train and test rows in one pass, one context; NaN
     for `qkv`, which has none) and `trained_ntk_predictor_test_acc` with the trained network's own empirical NTK,
     `trained` (train x train, test x train) where the caller has it, else `empirics.influence.model_kernels`.
-    Beside the network's accuracy it says how much of it a kernel machine reaches."""
+    Beside the network's accuracy it says how much of it a kernel machine reaches. NaN where the kernel is zero
+    (a dead network: no ridge from its trace) or not finite."""
     y_t = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
     y_test = t.y_test.cpu().numpy()
     n = y_t.shape[0]
 
     def acc(k_tt: np.ndarray, k_st: np.ndarray) -> float:
-        alpha = krr.krr_fit(k_tt, y_t, predictor_ridge(k_tt, n, weight_decay))
+        ridge = predictor_ridge(k_tt, n, weight_decay)
+        if not (ridge > 0 and np.isfinite(k_tt).all() and np.isfinite(k_st).all()):
+            return float("nan")  # e.g. a network whose ReLUs all died: its kernel is 0, there is no predictor
+        alpha = krr.krr_fit(k_tt, y_t, ridge)
         return _acc(krr.krr_predict(k_st, alpha), y_test)
 
     spec = model.spec

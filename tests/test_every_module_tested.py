@@ -26,7 +26,6 @@ ALLOWED_UNTESTED: dict[str, str] = {
     "verify.commands.kappa": "run through verify.cli.main in tests/verify/test_commands_kappa.py",
     "verify.commands.landscape": "run through verify.cli.main in tests/empirics/test_landscape.py",
     "verify.commands.report": "`verify report`, run through verify.cli.main in tests/verify/test_bad_input.py",
-    "verify.claims.landscape": "registered by verify.claims.all_claims, judged in tests/verify/test_claims.py",
     "reports.audit_figures": "drawn by reports.render for the audit report in tests/verify/test_audit.py",
     "reports.text": "the terminal and claims.md tables of `verify claims`, in tests/verify/test_claims.py",
     "theory._validate": "the input checks of every theory function, in tests/theory/test_validate.py",

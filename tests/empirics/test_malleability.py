@@ -211,3 +211,22 @@ def test_cli_smoke_run_prints_the_table_and_writes_json(tmp_path, capsys):
     assert "flip rate" in text and "Attn/ReLU" in text and "Verdict:" in text
     rec = json.loads(out.read_text())
     assert rec["preset"] == "smoke" and rec["config"]["attacks"] == ["fgsm"]
+
+
+def test_a_dead_networks_zero_kernel_gives_no_kernel_predictor_instead_of_an_error():
+    """A network whose ReLUs all died has the zero kernel: without decay its ridge (from the trace) is 0 and kernel
+    regression is undefined, so its kernel-predictor accuracy is NaN (a smoke claims run once stopped on it)."""
+    import torch
+
+    from empirics.common import Tensors
+    from empirics.distance import kernel_predictor_accuracy
+    from empirics.models import ModelSpec, build_model
+
+    x = torch.rand(6, 4, dtype=torch.float64)
+    t = Tensors(x, torch.tensor([0, 1, 0, 1, 0, 1]), x[:3], torch.tensor([0, 1, 0]), 2)
+    model = build_model(ModelSpec("relu", 4, 8, 2, seed=0), x)
+    zero = (np.zeros((6, 6)), np.zeros((3, 6)))
+    out = kernel_predictor_accuracy(model, t, 0.0, trained=zero)
+    assert np.isnan(out["trained_ntk_predictor_test_acc"]) and np.isfinite(out["ntk_predictor_test_acc"])
+    eye = (np.eye(6), np.zeros((3, 6)))
+    assert np.isfinite(kernel_predictor_accuracy(model, t, 0.0, trained=eye)["trained_ntk_predictor_test_acc"])
