@@ -286,3 +286,14 @@ def test_checker_fails_on_a_new_cycle_and_a_wrong_way_import(tmp_path):
                       "verify/__init__.py": ""})
     assert import_cycles(tmp_path) == []
     assert layer_violations(tmp_path) == ["theory.bad:1 imports torch: theory must not import torch"]
+
+
+def test_the_claims_registry_and_the_plan_import_without_torch():
+    """`verify claims --plan` and `--list` read the registry and the cost model: importing them must not load torch
+    (about 3 s here; a module-level `empirics.distance` import in verify/claims/base.py once did)."""
+    import subprocess
+    import sys
+
+    code = "import sys, verify.claims, verify.plan, verify.costs; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"

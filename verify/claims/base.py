@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from empirics.distance import KERNEL_PREDICTOR_ACC
 from empirics.vocab import LandscapeVerdict, model_short
 from theory import checks as theory_checks
 
@@ -127,6 +126,8 @@ def kernel_predictor(runs: Iterable[dict[str, Any]]) -> tuple[str, dict[str, Any
     """The kernel predictors' test accuracy beside each network's own, from the runs of a malleability or landscape
     record (`empirics.distance.kernel_predictor_accuracy`): the text of the means over seeds per model (and
     training, where not standard), and per model the per-seed values. ("", {}) for runs that do not record it."""
+    from empirics.distance import KERNEL_PREDICTOR_ACC  # here, not at the top: the claims registry stays torch-free
+
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         if any(k in r for k in KERNEL_PREDICTOR_ACC):
