@@ -12,15 +12,15 @@ reported beside each rate. Every row is checked against what its method promises
   models' rates, the per-point paired excess over noise, and `fieller` for Attn/ReLU ratios of raw flip rates
   and of excesses;
 - TOST (`tost_ratio`, the no-gap rule's margin, flip rates of two models): a test, not an interval, so what it
-  promises is measured: each of its one-sided t tests, with the truth on that test's margin, rejects with
-  probability alpha (row `size`: 1 - the rejection rate, nominal 0.95); its interval, Fieller's at 1 - 2 alpha,
-  covers a truth on either margin with probability 0.90 (row `interval`, nominal 0.90). The TOST itself, with
-  the truth on a margin, declares equivalence at most alpha of the time (row `level`: 1 - that rate, at least
-  0.93). It is an intersection-union test: equivalence needs both one-sided tests to reject, so where the
-  other test lacks power (between-seed sd 0.15: its interval is about as wide as the margin) the rate falls
-  well below alpha (1 - rate close to 1). That conservatism is inherent in TOST, not a coverage failure, and
-  is why the level row has no upper bound. Its power at the ratio sqrt(lo hi) inside the margin is reported
-  as information (row `power`, no check);
+  promises is measured: each of its one-sided tests (skewness-corrected t), with the truth on that test's margin,
+  rejects with probability alpha (row `size`: 1 - the rejection rate, nominal 0.95); its interval, Fieller's at 1 -
+  2 alpha, covers a truth on either margin with probability 0.90 (row `interval`, nominal 0.90). The TOST itself,
+  with the truth on a margin, declares equivalence at most alpha of the time (row `level`: 1 - that rate, at least
+  0.93). It is an intersection-union test: equivalence needs both one-sided tests to reject, so where the other test
+  lacks power (between-seed sd 0.15: its interval is about as wide as the margin) the rate falls well below alpha
+  (one minus the rate close to 1). That conservatism is inherent in TOST, not a coverage failure, and is why the
+  level row has no upper bound. Its power at the ratio sqrt(lo hi) inside the margin is reported as information (row
+  `power`, no check);
 - slopes: per seed, log d_w = c_s + b_s log w + noise at the quick widths (16, 64, 256, 512), between-seed sd
   of b_s 0, 0.05 or 0.2; `t` on the per-seed slopes (`empirics.distance.slope_interval`).
 
@@ -219,9 +219,9 @@ def tost_methods(reps: int, seeds: int, points: int, sd: float, rng: np.random.G
         power += tost_ratio(*rates(rng, mid), lo, hi)["equivalent"]
     name = f"tost (ratio inside {lo:g}-{hi:g})"
     one_sided = 1 - ALPHA_TOST
-    return [Coverage(f"{name}: upper one-sided t test, truth on the upper margin (1 - size)", tag, seeds, reps,
+    return [Coverage(f"{name}: upper one-sided test, truth on the upper margin (1 - size)", tag, seeds, reps,
                      int(counts[0]), "size", one_sided),
-            Coverage(f"{name}: lower one-sided t test, truth on the lower margin (1 - size)", tag, seeds, reps,
+            Coverage(f"{name}: lower one-sided test, truth on the lower margin (1 - size)", tag, seeds, reps,
                      int(counts[1]), "size", one_sided),
             Coverage(f"{name}: its interval, Fieller at 1 - 2 alpha, truth on either margin", tag, seeds, 2 * reps,
                      int(counts[2] + counts[3]), "interval", 1 - 2 * ALPHA_TOST),

@@ -355,7 +355,7 @@ def ratio_outcome(results: Results) -> Outcome:
 
 NO_GAP_RULE = (GATE_FIRST + "Ratio of RAW flip rates Attn/ReLU pooled over FGSM/PGD/MIM (transformed, eps 0.3), an "
                f"equivalence test with the margin [{NO_GAP_BAND[0]:g}, {NO_GAP_BAND[1]:g}] (fixed with the rule): "
-               f"holds if both one-sided t tests (each at {ALPHA_TOST:g}; {TOST_METHOD}) reject, i.e. the ratio is "
+               f"holds if both one-sided tests ({TOST_METHOD}) reject, i.e. the ratio is "
                "shown to lie inside the margin (no gap, as the paper reports); does not hold if the 95 % Fieller "
                "interval lies entirely outside the margin (a gap); inconclusive otherwise. The ratio of excesses over "
                "noise is reported beside it. " + CI_NOTE)
