@@ -43,11 +43,13 @@ from empirics.models import ModelSpec, build_model, input_channels
 from empirics.protocols import GATE_TRAIN, LR_REF_WIDTH, PROPER, chance_accuracy, protocol_config
 from empirics.train import effective_lr
 from empirics.userdata import load_data
+from empirics.vocab import MODEL_KINDS
 from ntkm.errors import UserInputError
 from verify.presets import n_train_for, parse_int_list, preset
 
 #: Candidate (lr16, power) pairs: the rate at m = 16 and the exponent of its decrease with width.
-CANDIDATES = tuple((lr, pw) for pw in (0.25, 0.5) for lr in (2e-2, 4e-2, 8e-2))
+POWERS = (0.25, 0.5)
+CANDIDATES = tuple((lr, pw) for pw in POWERS for lr in (2e-2, 4e-2, 8e-2))
 MODELS = ("relu", "attn")
 DATASETS = ("mnist", "cifar10")
 
@@ -62,10 +64,14 @@ def _commit() -> str:
     return head + ("+uncommitted" if dirty else "")
 
 
-def _job_runs(job: tuple[str, str, str, tuple[int, ...], tuple[str, ...], int, int | None, str | None]
-              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+#: (data set, model, preset, widths, preprocessings, seeds, epochs, data dir, candidates) of one process.
+Job = tuple[str, str, str, tuple[int, ...], tuple[str, ...], int, int | None, str | None,
+            tuple[tuple[float, float], ...]]
+
+
+def _job_runs(job: Job) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every pilot network of one (data set, model) (one process of `--jobs`), trained through the engine."""
-    ds_name, kind, preset_name, widths, pres, n_seeds, epochs, data_dir = job
+    ds_name, kind, preset_name, widths, pres, n_seeds, epochs, data_dir, candidates = job
     torch.set_num_threads(int(os.environ.get("NTKM_THREADS", "1")))
     p = preset(preset_name)
     max_epochs = epochs or p["epochs"]
@@ -75,7 +81,7 @@ def _job_runs(job: tuple[str, str, str, tuple[int, ...], tuple[str, ...], int, i
         t = dataset_tensors(ds)
         info = {"n_train": int(ds.x_train.shape[0]), "data": ds.provenance.get("label", ds_name)}
         for pre in pres:
-            for lr16, power in CANDIDATES:
+            for lr16, power in candidates:
                 for w in widths:
                     spec = ModelSpec(kind, ds.d, w, t.out_dim, seed=seed, preprocess=pre, channels=input_channels(ds))
                     cfg = replace(protocol_config(PROPER, max_epochs, seed=seed), lr=lr16, lr_width_power=power)
@@ -137,11 +143,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=None, help="maximum epochs (default: the preset's)")
     ap.add_argument("--widths", default=None, help="widths (default: the preset's sweep)")
     ap.add_argument("--preprocess", default=None, help="comma-separated preprocessings (default: the preset's)")
+    ap.add_argument("--lr16", default=None, help="comma-separated rates at m = 16, each with every power "
+                    f"{', '.join(map(str, POWERS))} (default: {', '.join(sorted({f'{a:g}' for a, _ in CANDIDATES}))})")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated model kinds (default: relu,attn)")
     args = ap.parse_args(argv)
     try:
         p = preset(args.preset)
         widths = parse_int_list(args.widths, "--widths", minimum=1) if args.widths else tuple(p["widths"])
         pres = tuple(args.preprocess.split(",")) if args.preprocess else tuple(p["preprocessings"])
+        candidates = CANDIDATES
+        if args.lr16:
+            try:
+                rates = [float(x) for x in args.lr16.split(",")]
+            except ValueError:
+                raise UserInputError(f"--lr16 must be comma-separated numbers, got '{args.lr16}'") from None
+            if not all(math.isfinite(r) and r > 0 for r in rates):
+                raise UserInputError(f"--lr16 rates must be finite and > 0, got '{args.lr16}'")
+            candidates = tuple((lr, pw) for pw in POWERS for lr in sorted(set(rates)))
+        models = tuple(args.models.split(","))
+        if bad := [m for m in models if m not in MODEL_KINDS]:
+            raise UserInputError(f"unknown --models {', '.join(bad)}; choose from {', '.join(MODEL_KINDS)}")
         if (args.epochs is not None and args.epochs < 1) or args.seeds < 1:
             raise UserInputError(f"--epochs and --seeds must be >= 1, got {args.epochs}, {args.seeds}")
     except UserInputError as e:
@@ -151,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "what": "learning-rate pilot of the width-consistent protocol, training data only (scripts/pilot_lr.py)",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "git_commit": _commit(),
         "config": {"preset": args.preset, "seeds": list(range(args.seeds)), "widths": list(widths),
-                   "models": list(MODELS), "candidates": [{"lr16": a, "power": b} for a, b in CANDIDATES],
+                   "models": list(models), "candidates": [{"lr16": a, "power": b} for a, b in candidates],
                    "lr_ref_width": LR_REF_WIDTH, "max_epochs": args.epochs or p["epochs"],
                    "schedule": f"lr16 * ({LR_REF_WIDTH} / m) ** power", "optimizer": "adam, no weight decay, batch 128",
                    "preprocessings": list(pres),
@@ -160,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                            "training loss / ln(classes) over the cells some candidate makes adequate, then the smaller "
                            "lr16"},
         "datasets": {}}
-    jobs = [(ds_name, kind, args.preset, widths, pres, args.seeds, args.epochs, args.data_dir)
-            for ds_name in DATASETS for kind in MODELS]
+    jobs = [(ds_name, kind, args.preset, widths, pres, args.seeds, args.epochs, args.data_dir, candidates)
+            for ds_name in DATASETS for kind in models]
     jobs.sort(key=lambda j: j[0] != "cifar10")  # the longest first
     if args.jobs > 1:
         with multiprocessing.get_context("spawn").Pool(min(args.jobs, len(jobs))) as pool:
