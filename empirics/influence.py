@@ -408,7 +408,7 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
     xte = torch.as_tensor(_pool(ds.x_test, ds.image_shape, cfg.pool), dtype=torch.float32, device=device)
     spec = ModelSpec(cfg.model, xtr.shape[1], cfg.width, t.out_dim, seed=cfg.seed, preprocess=cfg.preprocess,
                      channels=input_channels(ds))
-    tcfg = protocol_config(cfg.protocol, cfg.epochs, seed=cfg.seed, dataset=cfg.dataset)
+    tcfg = protocol_config(cfg.protocol, cfg.epochs, seed=cfg.seed, dataset=cfg.dataset, preprocess=cfg.preprocess)
     Yt = targets(t.y_test, t.out_dim, torch.float64).cpu().numpy()
 
     def fit(keeps: list[np.ndarray]) -> list[tuple[nn.Module, Any]]:

@@ -53,7 +53,8 @@ class ModelSpec:
     attn_rank: keep only the top-r singular directions of X_train in the context (truncation).
     attn_centre: the centred variant (not the paper's model): `x~ = normalise(C_c^k (x - mu))` with `mu` the
     training mean and `C_c` the context of the mean-removed training inputs.
-    attn_temperature: softmax temperature `T` of kind "softmax" (None: `sqrt(d)`, the transformer's scaling).
+    attn_temperature: softmax temperature `T` of kind "softmax" (None: `sqrt(d)`, the transformer's scaling, or
+        `1 / sqrt(d)` under `preprocess="unit"`; see `temperature`).
     qkv_dim: the dimension k of the query, key and value projections of kind "qkv" (the head sees k features).
     preprocess: the fixed input layer, raw, channel or unit (module docstring).
     channels: colour channels of the flattened C,H,W input, for the per-channel statistics (1 for raw).
@@ -107,8 +108,14 @@ class ModelSpec:
 
     @property
     def temperature(self) -> float:
-        """The softmax temperature `T` (default `sqrt(d)`)."""
-        return float(self.attn_temperature) if self.attn_temperature is not None else self.d**0.5
+        """The softmax temperature `T`: `attn_temperature`, else `sqrt(d)` (the transformer's scaling for inputs whose
+        entries have unit scale), and `1 / sqrt(d)` for unit-norm inputs (`preprocess="unit"`, entries of scale
+        1/sqrt(d)), so that the logits x.x'/T spread like sqrt(d) cos(x, x') under both. With unit-norm inputs and
+        `T = sqrt(d)` every logit lies in [-1/sqrt(d), 1/sqrt(d)], the softmax is uniform to within 7 % on MNIST,
+        every input gets the same features, and the network stays at chance (docs/DEVIATIONS.md D22)."""
+        if self.attn_temperature is not None:
+            return float(self.attn_temperature)
+        return self.d**-0.5 if self.preprocess == "unit" else self.d**0.5
 
     @property
     def head_dim(self) -> int:

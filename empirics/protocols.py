@@ -22,12 +22,15 @@ the weights and the networks barely learn. We therefore judge every empirical cl
   the quick sweep on the quick condition's inputs, n and epochs as at quick; the candidate with the most (model,
   width) cells that reach a plateau and the gate's training accuracy in every seed wins, ties to the smaller
   worst-case training loss over the cells some candidate makes adequate), recorded in `results/pilot-lr.json`
-  (config, date, git commit, every run, the choice) before the claims run (docs/DEVIATIONS.md D18). `PROPER_LR`
-  below is that file's choice (a test checks they agree): MNIST and CIFAR-10 both 8e-2 x (16/m)^(1/2), the largest
-  candidate rate (a larger one was not tried). The pilot covered the `unit` inputs only; the raw-pixel conditions of
-  `full` and `paper` use the same rates until the pilot is rerun with `--preprocess raw,unit`. A data set the pilot
-  did not cover (a user PATH) gets the candidate of the smaller rate at m = 16. Any positive power gives every width
-  its own rate.
+  (config, date, git commit, every run, the choice) before the claims run (docs/DEVIATIONS.md D18). The pilot was
+  rerun on raw pixels (`results/pilot-lr-raw.json`, D21; grid extended down to lr_16 = 2.5e-3, because a raw
+  CIFAR-10 image has ||x||_1 of about 1,460 and every rate of the first grid killed 2L-ReLU at m <= 64).
+  `PROPER_LR` below holds both files' choices (a test checks they agree): on unit-norm inputs MNIST and CIFAR-10
+  both 8e-2 x (16/m)^(1/2) (the largest candidate; a larger one was not tried), on raw pixels MNIST 4e-2 x
+  (16/m)^(1/2) and CIFAR-10 2.5e-3 x (16/m)^(1/2) (the smallest candidate; MLP-Attn on raw CIFAR-10 stays at
+  chance at every candidate). `channel` inputs, which no pilot covered, take the smaller of the two per data set;
+  a data set the pilot did not cover (a user PATH) the smallest rate of its preprocessing. Any positive power
+  gives every width its own rate.
 
 Two more protocols are available to the single-experiment commands: `decoupled` (AdamW, decay 1e-3, the
 paper's numbers with decoupled decay) and `gd-mse` (full-batch gradient descent on the squared loss, the
@@ -55,26 +58,37 @@ PAPER, PROPER, DECOUPLED, GD_MSE = "paper", "width-consistent", "decoupled", "gd
 PROTOCOL_NAMES = (PAPER, PROPER, DECOUPLED, GD_MSE)
 #: Width at which the width-consistent protocol uses `PROPER_LR`'s rate: the narrowest of every preset's sweep.
 LR_REF_WIDTH = 16
-#: (Adam rate at `LR_REF_WIDTH`, power of its decrease with width) of the width-consistent protocol, per data set:
-#: the choice recorded in results/pilot-lr.json by scripts/pilot_lr.py (see the module docstring).
-PROPER_LR: dict[str, tuple[float, float]] = {"mnist": (8e-2, 0.5), "cifar10": (8e-2, 0.5)}
+#: (Adam rate at `LR_REF_WIDTH`, power of its decrease with width) of the width-consistent protocol, per input
+#: preprocessing and data set: the choices recorded by scripts/pilot_lr.py in `PILOT_RECORDS` (module docstring).
+PROPER_LR: dict[str, dict[str, tuple[float, float]]] = {
+    "unit": {"mnist": (8e-2, 0.5), "cifar10": (8e-2, 0.5)},
+    "raw": {"mnist": (4e-2, 0.5), "cifar10": (2.5e-3, 0.5)},
+}
+#: The pilot record behind each preprocessing's rates (tests/empirics/test_protocols.py checks they agree).
+PILOT_RECORDS = {"unit": "results/pilot-lr.json", "raw": "results/pilot-lr-raw.json"}
 
 
-def proper_lr(dataset: str | None) -> tuple[float, float]:
-    """The width-consistent protocol's (rate at `LR_REF_WIDTH`, power) for `dataset` (for a data set the pilot did
-    not cover, the candidate with the smaller rate at `LR_REF_WIDTH`)."""
-    return PROPER_LR.get(dataset or "", min(PROPER_LR.values()))
+def proper_lr(dataset: str | None, preprocess: str = "raw") -> tuple[float, float]:
+    """The width-consistent protocol's (rate at `LR_REF_WIDTH`, power) for `dataset` under input `preprocess`. A
+    preprocessing the pilot did not cover (`channel`) takes the smaller of the piloted rates for the data set, and
+    a data set it did not cover (a user PATH) the smallest piloted rate of the preprocessing."""
+    tables = [PROPER_LR[preprocess]] if preprocess in PROPER_LR else list(PROPER_LR.values())
+    found = [t[dataset] for t in tables if dataset in t]
+    return min(found) if found else min(v for t in tables for v in t.values())
 
 
 def _schedule_text() -> str:
-    return ", ".join(f"{k} {lr:g} x (16/m)^{pw:g}" for k, (lr, pw) in PROPER_LR.items())
+    return "; ".join(f"{pre} inputs: " + ", ".join(f"{k} {lr:g} x (16/m)^{pw:g}" for k, (lr, pw) in t.items())
+                     for pre, t in PROPER_LR.items())
+
 
 DESCRIPTIONS = {
     PAPER: "paper's reported setup: Adam lr 1e-3, coupled L2 weight decay 1e-3 (torch Adam weight_decay), "
            "batch 128, fixed number of epochs",
-    PROPER: f"width-consistent: Adam lr lr_16*({LR_REF_WIDTH}/m)^power at every width (lr_16 and power per data set "
-            "from the pilot results/pilot-lr.json: " + _schedule_text()
-            + "), no weight decay, batch 128, trained to a plateau of the training loss (or the maximum epochs)",
+    PROPER: f"width-consistent: Adam lr lr_16*({LR_REF_WIDTH}/m)^power at every width (lr_16 and power per input "
+            "preprocessing and data set from the pilots results/pilot-lr.json and pilot-lr-raw.json: "
+            + _schedule_text() + "), no weight decay, batch 128, trained to a plateau of the training loss (or the "
+            "maximum epochs)",
     DECOUPLED: "decoupled decay: AdamW lr 1e-3, weight decay 1e-3, batch 128, trained to a plateau",
     GD_MSE: "full-batch gradient descent on the squared loss (one-hot / +-1), lr = n / lambda_max(Theta_0), no "
             "decay, trained to a plateau",
@@ -92,17 +106,17 @@ GATE_TEXT = (f"adequacy gate: every network's train accuracy >= chance + {GATE_T
              "otherwise 'not measurable here'")
 
 
-def protocol_config(name: str, epochs: int, seed: int = 0, dataset: str | None = None,
+def protocol_config(name: str, epochs: int, seed: int = 0, dataset: str | None = None, preprocess: str = "raw",
                     **overrides: Any) -> TrainConfig:
-    """The `TrainConfig` of protocol `name`; `epochs` is the fixed count (paper) or the maximum; `dataset` picks the
-    width-consistent protocol's pilot rate (`proper_lr`)."""
+    """The `TrainConfig` of protocol `name`; `epochs` is the fixed count (paper) or the maximum; `dataset` and the
+    networks' input `preprocess` pick the width-consistent protocol's pilot rate (`proper_lr`)."""
     if name not in PROTOCOL_NAMES:
         raise UserInputError(f"unknown training protocol '{name}'; choose one of {', '.join(PROTOCOL_NAMES)}")
     base = {"epochs": epochs, "seed": seed, "protocol": name, "batch_size": 128}
     if name == PAPER:
         cfg = TrainConfig(**base, optimizer="adam", lr=1e-3, weight_decay=1e-3, decay="coupled")
     elif name == PROPER:
-        lr16, power = proper_lr(dataset)
+        lr16, power = proper_lr(dataset, preprocess)
         cfg = TrainConfig(**base, optimizer="adam", lr=lr16, weight_decay=0.0, lr_ref_width=LR_REF_WIDTH,
                           lr_width_power=power, plateau=True)
     elif name == DECOUPLED:

@@ -66,15 +66,16 @@ def landscape_unit(**kwargs: Any) -> LandscapeRecord:
     return run_landscape(LandscapeConfig(**config_kwargs(kwargs)))
 
 
-def protocol_train(p: PresetSizes, protocol: str, dataset: str | None = None) -> dict[str, Any]:
+def protocol_train(p: PresetSizes, protocol: str, dataset: str | None = None, preprocess: str = "raw"
+                   ) -> dict[str, Any]:
     """The training config (as a dict) of claims protocol `protocol` ("paper" or "proper") at preset `p`:
     the paper's setup for `paper_epochs`, or the width-consistent protocol up to `epochs` (its rate is the
-    pilot's choice for `dataset`, `empirics.protocols.proper_lr`)."""
+    pilot's choice for `dataset` and the input `preprocess`, `empirics.protocols.proper_lr`)."""
     from empirics.protocols import PAPER, PROPER, protocol_config
 
     if protocol == "paper":
         return asdict(protocol_config(PAPER, p["paper_epochs"]))
-    return asdict(protocol_config(PROPER, p["epochs"], dataset=dataset))
+    return asdict(protocol_config(PROPER, p["epochs"], dataset=dataset, preprocess=preprocess))
 
 
 def retrain_unit(train: dict[str, Any], **kwargs: Any) -> RetrainRecord:
@@ -126,7 +127,7 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
         for pre in p["preprocessings"]:
             for base, (cfg, fn, record) in empirical.items():
                 name = names.at(base, protocol, pre)
-                train = protocol_train(p, protocol, cfg.get("dataset"))
+                train = protocol_train(p, protocol, cfg.get("dataset"), pre)
                 units[name] = Unit(name, {**cfg, "train": train, **({"preprocess": pre} if pre != "raw" else {}),
                                           **({"device": device} if device else {})}, fn, record)
     return units

@@ -54,6 +54,27 @@ def test_softmax_temperature_limits():
     assert np.allclose(cold, best / np.linalg.norm(best, axis=1, keepdims=True), atol=1e-9)
 
 
+@pytest.mark.claim("ntk-softmax-mnist", "flip-softmax-mnist")
+def test_softmax_temperature_follows_the_input_scale():
+    """Unit-norm inputs get T = 1/sqrt(d), so their logits x.x'/T are the channel-standardised ones up to the
+    ratio of norms (sqrt(d) cos under both); with T = sqrt(d) they would be uniform to within e^(2/d) and every
+    input would get the same features (the softmax rows' networks stayed at chance, D22)."""
+    d = 64
+    g = torch.Generator().manual_seed(3)
+    xc = torch.randn(40, d, generator=g, dtype=torch.float64)  # channel-standardised scale: entries ~ 1
+    xu = xc / xc.norm(dim=1, keepdim=True)
+    unit, channel = ModelSpec("softmax", d, 5, 2, preprocess="unit"), ModelSpec("softmax", d, 5, 2)
+    assert unit.temperature == pytest.approx(d ** -0.5) and channel.temperature == pytest.approx(d ** 0.5)
+    assert ModelSpec("softmax", d, 5, 2, preprocess="unit", attn_temperature=2.0).temperature == 2.0
+    norms = xc.norm(dim=1)
+    assert torch.allclose(xu @ xu.T / unit.temperature, (xc @ xc.T / channel.temperature) * d
+                          / torch.outer(norms, norms))
+    flat = kernels.softmax_attention_features(xu.numpy(), xu.numpy(), d ** 0.5)
+    sharp = kernels.softmax_attention_features(xu.numpy(), xu.numpy(), unit.temperature)
+    spread = lambda f: float(np.linalg.norm(f - f.mean(axis=0), axis=1).mean())  # noqa: E731
+    assert spread(flat) < 0.1 * spread(sharp)
+
+
 @pytest.mark.claim("ntk-softmax-mnist", "flip-softmax-mnist", "ntk-qkv-mnist", "flip-qkv-mnist", "v2-qkv")
 @pytest.mark.parametrize("kind", ["softmax", "qkv"])
 @pytest.mark.parametrize("parameterization", ["ntk", "standard"])

@@ -100,45 +100,65 @@ def test_gate_thresholds_and_reasons():
 
 def test_schedule_gives_distinct_rates_at_every_width_of_every_sweep():
     """No two widths of any preset's sweep (the distance widths and the malleability width) share a learning rate,
-    on either data set; the paper's protocol is width-independent by design."""
-    from empirics.protocols import LR_REF_WIDTH, PROPER_LR
+    on either data set and under every input preprocessing; the paper's protocol is width-independent by design."""
+    from empirics.datasets import INPUT_PREPROCESSINGS
+    from empirics.protocols import LR_REF_WIDTH, PROPER_LR, proper_lr
     from verify.presets import PRESET_NAMES, preset
 
+    top = max(lr for t in PROPER_LR.values() for lr, _ in t.values())
     for name in PRESET_NAMES:
         p = preset(name)
         widths = sorted({*p["widths"], p["mall_width"]})
         assert min(widths) >= LR_REF_WIDTH  # the anchor is the narrowest width: no rate above the pilot's
-        for ds in (*PROPER_LR, None):
-            cfg = protocol_config("width-consistent", p["epochs"], dataset=ds)
-            rates = [effective_lr(cfg, m) for m in widths]
-            assert len(set(rates)) == len(widths) and rates == sorted(rates, reverse=True), (name, ds, rates)
-            assert rates[0] <= max(lr for lr, _ in PROPER_LR.values())
-            lr16, power = PROPER_LR.get(ds or "", min(PROPER_LR.values()))
-            assert rates[-1] == pytest.approx(lr16 * (LR_REF_WIDTH / widths[-1]) ** power)  # the stated schedule
+        for pre in INPUT_PREPROCESSINGS:
+            for ds in ("mnist", "cifar10", None):
+                cfg = protocol_config("width-consistent", p["epochs"], dataset=ds, preprocess=pre)
+                rates = [effective_lr(cfg, m) for m in widths]
+                assert len(set(rates)) == len(widths) and rates == sorted(rates, reverse=True), (name, ds, rates)
+                assert rates[0] <= top
+                lr16, power = proper_lr(ds, pre)
+                assert rates[-1] == pytest.approx(lr16 * (LR_REF_WIDTH / widths[-1]) ** power)  # the stated schedule
 
 
-def test_pilot_record_is_what_the_protocol_uses():
-    """`PROPER_LR` is the choice recorded by scripts/pilot_lr.py in results/pilot-lr.json, re-derived from the
-    recorded runs by the pilot's own rule, and the recorded rates are the schedule's."""
+def test_rates_follow_the_preprocessing():
+    """Each piloted preprocessing gets its own table; `channel` (not piloted) the smaller of the two per data set,
+    and a user's data set the smallest rate of the preprocessing."""
+    from empirics.protocols import PROPER_LR, proper_lr
+
+    for pre, table in PROPER_LR.items():
+        for ds, rate in table.items():
+            assert proper_lr(ds, pre) == rate
+            assert protocol_config("width-consistent", 5, dataset=ds, preprocess=pre).lr == rate[0]
+        assert proper_lr(None, pre) == min(table.values())
+    for ds in ("mnist", "cifar10"):
+        assert proper_lr(ds, "channel") == min(PROPER_LR["raw"][ds], PROPER_LR["unit"][ds])
+
+
+def test_pilot_records_are_what_the_protocol_uses():
+    """`PROPER_LR` is, per preprocessing, the choice recorded by scripts/pilot_lr.py in its pilot record,
+    re-derived from the recorded runs by the pilot's own rule, and the recorded rates are the schedule's."""
     import importlib.util
     import json
     from pathlib import Path
 
-    from empirics.protocols import LR_REF_WIDTH, PROPER_LR
+    from empirics.protocols import LR_REF_WIDTH, PILOT_RECORDS, PROPER_LR
 
     root = Path(__file__).resolve().parents[2]
-    record = json.loads((root / "results" / "pilot-lr.json").read_text())
     spec = importlib.util.spec_from_file_location("pilot_lr", root / "scripts" / "pilot_lr.py")
     pilot = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pilot)
-    assert record["git_commit"] and record["date"] and record["config"]["widths"][0] == LR_REF_WIDTH
-    assert set(record["datasets"]) == set(PROPER_LR)
-    for ds, block in record["datasets"].items():
-        assert all(r["lr"] == pytest.approx(r["lr16"] * (LR_REF_WIDTH / r["width"]) ** r["power"])
-                   and r["loss_vs_chance"] == pytest.approx(r["final_train_loss"] / r["chance_loss"])
-                   for r in block["runs"])
-        chosen = pilot.choose(block["runs"])["chosen"]
-        assert chosen == block["chosen"] and (chosen["lr16"], chosen["power"]) == PROPER_LR[ds]
+    assert set(PILOT_RECORDS) == set(PROPER_LR)
+    for pre, rel in PILOT_RECORDS.items():
+        record = json.loads((root / rel).read_text())
+        assert record["git_commit"] and record["date"] and record["config"]["widths"][0] == LR_REF_WIDTH
+        assert record["config"]["preprocessings"] == [pre]
+        assert set(record["datasets"]) == set(PROPER_LR[pre])
+        for ds, block in record["datasets"].items():
+            assert all(r["lr"] == pytest.approx(r["lr16"] * (LR_REF_WIDTH / r["width"]) ** r["power"])
+                       and r["loss_vs_chance"] == pytest.approx(r["final_train_loss"] / r["chance_loss"])
+                       and r["preprocess"] == pre for r in block["runs"])
+            chosen = pilot.choose(block["runs"])["chosen"]
+            assert chosen == block["chosen"] and (chosen["lr16"], chosen["power"]) == PROPER_LR[pre][ds]
 
 
 def test_pilot_rule_prefers_more_adequate_cells_then_lower_loss():

@@ -4,6 +4,7 @@ axis), one unit per condition with the preprocessing in its config, and the verd
 
 from __future__ import annotations
 
+from empirics.protocols import proper_lr
 from verify.claims import PROTOCOLS, Claim, Outcome, Verdict, claim_row, claim_units, conditions, units
 from verify.claims.base import HOLDS, NA, NOT, PREPROCESSINGS
 from verify.experiments import units_for
@@ -33,7 +34,12 @@ def test_one_unit_per_condition_with_the_preprocessing_in_its_config():
     for name in raw:
         twin = made[name.replace("@proper", "@proper+unit")]
         assert "preprocess" not in made[name].config  # the raw unit's config (its cache key) is as before
-        assert twin.config == {**made[name].config, "preprocess": "unit"}
+        # the twin differs by its preprocessing and, through it, the piloted rate of the width-consistent protocol
+        cfg = made[name].config
+        ds = cfg.get("dataset")
+        assert twin.config == {**cfg, "preprocess": "unit",
+                               "train": {**cfg["train"], "lr": proper_lr(ds, "unit")[0]}}
+        assert cfg["train"]["lr"] == proper_lr(ds, "raw")[0]
     assert not any("+" in n for n in units_for("smoke"))
 
 

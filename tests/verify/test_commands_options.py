@@ -124,7 +124,7 @@ def test_the_malleability_command_fills_from_the_preset_and_parses_its_text_opti
     cfg = nm.config_from_args(args)
     assert (cfg.eps, cfg.tau, cfg.eps_sweep, cfg.attacks, cfg.seeds) == (0.1, 0.2, (0.2, 0.4), ("pgd",), (0,))
     assert (cfg.width, cfg.n_train, cfg.n_test, cfg.attack_steps) == (128, 100, 40, 3)
-    assert cfg.train == protocol_config(PROPER, 20)
+    assert cfg.train == protocol_config(PROPER, 20, dataset=cfg.dataset, preprocess=cfg.preprocess)
 
 
 def test_the_audit_inverts_no_reference_and_skip():

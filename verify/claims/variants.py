@@ -8,14 +8,13 @@ sit in their own group, and 2L-ReLU (which has no context) is trained exactly as
 units, so the contrast isolates the centring.
 
 `softmax` and `qkv`: the same head on softmax attention over the training set (`x~ = normalise(softmax(x X^T / T)
-X)`, T = sqrt(d), parameter-free) and on trainable single-head linearized attention (`x~ = normalise(x Q K^T C V)`,
-Q, K, V of width 64 at standard Gaussian initialisation, trained with W; `empirics.models`). To keep `verify claims`
-within its time budget they run on MNIST only, at three widths below the preset's widest (`variant_widths`), and
-their flip rates are measured on the widest of those networks. The flip rule's "Attn" is the variant in these
-rows. The `qkv` NTK reference has no closed form: it is the Monte Carlo mean kernel at initialisation
-(`empirics.mc_reference`), and its rows are not measurable when that estimate's error could move the distances
-(`MC_RULE`).
-"""
+X)`, T = sqrt(d), or 1/sqrt(d) on unit-norm inputs, parameter-free) and on trainable single-head linearized
+attention (`x~ = normalise(x Q K^T C V)`, Q, K, V of width 64 at standard Gaussian initialisation, trained with W;
+`empirics.models`). To keep `verify claims` within its time budget they run on MNIST only, at three widths below the
+preset's widest (`variant_widths`), and their flip rates are measured on the widest of those networks. The flip
+rule's "Attn" is the variant in these rows. The `qkv` NTK reference has no closed form: it is the Monte Carlo mean
+kernel at initialisation (`empirics.mc_reference`), and its rows are not measurable when that estimate's error could
+move the distances (`MC_RULE`). """
 
 from __future__ import annotations
 
@@ -73,7 +72,7 @@ def variant_widths(p: PresetSizes) -> list[int]:
 
 #: The attention variants beyond the paper's linearization, and their names in the table.
 ATTENTION_VARIANTS = ("softmax", "qkv")
-VARIANT_NAMES = {"softmax": "softmax attention (T = sqrt(d), parameter-free)",
+VARIANT_NAMES = {"softmax": "softmax attention (T = sqrt(d), 1/sqrt(d) on unit-norm inputs; parameter-free)",
                  "qkv": "trainable single-head Q/K/V linearized attention (k = 64, standard Gaussian initialisation)"}
 
 MC_RULE = ("where the NTK reference is a Monte Carlo estimate (qkv), the rule is applied only if the estimate is "

@@ -275,7 +275,8 @@ def train_config(args: argparse.Namespace, pre: Mapping[str, Any]) -> TrainConfi
     epochs = args.epochs if args.epochs is not None else pre["paper_epochs" if args.protocol == PAPER else "epochs"]
     overrides = {k: v for k, v in (("lr", args.lr), ("optimizer", args.optimizer), ("loss", args.loss))
                  if v is not None}
-    return protocol_config(args.protocol, epochs, dataset=getattr(args, "dataset", None), **overrides)
+    return protocol_config(args.protocol, epochs, dataset=getattr(args, "dataset", None),
+                           preprocess=getattr(args, "preprocess", None) or "raw", **overrides)
 
 
 # ---- where experiment units run -------------------------------------------------------------------------------
