@@ -95,8 +95,9 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     from empirics.influence import RetrainRecord
     from empirics.landscape import LandscapeRecord
     from empirics.malleability import MalleabilityRecord
+    from empirics.protocols import GD_MSE, protocol_config
     from verify.claims.base import PROTOCOLS
-    from verify.claims.influence import retrain_unit_configs
+    from verify.claims.influence import control_unit_config, retrain_unit_configs
     from verify.claims.kappa import kappa_extra_units
     from verify.claims.landscape import landscape_unit_configs
     from verify.claims.malleability import malleability_unit_configs
@@ -110,6 +111,9 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
             "dataset": ds, "ns": list(p["kappa_ns"]), "sample": "first", "preprocessing": "raw", "eps": 0.1,
             "data_dir": data_dir}, kappa_unit, KappaRecord)
     units.update(kappa_extra_units(p, data_dir))
+    control = {**control_unit_config(p, data_dir), "train": asdict(protocol_config(GD_MSE, p["epochs"])),
+               **({"device": device} if device else {})}
+    units[names.INFLUENCE_CONTROL] = Unit(names.INFLUENCE_CONTROL, control, retrain_unit, RetrainRecord)
     empirical: dict[str, tuple[dict[str, Any], Any, Any]] = {}
     distance = (distance_unit, DistanceRecord)
     malleability = (malleability_unit, MalleabilityRecord)

@@ -31,7 +31,9 @@ __all__ = ["PREPROCESSINGS", "PROTOCOLS", "VERDICTS", "Claim", "Outcome", "Verdi
 
 
 def all_claims() -> list[Claim]:
-    from verify.claims.influence import INFLUENCE_CLAIMS
+    """Every claim, in the table's order; the influence-based ones (every malleability claim and the variants' flip
+    rows) judged under the influence-validity rule (`verify.claims.influence.gated`)."""
+    from verify.claims.influence import INFLUENCE_CLAIMS, gated
     from verify.claims.kappa import KAPPA_CLAIMS
     from verify.claims.landscape import LANDSCAPE_CLAIMS
     from verify.claims.malleability import MALLEABILITY_CLAIMS
@@ -39,8 +41,9 @@ def all_claims() -> list[Claim]:
     from verify.claims.theory import THEORY_CLAIMS
     from verify.claims.variants import VARIANT_CLAIMS
 
-    return (THEORY_CLAIMS + KAPPA_CLAIMS + NTK_CLAIMS + MALLEABILITY_CLAIMS + INFLUENCE_CLAIMS + LANDSCAPE_CLAIMS
-            + VARIANT_CLAIMS)
+    variants = [gated(c) if c.id.startswith("flip-") else c for c in VARIANT_CLAIMS]
+    return (THEORY_CLAIMS + KAPPA_CLAIMS + NTK_CLAIMS + [gated(c) for c in MALLEABILITY_CLAIMS] + INFLUENCE_CLAIMS
+            + LANDSCAPE_CLAIMS + variants)
 
 
 def conditions(preprocessings: Iterable[str] = ("raw",),
@@ -51,17 +54,20 @@ def conditions(preprocessings: Iterable[str] = ("raw",),
 
 
 def protocol_units(claim: Claim, protocol: str | None, preprocess: str = "raw") -> tuple[str, ...]:
-    """The unit names a claim needs under `protocol` and `preprocess` (empirical claims) or as written."""
-    return tuple(units.at(u, protocol, preprocess) for u in claim.units) if claim.empirical and protocol \
+    """The unit names a claim needs under `protocol` and `preprocess` (empirical claims) or as written, then its
+    `fixed_units` as written."""
+    own = tuple(units.at(u, protocol, preprocess) for u in claim.units) if claim.empirical and protocol \
         else claim.units
+    return own + claim.fixed_units
 
 
 def claim_units(claim: Claim, preprocessings: Iterable[str] = ("raw",),
                 protocols: Iterable[str] = PROTOCOLS) -> tuple[str, ...]:
     """Every unit a claim needs: its units under each condition (empirical claims), or as written."""
     if not claim.empirical:
-        return claim.units
-    return tuple(u for p, pre in conditions(preprocessings, protocols) for u in protocol_units(claim, p, pre))
+        return claim.units + claim.fixed_units
+    return tuple(dict.fromkeys(u for p, pre in conditions(preprocessings, protocols)
+                               for u in protocol_units(claim, p, pre)))
 
 
 def evaluate_claim(claim: Claim, results: Results, protocol: str | None = None, preprocess: str = "raw") -> Outcome:
@@ -71,7 +77,7 @@ def evaluate_claim(claim: Claim, results: Results, protocol: str | None = None, 
     why = unavailable(results, names)
     if why:
         return Outcome("-", NA, why)
-    view = {base: results[full] for base, full in zip(claim.units, names, strict=True)}
+    view = {base: results[full] for base, full in zip(claim.units, names[:len(claim.units)], strict=True)}
     return claim.evaluate({**results, **view})
 
 

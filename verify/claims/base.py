@@ -71,7 +71,8 @@ class Outcome:
 @dataclass(frozen=True)
 class Claim:
     """One claim of the paper. `empirical` claims are evaluated once per protocol (see `PROTOCOLS`),
-    with `units` resolved to that protocol's units."""
+    with `units` resolved to that protocol's units; `fixed_units` are read as named under every condition (a unit
+    whose condition is part of its design, such as the influence positive control)."""
 
     id: str
     source: str
@@ -83,6 +84,7 @@ class Claim:
     v2: str | None = None
     group: str = "theory"
     empirical: bool = False
+    fixed_units: tuple[str, ...] = ()
 
 
 def unavailable(results: Results, units: Iterable[str]) -> str | None:

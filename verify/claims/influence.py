@@ -4,9 +4,11 @@ from Zhang & Zhang 2022: NTK leave-one-out with the trained network's empirical 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from empirics.influence import RetrainRecord
+from empirics.intervals import wilson
 from empirics.protocols import GATE_TEXT
 from empirics.vocab import PAPER_MODELS, model_name
 from reports.text import fmt
@@ -24,6 +26,16 @@ def retrain_unit_configs(p: PresetSizes, data_dir: str | None) -> dict[str, dict
                                        "n_train": 40 if small else 100, "n_test": 40 if small else 100,
                                        "width": p["mall_width"], "n_remove": 6 if small else 12, "data_dir": data_dir}
             for m in MODELS}
+
+
+def control_unit_config(p: PresetSizes, data_dir: str | None) -> dict[str, Any]:
+    """`ProtocolRetrainConfig` keyword arguments of the positive control (`units.INFLUENCE_CONTROL`): 2L-ReLU at the
+    preset's malleability width, full-batch gradient descent on the squared loss, unit-norm MNIST inputs; twice as
+    many removed points as the retrain check, so that its intervals can exclude a coin."""
+    small = p["n_train"] <= 100
+    return {"model": "relu", "dataset": "mnist", "task": "10class", "n_train": 40 if small else 100,
+            "n_test": 40 if small else 100, "width": p["mall_width"], "n_remove": 8 if small else 24,
+            "preprocess": "unit", "data_dir": data_dir}
 
 
 RETRAIN_RULE = ("for each network, trained under the protocol on MNIST (10 classes), the predicted total influence "
@@ -60,10 +72,103 @@ def _retrain_claim() -> Callable[[Results], Outcome]:
     return evaluate
 
 
+CONTROL_RULE = ("positive control of the influence instrument, in the regime where the NTK theory behind it is exact "
+                "in the wide limit: 2L-ReLU trained by full-batch gradient descent on the squared loss (protocol "
+                "gd-mse) on unit-norm MNIST inputs; the predicted total influence (NTK leave-one-out with the trained "
+                "network's empirical kernel) of evenly spaced points against the actual change of the network's "
+                "squared test loss after retraining from the same initialisation without the point: holds if the 95 % "
+                "bootstrap interval of Spearman's rho lies above 0 and the 95 % Wilson interval of the share of "
+                "points whose predicted and actual changes have the same sign lies above 0.5; does not hold "
+                "otherwise; not measurable if the network fails the gate. Fixed before its first run (D23)")
+
+
+def control_outcome(r: RetrainRecord) -> Outcome:
+    """The positive control's rule (`CONTROL_RULE`) on its retrain record."""
+    cfg = r.config
+    protocol = (f"{r.data.get('label', 'MNIST')}, n_train={cfg['n_train']}, n_test={cfg['n_test']}, 2L-ReLU width "
+                f"{cfg['width']}, protocol {cfg['protocol']} (up to {cfg['epochs']} steps), {cfg['preprocess']} "
+                f"inputs, {cfg['n_remove']} points removed one at a time and the network retrained")
+    n = len(r.points)
+    sign = wilson(r.sign_agreement, n)
+    rho = r.spearman
+    numbers = {"spearman": rho, "pearson": r.pearson, "sign_agreement": r.sign_agreement, "sign_ci": list(sign),
+               "n_points": n}
+    ours = (f"Spearman {fmt(rho['value'])} [{fmt(rho['ci'][0])}, {fmt(rho['ci'][1])}], Pearson "
+            f"{fmt(r.pearson['value'])} [{fmt(r.pearson['ci'][0])}, {fmt(r.pearson['ci'][1])}], signs agree "
+            f"{100 * r.sign_agreement:.0f} % [{100 * sign[0]:.0f}, {100 * sign[1]:.0f}] of {n} points (train/test "
+            f"acc {fmt(r.training['train_acc'])}/{fmt(r.training['test_acc'])})")
+    if not r.training["gate"]["passed"]:
+        return Outcome(f"not measurable: below the adequacy gate ({r.training['gate']['reason']}). {ours}", NA,
+                       protocol, numbers, gate=GATE_TEXT)
+    rho_ok, sign_ok = rho["ci"][0] > 0, sign[0] > 0.5
+    return Outcome(ours, HOLDS if rho_ok and sign_ok else NOT, protocol, numbers, gate=GATE_TEXT,
+                   condition=f"Spearman lower end {fmt(rho['ci'][0])} > 0: {'yes' if rho_ok else 'no'}; sign "
+                             f"agreement lower end {100 * sign[0]:.0f} % > 50 %: {'yes' if sign_ok else 'no'}")
+
+
+RETRAIN_UNITS = tuple(units.influence_retrain(m) for m in MODELS)
+
+VALIDITY_RULE = ("Influence validity (D23): the flip rates and rankings are NTK leave-one-out influence of the trained "
+                 "network's kernel machine, the paper's method. A 'holds' stands only where that influence is "
+                 "validated for the trained network in this claim's condition: the positive control "
+                 "influence-control holds and influence-retrain holds under the same protocol and preprocessing (an "
+                 "MNIST study; for CIFAR-10 rows the nearest check there is). Otherwise 'holds' becomes 'partly' "
+                 "(holds for the kernel predictor; not validated for the trained network). If the positive control "
+                 "does not hold, the instrument is broken and the claim is not measurable here. Other verdicts "
+                 "stand: they judge the paper's own instrument.")
+
+
+def influence_validity(results: Results) -> dict[str, Any]:
+    """The two checks `VALIDITY_RULE` reads, from `results` as one condition's claim sees them: the verdicts of the
+    positive control and of the in-condition retrain check, and whether the instrument counts as validated."""
+    control = results.get(units.INFLUENCE_CONTROL)
+    c = control_outcome(control).verdict if isinstance(control, RetrainRecord) else NA
+    regime = _retrain_claim()(results).verdict if all(isinstance(results.get(u), RetrainRecord)
+                                                       for u in RETRAIN_UNITS) else NA
+    return {"control": c.value, "in_condition": regime.value, "validated": c == HOLDS and regime == HOLDS,
+            "broken": c == NOT}
+
+
+def validity_gated(out: Outcome, results: Results) -> Outcome:
+    """`out` under `VALIDITY_RULE`: a 'holds' not validated becomes 'partly', any measured verdict becomes 'not
+    measurable here' when the positive control fails; the checks go into its numbers and condition."""
+    if out.verdict == NA:
+        return out
+    v = influence_validity(results)
+    note = (f"influence validity: positive control {v['control']}, retrain check in this condition "
+            f"{v['in_condition']} -> {'validated' if v['validated'] else 'not validated'} for the trained network")
+    numbers = {**out.numbers, "influence_validity": v}
+    condition = f"{out.condition}; {note}" if out.condition else note
+    if v["broken"]:
+        return replace(out, verdict=NA, numbers=numbers, condition=condition,
+                       ours=f"not measurable: the influence instrument failed its positive control. {out.ours}")
+    if out.verdict == HOLDS and not v["validated"]:
+        return replace(out, verdict=PARTLY, numbers=numbers, condition=condition,
+                       ours=f"holds for the kernel predictor; not validated for the trained network. {out.ours}")
+    return replace(out, numbers=numbers, condition=condition)
+
+
+def gated(claim: Claim) -> Claim:
+    """`claim` judged under `VALIDITY_RULE`: its rule text extended, the retrain check of each condition and the
+    positive control added to its units."""
+    def evaluate(results: Results) -> Outcome:
+        return validity_gated(claim.evaluate(results), results)
+
+    return replace(claim, rule=f"{claim.rule} {VALIDITY_RULE}", evaluate=evaluate,
+                   units=claim.units + tuple(u for u in RETRAIN_UNITS if u not in claim.units),
+                   fixed_units=claim.fixed_units + (units.INFLUENCE_CONTROL,))
+
+
 INFLUENCE_CLAIMS = [
     Claim("influence-retrain", "Method (Zhang & Zhang 2022)",
           "NTK leave-one-out influence with the trained network's kernel predicts what retraining without a point does",
           paper="used for every influence number, without a check against retraining", rule=RETRAIN_RULE,
           units=tuple(units.influence_retrain(m) for m in MODELS), evaluate=_retrain_claim(), group="malleability",
           empirical=True),
+    Claim("influence-control", "Method (positive control)",
+          "In the lazy regime (gradient descent on the squared loss, unit-norm inputs) NTK leave-one-out influence "
+          "predicts what retraining without a point does",
+          paper="not in the paper: the check that the instrument works where its theory applies", rule=CONTROL_RULE,
+          units=(units.INFLUENCE_CONTROL,), group="malleability",
+          evaluate=lambda results: control_outcome(results[units.INFLUENCE_CONTROL])),
 ]

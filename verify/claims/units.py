@@ -50,6 +50,11 @@ def influence_retrain(model: str) -> str:
     return f"influence-retrain:{model}"
 
 
+#: The positive control of the influence instrument: one fixed condition (gd-mse on unit-norm inputs), not one per
+#: claims condition.
+INFLUENCE_CONTROL = "influence-control"
+
+
 def condition(protocol: str, preprocess: str = "raw") -> str:
     """The name of one claims condition, protocol x input preprocessing: the protocol alone for raw pixels (so the
     names of raw units, their cache files and claims.json stay those of before the axis), `protocol+preprocess`
