@@ -152,13 +152,30 @@ def training_table(record: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+#: Claims judged at one fixed condition of their own (they train networks, but not per protocol x preprocessing).
+FIXED_CONDITION = {"influence-control": "gd-mse, unit inputs"}
+
+
 def theory_summary(record: dict[str, Any]) -> dict[str, int]:
     """Verdict counts of the claims that train nothing."""
-    rows = [c for c in record["claims"] if not c.get("empirical")]
+    rows = [c for c in record["claims"] if not c.get("empirical") and c["id"] not in FIXED_CONDITION]
     out: dict[str, int] = {}
     for c in rows:
         out[c["verdict"]] = out.get(c["verdict"], 0) + 1
     return out
+
+
+def instrument_line(record: dict[str, Any]) -> str:
+    """What the flip rates measure and whether the run validated that for the trained networks (the two influence
+    checks' headline verdicts), for the report's first page; empty where the run judged neither."""
+    by_id = {c["id"]: c for c in record["claims"]}
+    if "influence-control" not in by_id and "influence-retrain" not in by_id:
+        return ""
+    parts = [f"{i} {by_id[i]['verdict']}" for i in ("influence-control", "influence-retrain") if i in by_id]
+    return ("The flip rates and influence rankings are NTK leave-one-out influence of each trained network's kernel "
+            "machine (the paper's method), not retraining; an influence-based claim holds only where the positive "
+            "control and the retrain check of its condition both hold, else it is 'partly' (holds for the kernel "
+            f"predictor). This run: {', '.join(parts)}.")
 
 
 def _counts(s: dict[str, int]) -> str:
@@ -174,13 +191,16 @@ def to_markdown(record: dict[str, Any]) -> str:
              f"**{len(record['claims'])} claims.** Theory and data: {_counts(theory_summary(record))}. Empirical, "
              + "; ".join(f"{p}: {_counts(s)}" for p, s in _by_condition_summary(record).items())
              + ".", ""]
+    if instrument_line(record):
+        lines += [instrument_line(record), ""]
     for name, p in record.get("protocols", {}).items():
         lines.append(f"- protocol **{name}**: {p['description']} ({p['train']['epochs']} epochs"
                      f"{' at most' if p['train'].get('plateau') else ''})")
     lines += [f"- {record.get('gate', '')}", "", "## Verdict matrix", ""]
     names = condition_names(record)
     matrix = [[c["id"], *(_outcomes(c)[n]["verdict"] for n in names), _agreement(c)] if c.get("empirical")
-              else [c["id"], c["verdict"], *(["(no training)"] * (len(names) - 1)), "-"] for c in record["claims"]]
+              else [c["id"], c["verdict"], *([f"({FIXED_CONDITION.get(c['id'], 'no training')})"] * (len(names) - 1)),
+                    "-"] for c in record["claims"]]
     lines += [markdown_table(["claim", *(_condition_label(n) for n in names), "robust"], matrix), ""]
     training = training_table(record)
     if training:
@@ -292,6 +312,8 @@ def render_all(record: dict[str, Any], out: Path, pdf: bool = True) -> Written:
         "r": record, "groups": GROUP_TITLES, "figs": figs, "vclass": VERDICT_CLASS,
         "provenance": data_provenance(record), "training": training_table(record),
         "theory_summary": theory_summary(record),
+        "instrument": instrument_line(record),
+        "fixed_condition": FIXED_CONDITION,
         "rule_status": {c["id"]: rule_status(record, c["id"]) for c in record["claims"]},
         "conditions": [(n, _condition_label(n)) for n in condition_names(record)],
         "agreement": {c["id"]: _agreement(c) for c in record["claims"] if c.get("empirical")},

@@ -72,3 +72,15 @@ def test_every_influence_based_claim_is_gated_and_needs_the_control_once():
     need = claim_units(claims["flip-mnist"], ("raw", "unit"), ("paper", "proper"))
     assert need.count(units.INFLUENCE_CONTROL) == 1
     assert "influence-retrain:attn@paper" in need and "influence-retrain:relu@proper+unit" in need
+
+
+def test_the_report_says_what_the_flip_rates_measure_and_keeps_the_control_out_of_the_theory_count():
+    from reports.claims_report import instrument_line, theory_summary
+
+    record = {"claims": [{"id": "thm4.1", "empirical": False, "verdict": "holds"},
+                         {"id": "influence-control", "empirical": False, "verdict": "holds"},
+                         {"id": "influence-retrain", "empirical": True, "verdict": "does not hold"}]}
+    assert theory_summary(record) == {"holds": 1}
+    line = instrument_line(record)
+    assert "kernel machine" in line and "influence-control holds, influence-retrain does not hold" in line
+    assert instrument_line({"claims": record["claims"][:1]}) == ""
