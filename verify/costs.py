@@ -127,7 +127,7 @@ def networks(name: str, cfg: Mapping[str, Any]) -> list[Network]:
             factor = cfg.get("adv_steps", 7) + 1.0
             nets += [net(k, n, m, s, adv_epochs, factor, adv=True) for s in seeds for k in models]
         return nets
-    if name.startswith("influence-retrain"):
+    if name.startswith(("influence-retrain", "influence-control")):  # one study: `verify.experiments.retrain_unit`
         one = Network(cfg["model"], ds, cfg["n_train"], cfg["width"], epochs, 1.0, regime, None)
         return [one] * (cfg.get("n_remove", 12) + 1)
     return []
@@ -156,7 +156,7 @@ def kernel_work(name: str, cfg: Mapping[str, Any], prim: Primitives) -> float:
         per *= 1 + len(cfg.get("eps_sweep", []))
         trainings = 2 if cfg.get("adv_train") else 1
         return seeds * models * trainings * (per + 1) * (prim.kernel(d, n, cfg["width"]) + prim.solve_at(n))
-    if name.startswith("influence-retrain"):
+    if name.startswith(("influence-retrain", "influence-control")):  # one study: `verify.experiments.retrain_unit`
         n = cfg["n_train"] + cfg["n_test"]
         return prim.kernel(784, n, cfg["width"]) + prim.solve_at(n)
     if name.startswith("kappa") or name.startswith("premise"):
