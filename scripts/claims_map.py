@@ -66,7 +66,8 @@ def registry_lines(claim: object) -> list[str]:
     for path in sorted((ROOT / "verify" / "claims").glob("*.py")):
         mod = importlib.import_module(f"verify.claims.{path.stem}")
         for name, value in vars(mod).items():
-            if name.endswith("_CLAIMS") and isinstance(value, list) and any(c is claim for c in value):
+            if name.endswith("_CLAIMS") and isinstance(value, list) \
+                    and any(getattr(c, "id", None) == claim_id for c in value):
                 out.append(f"{path.relative_to(ROOT).as_posix()} ({name}, id built from a template)")
     return out
 
