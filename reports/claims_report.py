@@ -191,8 +191,9 @@ def to_markdown(record: dict[str, Any]) -> str:
              f"**{len(record['claims'])} claims.** Theory and data: {_counts(theory_summary(record))}. Empirical, "
              + "; ".join(f"{p}: {_counts(s)}" for p, s in _by_condition_summary(record).items())
              + ".", ""]
-    if instrument_line(record):
-        lines += [instrument_line(record), ""]
+    instrument = instrument_line(record)
+    if instrument:
+        lines += [instrument, ""]
     for name, p in record.get("protocols", {}).items():
         lines.append(f"- protocol **{name}**: {p['description']} ({p['train']['epochs']} epochs"
                      f"{' at most' if p['train'].get('plateau') else ''})")

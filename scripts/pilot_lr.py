@@ -45,7 +45,7 @@ from empirics.train import effective_lr
 from empirics.userdata import load_data
 from empirics.vocab import MODEL_KINDS
 from ntkm.errors import UserInputError
-from verify.presets import n_train_for, parse_int_list, preset
+from verify.presets import n_train_for, parse_choices, parse_float_list, parse_int_list, preset
 
 #: Candidate (lr16, power) pairs: the rate at m = 16 and the exponent of its decrease with width.
 POWERS = (0.25, 0.5)
@@ -153,16 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         pres = tuple(args.preprocess.split(",")) if args.preprocess else tuple(p["preprocessings"])
         candidates = CANDIDATES
         if args.lr16:
-            try:
-                rates = [float(x) for x in args.lr16.split(",")]
-            except ValueError:
-                raise UserInputError(f"--lr16 must be comma-separated numbers, got '{args.lr16}'") from None
-            if not all(math.isfinite(r) and r > 0 for r in rates):
-                raise UserInputError(f"--lr16 rates must be finite and > 0, got '{args.lr16}'")
+            rates = parse_float_list(args.lr16, "--lr16", lo=1e-6, hi=1.0)
             candidates = tuple((lr, pw) for pw in POWERS for lr in sorted(set(rates)))
-        models = tuple(args.models.split(","))
-        if bad := [m for m in models if m not in MODEL_KINDS]:
-            raise UserInputError(f"unknown --models {', '.join(bad)}; choose from {', '.join(MODEL_KINDS)}")
+        models = parse_choices(args.models, "--models", MODEL_KINDS)
         if (args.epochs is not None and args.epochs < 1) or args.seeds < 1:
             raise UserInputError(f"--epochs and --seeds must be >= 1, got {args.epochs}, {args.seeds}")
     except UserInputError as e:

@@ -17,6 +17,8 @@ from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results
 from verify.presets import PresetSizes
 
 MODELS = PAPER_MODELS
+#: The retrain check's units, one per paper model (resolved per condition like every empirical unit).
+RETRAIN_UNITS = tuple(units.influence_retrain(m) for m in MODELS)
 
 
 def retrain_unit_configs(p: PresetSizes, data_dir: str | None) -> dict[str, dict[str, Any]]:
@@ -47,7 +49,7 @@ RETRAIN_RULE = ("for each network, trained under the protocol on MNIST (10 class
 
 def _retrain_claim() -> Callable[[Results], Outcome]:
     def evaluate(results: Results) -> Outcome:
-        rs: dict[str, RetrainRecord] = {m: results[units.influence_retrain(m)] for m in MODELS}
+        rs: dict[str, RetrainRecord] = {m: results[u] for m, u in zip(MODELS, RETRAIN_UNITS, strict=True)}
         cfg = rs["relu"].config
         protocol = (f"{rs['relu'].data.get('label', 'MNIST')}, n_train={cfg['n_train']}, n_test={cfg['n_test']}, "
                     f"width {cfg['width']}, protocol {cfg['protocol']} (up to {cfg['epochs']} epochs), "
@@ -106,8 +108,6 @@ def control_outcome(r: RetrainRecord) -> Outcome:
                              f"agreement lower end {100 * sign[0]:.0f} % > 50 %: {'yes' if sign_ok else 'no'}")
 
 
-RETRAIN_UNITS = tuple(units.influence_retrain(m) for m in MODELS)
-
 VALIDITY_RULE = ("Influence validity (D23): the flip rates and rankings are NTK leave-one-out influence of the trained "
                  "network's kernel machine, the paper's method. A 'holds' stands only where that influence is "
                  "validated for the trained network in this claim's condition: the positive control "
@@ -163,7 +163,7 @@ INFLUENCE_CLAIMS = [
     Claim("influence-retrain", "Method (Zhang & Zhang 2022)",
           "NTK leave-one-out influence with the trained network's kernel predicts what retraining without a point does",
           paper="used for every influence number, without a check against retraining", rule=RETRAIN_RULE,
-          units=tuple(units.influence_retrain(m) for m in MODELS), evaluate=_retrain_claim(), group="malleability",
+          units=RETRAIN_UNITS, evaluate=_retrain_claim(), group="malleability",
           empirical=True),
     Claim("influence-control", "Method (positive control)",
           "In the lazy regime (gradient descent on the squared loss, unit-norm inputs) NTK leave-one-out influence "
