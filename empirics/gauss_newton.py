@@ -41,14 +41,17 @@ import torch
 from ntkm.errors import UserInputError
 
 
-def loss_residuals(out: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-    """`dL/df` per example (n, c) for the suite's training losses (float64).
+def loss_residuals(out: torch.Tensor, y: torch.Tensor, loss: str = "auto") -> np.ndarray:
+    """`dL/df` per example (n, c) for the suite's training losses (float64, `empirics.losses.loss_fn`).
 
-    c > 1: cross-entropy, `softmax(f) - onehot(y)`; c = 1: `0.5 (f - (2y - 1))^2`, i.e. `f - (2y - 1)`.
+    c > 1: cross-entropy, `softmax(f) - onehot(y)` (`loss="mse"`: `0.5 ||f - onehot(y)||^2`, i.e. `f - onehot(y)`);
+    c = 1: `0.5 (f - (2y - 1))^2`, i.e. `f - (2y - 1)`.
     """
     f = out.detach().to(torch.float64)
     if f.shape[1] == 1:
         return (f[:, 0] - (2.0 * y.to(torch.float64) - 1.0))[:, None].cpu().numpy()
+    if loss == "mse":
+        return (f - torch.nn.functional.one_hot(y, f.shape[1]).to(torch.float64)).cpu().numpy()
     p = torch.softmax(f, dim=1)
     return (p - torch.nn.functional.one_hot(y, f.shape[1]).to(torch.float64)).cpu().numpy()
 

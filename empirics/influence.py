@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,7 +44,7 @@ import torch
 from scipy import stats
 from torch import nn
 
-from empirics.losses import predict_labels, targets
+from empirics.losses import loss_fn, predict_labels, targets
 from empirics.ntk import empirical_ntk
 from ntkm.codec import Record, encode
 from ntkm.errors import UserInputError
@@ -319,7 +319,28 @@ def retrain_study(cfg: RetrainConfig) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class ProtocolRetrainConfig:
+class RetrainSetting:
+    """The network, data and protocol of a retraining study (`ProtocolRetrainConfig`, and
+    `empirics.retrain_flip.RetrainFlipConfig`): `model` trained under the named `protocol` for at most `epochs` on
+    `n_train` points of `dataset`, with the networks' fixed input layer `preprocess`."""
+
+    dataset: str = "mnist"
+    task: str = "10class"
+    model: str = "relu"
+    n_train: int = 100
+    n_test: int = 100
+    width: int = 512
+    protocol: str = "width-consistent"
+    epochs: int = 1000
+    ridge_rel: float = RIDGE_REL_DEFAULT
+    data_seed: int = 0
+    data_dir: str | None = None
+    device: str = "auto"
+    preprocess: str = "raw"
+
+
+@dataclass(frozen=True)
+class ProtocolRetrainConfig(RetrainSetting):
     """The retraining check in the claims' own setting: either network, trained under a named protocol.
 
     The network is trained on `n_train` points (10 classes, full resolution unless `pool` > 1); then for
@@ -332,22 +353,10 @@ class ProtocolRetrainConfig:
     preprocessing is part of the pipeline, fixed before training, not of what a removal changes).
     """
 
-    dataset: str = "mnist"
-    task: str = "10class"
-    model: str = "relu"
-    n_train: int = 100
-    n_test: int = 100
-    width: int = 512
-    protocol: str = "width-consistent"
     epochs: int = 600
     n_remove: int = 12
     pool: int = 1
-    ridge_rel: float = RIDGE_REL_DEFAULT
     seed: int = 0
-    data_seed: int = 0
-    data_dir: str | None = None
-    device: str = "auto"
-    preprocess: str = "raw"
 
 
 def _bootstrap_corr(pred: np.ndarray, act: np.ndarray, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
@@ -369,11 +378,48 @@ def _bootstrap_corr(pred: np.ndarray, act: np.ndarray, n_boot: int = 2000, seed:
     return out
 
 
+#: The estimands `protocol_retrain_study` compares with retraining, each predicted quantity against the actual change
+#: of the loss it predicts (`ESTIMAND_LOSS`): the paper's, the same with the initial function removed, and the loss
+#: the network is trained with.
+ESTIMANDS = ("paper", "initial-removed", "training-loss")
+ESTIMAND_LOSS = {"paper": "squared", "initial-removed": "squared", "training-loss": "training"}
+PREDICTED = {
+    "paper": "NTK leave-one-out of kernel regression with the trained kernel on one-hot / +-1 targets, squared loss",
+    "initial-removed": "the same on the residual targets y - f0 with f0 (the network at initialisation) added back to "
+                       "the predictor, the linearised network's own leave-one-out",
+    "training-loss": "Gauss-Newton influence on the loss the network is trained with (cross-entropy: residuals "
+                     "softmax - one-hot; squared loss: f - y) with the trained kernel, damping = the leave-one-out "
+                     "ridge (empirics.gauss_newton.gn_influence_mean)",
+}
+ACTUAL = {"squared": "change of the retrained network's summed squared error to the targets on the test set",
+          "training": "change of the retrained network's summed training loss (cross-entropy, or the squared loss "
+                      "under gd-mse) on the test set"}
+
+
+def matched_predictions(net: nn.Module, kernels: tuple[np.ndarray, np.ndarray], x: torch.Tensor, xt: torch.Tensor,
+                        y: torch.Tensor, yt: torch.Tensor, ridge: float, loss: str, f0_train: np.ndarray,
+                        f0_test: np.ndarray) -> dict[str, np.ndarray]:
+    """Predicted total influence (n,) of every training point under each of `ESTIMANDS`, from the trained network's
+    kernels; `f0_*` are the network's outputs at initialisation, `loss` its training loss (`TrainConfig.loss`)."""
+    from empirics.gauss_newton import gn_influence_mean, loss_residuals
+
+    K, Kt = kernels
+    c = f0_train.shape[1]
+    Y = targets(y.cpu(), c, torch.float64).numpy()
+    Yt = targets(yt.cpu(), c, torch.float64).numpy()
+    with torch.no_grad():
+        out, out_t = net(x), net(xt)
+    paper, _ = kernel_influence(K, Y, ridge, Kt, Yt)
+    centred, _ = kernel_influence(K, Y - f0_train, ridge, Kt, Yt - f0_test)
+    gn = gn_influence_mean(K, Kt, loss_residuals(out, y.cpu(), loss), loss_residuals(out_t, yt.cpu(), loss), ridge)
+    return {"paper": paper.sum(axis=1), "initial-removed": centred.sum(axis=1), "training-loss": gn.sum(axis=1)}
+
+
 @dataclass(frozen=True)
 class RetrainRecord(Record):
     """The result of `protocol_retrain_study`: the network's training and gate, the correlation of predicted
-    influence with the actual change of the test loss after retraining (`value` and bootstrap `ci` of each), and
-    the removed points."""
+    influence with the actual change of the test loss after retraining (`value` and bootstrap `ci` of each: the
+    paper's estimand), the removed points, and every estimand of `ESTIMANDS` against the loss it predicts."""
 
     experiment: str
     config: dict[str, Any]
@@ -387,6 +433,7 @@ class RetrainRecord(Record):
     versions: dict[str, Any]
     device: dict[str, Any]
     wall_s: float
+    estimands: list[dict[str, Any]] = field(default_factory=list)
 
 
 def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
@@ -421,18 +468,36 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
             jobs.append((net, xtr[kt], t.y_train[kt], tcfg, xte, t.y_test, f"retrain {cfg.model}"))
         return [(job[0], rec) for job, rec in zip(jobs, train_many(jobs), strict=True)]
 
-    def test_loss(net: nn.Module) -> float:
+    train_loss = loss_fn(t.out_dim, tcfg.loss)
+
+    def losses(net: nn.Module) -> dict[str, float]:
+        """The network's summed test losses: squared error to the targets, and the loss it is trained with."""
         with torch.no_grad():
-            return float(((net(xte).double().cpu().numpy() - Yt) ** 2).sum())
+            out = net(xte)
+            return {"squared": float(((out.double().cpu().numpy() - Yt) ** 2).sum()),
+                    "training": float(train_loss(out, t.y_test).double().sum())}
 
     n = xtr.shape[0]
+    with torch.no_grad():  # the network's function at initialisation (every refit starts from these weights)
+        init = build_model(spec, xtr, device=device, reference=xtr)
+        f0_tr, f0_te = init(xtr).double().cpu().numpy(), init(xte).double().cpu().numpy()
     ((net, rec),) = fit([np.arange(n)])
-    infl = influence_scores(net, xtr, t.y_train, xte, t.y_test, ridge_rel=cfg.ridge_rel)
-    base = test_loss(net)
+    kernels = model_kernels(net, xtr, xte)
+    infl = influence_scores(net, xtr, t.y_train, xte, t.y_test, ridge_rel=cfg.ridge_rel, kernels=kernels)
+    base = losses(net)
     order = np.argsort(infl.total)
     picks = order[np.unique(np.linspace(0, n - 1, min(cfg.n_remove, n)).round().astype(int))]
-    act = np.array([test_loss(m) - base for m, _ in fit([np.setdiff1d(np.arange(n), [i]) for i in picks])])
+    refits = [losses(m) for m, _ in fit([np.setdiff1d(np.arange(n), [i]) for i in picks])]
+    act = {name: np.array([r[name] - base[name] for r in refits]) for name in base}
+    preds = matched_predictions(net, kernels, xtr, xte, t.y_train, t.y_test, infl.ridge, tcfg.loss, f0_tr, f0_te)
     pred = infl.total[picks]
+    estimands = [{"name": name, "predicted": PREDICTED[name], "actual": ACTUAL[ESTIMAND_LOSS[name]],
+                  **_bootstrap_corr(preds[name][picks], act[ESTIMAND_LOSS[name]]),
+                  "sign_agreement": float(np.mean(np.sign(preds[name][picks]) == np.sign(act[ESTIMAND_LOSS[name]]))),
+                  "values": [[float(p), float(a)] for p, a in zip(preds[name][picks], act[ESTIMAND_LOSS[name]],
+                                                                 strict=True)]}
+                 for name in ESTIMANDS]
+    act = act["squared"]
     return RetrainRecord.from_dict(encode({
         "experiment": "influence-retrain-protocol",
         "config": asdict(cfg),
@@ -444,6 +509,7 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
         "sign_agreement": float(np.mean(np.sign(pred) == np.sign(act))),
         "points": [{"index": int(i), "predicted": float(p), "actual": float(a)}
                    for i, p, a in zip(picks, pred, act, strict=True)],
+        "estimands": estimands,
         "data": ds.provenance,
         "versions": library_versions(),
         "device": {**device_info(), "used": device},

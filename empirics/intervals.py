@@ -108,11 +108,11 @@ def fieller(num: Sequence[float], den: Sequence[float], level: float = LEVEL) ->
     return {**out, "value": value, "lo": (qb - root) / qa, "hi": (qb + root) / qa, "bounded": True}
 
 
-def _one_sided_p(d: np.ndarray, greater: bool, skew_corrected: bool = False) -> float:
-    """p value of the one-sided t test that mean(d) > 0 (`greater`) or < 0. With `skew_corrected`, the statistic
-    is Hall's (1992) monotone form of Johnson's (1978) skewness-corrected t: t + a t^2 + a^2 t^3 / 3 + g / (6 sqrt(n))
+def _one_sided_p(d: np.ndarray, greater: bool) -> float:
+    """p value of the skewness-corrected one-sided t test that mean(d) > 0 (`greater`) or < 0. The statistic is
+    Hall's (1992) monotone form of Johnson's (1978) skewness-corrected t: t + a t^2 + a^2 t^3 / 3 + g / (6 sqrt(n))
     with g = k3 / s^3 (k3 the unbiased third cumulant) and a = g / (3 sqrt(n)); Johnson's own t + g (1 + 2 t^2) /
-    (6 sqrt(n)) is not monotone in t and turns a clear rejection into none at large |t|. Needs n >= 3."""
+    (6 sqrt(n)) is not monotone in t and turns a clear rejection into none at large |t|. With n = 2 the plain t."""
     if d.size < 2:
         return 1.0
     m = float(d.mean())
@@ -121,7 +121,7 @@ def _one_sided_p(d: np.ndarray, greater: bool, skew_corrected: bool = False) -> 
         return 0.0 if (m > 0 if greater else m < 0) else 1.0
     n = d.size
     tstat = m / (sd / math.sqrt(n))
-    if skew_corrected and n >= 3:
+    if n >= 3:
         g = n / ((n - 1) * (n - 2)) * float(((d - m) ** 3).sum()) / sd ** 3
         a = g / (3 * math.sqrt(n))
         tstat = tstat + a * tstat ** 2 + a * a * tstat ** 3 / 3 + g / (6 * math.sqrt(n))
@@ -142,8 +142,8 @@ def tost_ratio(num: Sequence[float], den: Sequence[float], lo: float, hi: float,
     if x.size < 2:
         return {"equivalent": False, "p": 1.0, "p_lower": 1.0, "p_upper": 1.0, **base,
                 "ci": [float("-inf"), float("inf")]}
-    p_lo = _one_sided_p(x - lo * y, True, skew_corrected=True)
-    p_hi = _one_sided_p(x - hi * y, False, skew_corrected=True)
+    p_lo = _one_sided_p(x - lo * y, True)
+    p_hi = _one_sided_p(x - hi * y, False)
     p = max(p_lo, p_hi)
     ci = fieller(x, y, 1 - 2 * alpha)
     return {"equivalent": bool(p < alpha), "p": p, "p_lower": p_lo, "p_upper": p_hi, **base, "ci": [ci["lo"], ci["hi"]]}

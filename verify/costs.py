@@ -130,6 +130,10 @@ def networks(name: str, cfg: Mapping[str, Any]) -> list[Network]:
     if name.startswith(("influence-retrain", "influence-control")):  # one study: `verify.experiments.retrain_unit`
         one = Network(cfg["model"], ds, cfg["n_train"], cfg["width"], epochs, 1.0, regime, None)
         return [one] * (cfg.get("n_remove", 12) + 1)
+    if name.startswith("flip-retrain"):  # `verify.experiments.retrain_flip_unit`: 3 training sets x seeds x (k + 1)
+        one = Network(cfg["model"], ds, cfg["n_train"], cfg["width"], epochs, 1.0, regime, None)
+        k = max(1, round(cfg.get("tau", 0.1) * cfg["n_train"]))
+        return [one] * (1 + 3 * len(seeds) * (k + 1))
     return []
 
 
@@ -159,6 +163,9 @@ def kernel_work(name: str, cfg: Mapping[str, Any], prim: Primitives) -> float:
     if name.startswith(("influence-retrain", "influence-control")):  # one study: `verify.experiments.retrain_unit`
         n = cfg["n_train"] + cfg["n_test"]
         return prim.kernel(784, n, cfg["width"]) + prim.solve_at(n)
+    if name.startswith("flip-retrain"):  # the clean kernel and one per perturbed set
+        n = cfg["n_train"] + cfg["n_test"]
+        return 3 * (prim.kernel(784, n, cfg["width"]) + prim.solve_at(n))
     if name.startswith("kappa") or name.startswith("premise"):
         return sum(prim.eig(n) for n in cfg.get("ns", cfg.get("premise_ns", [])))
     return 0.0

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from empirics.influence import RetrainRecord
     from empirics.landscape import LandscapeRecord
     from empirics.malleability import MalleabilityRecord
+    from empirics.retrain_flip import RetrainFlipRecord
 
 
 def theory_unit(seed: int) -> TheoryRecord:
@@ -85,6 +86,14 @@ def retrain_unit(train: dict[str, Any], **kwargs: Any) -> RetrainRecord:
     return protocol_retrain_study(ProtocolRetrainConfig(protocol=train["protocol"], epochs=train["epochs"], **kwargs))
 
 
+def retrain_flip_unit(train: dict[str, Any], **kwargs: Any) -> RetrainFlipRecord:
+    """The retrain-based flip study under the unit's protocol (`empirics.retrain_flip`)."""
+    from empirics.retrain_flip import RetrainFlipConfig, retrain_flip_study
+
+    return retrain_flip_study(RetrainFlipConfig(protocol=train["protocol"], epochs=train["epochs"],
+                                                **config_kwargs(kwargs)))
+
+
 def units_for(preset_name: str, data_dir: str | None = None, device: str | None = None) -> dict[str, Unit]:
     """Every unit the claims registry may need, keyed by unit name. Units that train networks exist once per
     condition, claims protocol x the preset's input preprocessings, named `base@protocol` (raw pixels, whose config
@@ -96,11 +105,13 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     from empirics.landscape import LandscapeRecord
     from empirics.malleability import MalleabilityRecord
     from empirics.protocols import GD_MSE, protocol_config
+    from empirics.retrain_flip import RetrainFlipRecord
     from verify.claims.base import PROTOCOLS
     from verify.claims.influence import control_unit_config, retrain_unit_configs
     from verify.claims.kappa import kappa_extra_units
     from verify.claims.landscape import landscape_unit_configs
     from verify.claims.malleability import malleability_unit_configs
+    from verify.claims.retrain_flip import flip_retrain_unit_configs
     from verify.claims.variants import variant_unit_configs
 
     p = preset(preset_name)
@@ -125,6 +136,8 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     empirical.update({k: (v, *malleability) for k, v in malleability_unit_configs(p, data_dir).items()})
     empirical.update({k: (v, landscape_unit, LandscapeRecord) for k, v in landscape_unit_configs(p, data_dir).items()})
     empirical.update({k: (v, retrain_unit, RetrainRecord) for k, v in retrain_unit_configs(p, data_dir).items()})
+    empirical.update({k: (v, retrain_flip_unit, RetrainFlipRecord)
+                      for k, v in flip_retrain_unit_configs(p, data_dir).items()})
     kinds = {"distance": distance, "malleability": malleability}
     empirical.update({k: (v, *kinds[kind]) for k, (kind, v) in variant_unit_configs(p, data_dir).items()})
     for protocol in p.get("protocols", PROTOCOLS):

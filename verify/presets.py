@@ -53,6 +53,8 @@ class PresetSizes(TypedDict):
     premise_ns: NotRequired[tuple[int, ...]]
     premise_widths: NotRequired[tuple[int, ...]]
     binary_kappa_ns: NotRequired[tuple[int, ...]]
+    #: Retrain seeds of the retrain-based flip units (`verify.claims.retrain_flip`), where not 3.
+    retrain_seeds: NotRequired[int]
 
 
 _QUICK: PresetSizes = {
@@ -76,13 +78,13 @@ PRESETS: dict[str, PresetSizes] = {
     "quick": _QUICK,
     "axes": {**_QUICK, "preprocessings": ("raw", "unit")},
     "full": {**_QUICK, "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper"), "ntk_gd_mse": True,
-             "adv_max_epochs": 100},
+             "adv_max_epochs": 100, "retrain_seeds": 10},
     "paper": {
         "n_train": 5000, "n_test": 1000, "widths": (16, 64, 256, 1024, 4096), "seeds": tuple(range(10)), "epochs": 1000,
         "paper_epochs": 500, "mall_width": 4096, "mall_n_train": 5000, "mall_n_test": 1000, "attack_steps": 40,
         "adv_max_epochs": 100, "landscape_points": 41, "landscape_grid": 21, "hessian_iters": 50,
         "hutchinson_samples": 30, "kappa_ns": (50, 100, 200, 500, 1000, 2000, 5000, 10000), "n_train_by_dataset": {},
-        "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper"), "ntk_gd_mse": True,
+        "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper"), "ntk_gd_mse": True, "retrain_seeds": 10,
     },
 }
 #: What each preset key means (printed in the README's preset table).
@@ -101,6 +103,9 @@ PRESET_KEYS = {
                       "more run of every empirical unit per protocol",
     "protocols": "claims protocols every empirical claim is judged under (paper: the reported setup; proper: the "
                  "width-consistent protocol); quick judges proper only, full and paper both",
+    "retrain_seeds": "retrain seeds of the retrain-based flip rows (each point's actual effect is measured under every "
+                     "seed, so that its seed-to-seed noise is known): 3 unless given (their cost grows linearly; "
+                     "README, Presets)",
     "ntk_gd_mse": "whether the NTK-distance sweeps also train every network under gd-mse (the co-primary estimand of "
                   "the NTK rows); off at quick for its time budget, on at full and paper",
 }

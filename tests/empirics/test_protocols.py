@@ -284,6 +284,44 @@ def test_retraining_study_under_the_claims_protocol(model):
         lo, hi = ci["ci"]
         assert -1 <= lo <= ci["value"] <= hi <= 1
     assert "gate" in r.training
+    by_name = {e["name"]: e for e in r.estimands}
+    assert list(by_name) == ["paper", "initial-removed", "training-loss"]
+    assert by_name["paper"]["spearman"] == r.spearman  # the verdict's estimand is the paper's
+    paper = np.array(by_name["paper"]["values"])
+    np.testing.assert_allclose(paper, np.column_stack([pred, act]))
+    train_loss = np.array(by_name["training-loss"]["values"])
+    assert by_name["training-loss"]["spearman"]["value"] == pytest.approx(
+        stats.spearmanr(train_loss[:, 0], train_loss[:, 1]).statistic)
+
+
+@pytest.mark.parametrize(("out_dim", "loss"), [(10, "auto"), (10, "mse"), (1, "auto")])
+def test_loss_residuals_are_the_gradient_of_the_training_loss(out_dim, loss):
+    """The Gauss-Newton estimand's residuals `dL/df` against autograd of the very loss `train` uses."""
+    from empirics.gauss_newton import loss_residuals
+    from empirics.losses import loss_fn
+
+    gen = torch.Generator().manual_seed(out_dim)
+    out = torch.randn(7, out_dim, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, max(out_dim, 2), (7,), generator=gen)
+    (grad,) = torch.autograd.grad(loss_fn(out_dim, loss)(out, y).sum(), out)
+    np.testing.assert_allclose(loss_residuals(out, y, loss), grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_the_initial_function_removed_estimand_is_the_papers_when_the_network_starts_at_zero():
+    """With f0 = 0 the residual targets are the targets: the two kernel estimands coincide; with f0 they differ."""
+    from empirics.influence import matched_predictions, model_kernels
+    from empirics.models import ModelSpec, build_model
+
+    gen = torch.Generator().manual_seed(0)
+    x, xt = torch.rand(20, 6, generator=gen), torch.rand(9, 6, generator=gen)
+    y, yt = torch.randint(0, 3, (20,), generator=gen), torch.randint(0, 3, (9,), generator=gen)
+    net = build_model(ModelSpec("relu", 6, 32, 3, seed=0), x)
+    K = model_kernels(net, x, xt)
+    zero = matched_predictions(net, K, x, xt, y, yt, 0.1, "auto", np.zeros((20, 3)), np.zeros((9, 3)))
+    np.testing.assert_allclose(zero["initial-removed"], zero["paper"], rtol=1e-12)
+    f0 = np.full((20, 3), 0.3), np.full((9, 3), 0.3)
+    shifted = matched_predictions(net, K, x, xt, y, yt, 0.1, "auto", *f0)
+    assert not np.allclose(shifted["initial-removed"], shifted["paper"])
 
 
 def test_retraining_without_training_changes_nothing_for_relu():

@@ -14,7 +14,8 @@ BASELINE = Path(__file__).resolve().parents[1] / "data" / "smoke-claims-43279c4.
 
 
 #: Units added after the stored record was written (each with its own name function or constant).
-ADDED_SINCE = (units.INFLUENCE_CONTROL,)
+ADDED_SINCE = (units.INFLUENCE_CONTROL,) + tuple(units.at(units.flip_retrain(m), p) for p in ("paper", "proper")
+                                                 for m in ("relu", "attn"))
 
 
 def test_unit_names_are_those_of_the_stored_record():
@@ -31,6 +32,7 @@ def test_names():
     assert units.ntk_distance("mnist", "qkv") == "ntk-distance:mnist:qkv"
     assert units.at(units.landscape("mnist"), "paper") == "landscape:mnist@paper"
     assert units.influence_retrain("attn") == "influence-retrain:attn"
+    assert units.flip_retrain("attn") == "flip-retrain:attn"
 
 
 def test_every_claim_reads_units_that_exist():

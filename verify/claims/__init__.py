@@ -38,12 +38,13 @@ def all_claims() -> list[Claim]:
     from verify.claims.landscape import LANDSCAPE_CLAIMS
     from verify.claims.malleability import MALLEABILITY_CLAIMS
     from verify.claims.ntk import NTK_CLAIMS
+    from verify.claims.retrain_flip import RETRAIN_FLIP_CLAIMS
     from verify.claims.theory import THEORY_CLAIMS
     from verify.claims.variants import VARIANT_CLAIMS
 
     variants = [gated(c) if c.id.startswith("flip-") else c for c in VARIANT_CLAIMS]
     return (THEORY_CLAIMS + KAPPA_CLAIMS + NTK_CLAIMS + [gated(c) for c in MALLEABILITY_CLAIMS] + INFLUENCE_CLAIMS
-            + LANDSCAPE_CLAIMS + variants)
+            + RETRAIN_FLIP_CLAIMS + LANDSCAPE_CLAIMS + variants)
 
 
 def conditions(preprocessings: Iterable[str] = ("raw",),

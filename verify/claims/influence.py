@@ -7,13 +7,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from empirics.influence import RetrainRecord
+from empirics.influence import ESTIMAND_LOSS, RetrainRecord
 from empirics.intervals import wilson
 from empirics.protocols import GATE_TEXT
 from empirics.vocab import PAPER_MODELS, model_name
 from reports.text import fmt
 from verify.claims import units
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results
+from verify.claims.retrain_flip import FLIP_RETRAIN_UNITS, retrain_flip_verdict
 from verify.presets import PresetSizes
 
 MODELS = PAPER_MODELS
@@ -44,7 +45,22 @@ RETRAIN_RULE = ("for each network, trained under the protocol on MNIST (10 class
                 "of evenly spaced points against the actual change of the network's test loss after retraining from "
                 "the same initialisation without the point; 95 % bootstrap interval of Spearman's rho over the "
                 "removed points: holds if the interval lies above 0.5 for both networks; partly if it lies above 0 "
-                "for both, or above 0.5 for one; does not hold otherwise; not measurable if a network fails the gate")
+                "for both, or above 0.5 for one; does not hold otherwise; not measurable if a network fails the gate. "
+                "The verdict judges the paper's estimand (kernel regression on one-hot targets, squared loss, against "
+                "the network's squared error), the one every flip rate uses; the matched estimands (the initial "
+                "function removed; Gauss-Newton influence on the training loss against the change of that loss) are "
+                "reported beside it, not judged")
+
+
+def estimands_text(r: RetrainRecord) -> str:
+    """Spearman (interval) and sign agreement of each estimand against the loss it predicts (`ESTIMANDS`)."""
+    loss = {"training": "training loss", "squared": "squared error"}
+    parts = []
+    for e in r.estimands:
+        rho = e["spearman"]
+        parts.append(f"{e['name']} (vs the {loss[ESTIMAND_LOSS[e['name']]]}) Spearman {fmt(rho['value'])} "
+                     f"[{fmt(rho['ci'][0])}, {fmt(rho['ci'][1])}], signs {100 * e['sign_agreement']:.0f} %")
+    return "; ".join(parts)
 
 
 def _retrain_claim() -> Callable[[Results], Outcome]:
@@ -61,8 +77,11 @@ def _retrain_claim() -> Callable[[Results], Outcome]:
                  f"{fmt(r.spearman['ci'][1])}], Pearson {fmt(r.pearson['value'])} [{fmt(r.pearson['ci'][0])}, "
                  f"{fmt(r.pearson['ci'][1])}], signs agree {100 * r.sign_agreement:.0f} % (train/test acc "
                  f"{fmt(r.training['train_acc'])}/{fmt(r.training['test_acc'])})" for m, r in rs.items()]
-        numbers = {m: {"spearman": r.spearman, "pearson": r.pearson, "sign_agreement": r.sign_agreement}
+        numbers = {m: {"spearman": r.spearman, "pearson": r.pearson, "sign_agreement": r.sign_agreement,
+                       "estimands": {e["name"]: {k: e[k] for k in ("spearman", "pearson", "sign_agreement")}
+                                     for e in r.estimands}}
                    for m, r in rs.items()}
+        parts += [f"{model_name(m)} by estimand: {estimands_text(r)}" for m, r in rs.items() if r.estimands]
         if failed:
             return Outcome("not measurable: below the adequacy gate (" + "; ".join(failed) + "). " + "; ".join(parts),
                            NA, protocol, numbers, gate=GATE_TEXT)
@@ -112,31 +131,41 @@ VALIDITY_RULE = ("Influence validity (D23): the flip rates and rankings are NTK 
                  "network's kernel machine, the paper's method. A 'holds' stands only where that influence is "
                  "validated for the trained network in this claim's condition: the positive control "
                  "influence-control holds and influence-retrain holds under the same protocol and preprocessing (an "
-                 "MNIST study; for CIFAR-10 rows the nearest check there is). Otherwise 'holds' becomes 'partly' "
+                 "MNIST study; for CIFAR-10 rows the nearest check there is), or, for a flip-rate claim, the "
+                 "retrain-based flip row flip-retrain-mnist holds in the same condition (D24). Otherwise 'holds' "
+                 "becomes 'partly' "
                  "(holds for the kernel predictor; not validated for the trained network). If the positive control "
                  "does not hold, the instrument is broken and the claim is not measurable here. Other verdicts "
                  "stand: they judge the paper's own instrument.")
 
 
-def influence_validity(results: Results) -> dict[str, Any]:
-    """The two checks `VALIDITY_RULE` reads, from `results` as one condition's claim sees them: the verdicts of the
-    positive control and of the in-condition retrain check, and whether the instrument counts as validated."""
+def influence_validity(results: Results, flip: bool = False) -> dict[str, Any]:
+    """The checks `VALIDITY_RULE` reads, from `results` as one condition's claim sees them: the verdicts of the
+    positive control, of the in-condition retrain check and (for a flip-rate claim, `flip`) of the retrain-based flip
+    row, and whether the instrument counts as validated."""
     control = results.get(units.INFLUENCE_CONTROL)
     c = control_outcome(control).verdict if isinstance(control, RetrainRecord) else NA
     regime = _retrain_claim()(results).verdict if all(isinstance(results.get(u), RetrainRecord)
                                                        for u in RETRAIN_UNITS) else NA
-    return {"control": c.value, "in_condition": regime.value, "validated": c == HOLDS and regime == HOLDS,
-            "broken": c == NOT}
+    out = {"control": c.value, "in_condition": regime.value, "broken": c == NOT}
+    by_retrain = False
+    if flip:
+        out["flip_retrain"] = retrain_flip_verdict(results) or NA.value
+        by_retrain = out["flip_retrain"] == HOLDS.value
+    return {**out, "validated": (c == HOLDS and regime == HOLDS) or by_retrain}
 
 
-def validity_gated(out: Outcome, results: Results) -> Outcome:
+def validity_gated(out: Outcome, results: Results, flip: bool = False) -> Outcome:
     """`out` under `VALIDITY_RULE`: a 'holds' not validated becomes 'partly', any measured verdict becomes 'not
-    measurable here' when the positive control fails; the checks go into its numbers and condition."""
+    measurable here' when the positive control fails; the checks go into its numbers and condition. `flip`: a
+    flip-rate claim, which the retrain-based flip row can also validate."""
     if out.verdict == NA:
         return out
-    v = influence_validity(results)
+    v = influence_validity(results, flip)
+    retrain = f", retrain-based flip row {v['flip_retrain']}" if flip else ""
     note = (f"influence validity: positive control {v['control']}, retrain check in this condition "
-            f"{v['in_condition']} -> {'validated' if v['validated'] else 'not validated'} for the trained network")
+            f"{v['in_condition']}{retrain} -> {'validated' if v['validated'] else 'not validated'} for the trained "
+            "network")
     numbers = {**out.numbers, "influence_validity": v}
     condition = f"{out.condition}; {note}" if out.condition else note
     if v["broken"]:
@@ -149,13 +178,16 @@ def validity_gated(out: Outcome, results: Results) -> Outcome:
 
 
 def gated(claim: Claim) -> Claim:
-    """`claim` judged under `VALIDITY_RULE`: its rule text extended, the retrain check of each condition and the
-    positive control added to its units."""
+    """`claim` judged under `VALIDITY_RULE`: its rule text extended, the retrain check of each condition (and, for a
+    flip-rate claim, the retrain-based flip units) and the positive control added to its units."""
+    flip = claim.id.startswith("flip-")
+    checks = RETRAIN_UNITS + (FLIP_RETRAIN_UNITS if flip else ())
+
     def evaluate(results: Results) -> Outcome:
-        return validity_gated(claim.evaluate(results), results)
+        return validity_gated(claim.evaluate(results), results, flip)
 
     return replace(claim, rule=f"{claim.rule} {VALIDITY_RULE}", evaluate=evaluate,
-                   units=claim.units + tuple(u for u in RETRAIN_UNITS if u not in claim.units),
+                   units=claim.units + tuple(u for u in checks if u not in claim.units),
                    fixed_units=claim.fixed_units + (units.INFLUENCE_CONTROL,))
 
 

@@ -50,6 +50,11 @@ def influence_retrain(model: str) -> str:
     return f"influence-retrain:{model}"
 
 
+def flip_retrain(model: str) -> str:
+    """The retrain-based flip study of one network (`empirics.retrain_flip`)."""
+    return f"flip-retrain:{model}"
+
+
 #: The positive control of the influence instrument: one fixed condition (gd-mse on unit-norm inputs), not one per
 #: claims condition.
 INFLUENCE_CONTROL = "influence-control"
