@@ -1,6 +1,6 @@
 """Calibrate and check the units' cost model (`verify.costs`) against the measured unit times of a claims run.
 
-    python -m benchmarks.costs results/claims-quick-r3.json [--json FILE]
+    python -m benchmarks.costs results/claims-quick.json --include-cached [--json FILE]
 
 Fits the analytic model's constants to the run's `units[name]["wall_s"]` (the units in the run's order, one
 process, so networks an earlier unit trained are reused), and reports how well they predict: Spearman rank
@@ -19,9 +19,11 @@ from ntkm.codec import read_json, write_json
 from verify import costs
 
 
-def _units(record: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], list[float]]:
-    """(name, config) in run order and measured seconds of every unit the run computed."""
-    rows = [(name, u) for name, u in record["units"].items() if not u.get("cached")]
+def _units(record: dict[str, Any],
+           include_cached: bool = False) -> tuple[list[tuple[str, dict[str, Any]]], list[float]]:
+    """(name, config) in run order and measured seconds of every unit the run computed (`include_cached`: also the
+    cached ones, with the time stored by the run that computed them)."""
+    rows = [(name, u) for name, u in record["units"].items() if include_cached or not u.get("cached")]
     return [(name, u["config"]) for name, u in rows], [float(u["wall_s"]) for _, u in rows]
 
 
@@ -36,8 +38,8 @@ def leave_one_out(units: list[tuple[str, dict[str, Any]]], wall: list[float]) ->
     return out
 
 
-def report(record: dict[str, Any]) -> dict[str, Any]:
-    units, wall = _units(record)
+def report(record: dict[str, Any], include_cached: bool = False) -> dict[str, Any]:
+    units, wall = _units(record, include_cached)
     fitted = costs.fit(units, wall)
     est = {"stored": [c.total_s for c in costs.plan(units).values()],
            "fitted": [c.total_s for c in costs.plan(units, costs.Analytic(fitted)).values()],
@@ -54,13 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.costs", description=__doc__.split("\n\n")[0])
     ap.add_argument("claims_json", help="a claims.json whose units were computed (not cached)")
     ap.add_argument("--json", default=None, help="write the record here")
+    ap.add_argument("--include-cached", action="store_true",
+                    help="also fit cached units, at the time stored by the run that computed them (a --resume "
+                         "re-render of a run on the same machine keeps those times)")
     args = ap.parse_args(argv)
     record = read_json(args.claims_json)
-    if not _units(record)[0]:
+    if not _units(record, args.include_cached)[0]:
         print(f"benchmarks.costs: {args.claims_json} has no unit computed by its run (all cached, e.g. a --resume "
-              "re-render); give the claims.json of a run that computed its units", file=sys.stderr)
+              "re-render); give the claims.json of a run that computed its units, or --include-cached", file=sys.stderr)
         return 2
-    rec = report(record)
+    rec = report(record, args.include_cached)
     print("constants (s per unit of feature): " + ", ".join(f"{k}={v:.3g}" for k, v in rec["constants_fitted"].items()))
     for k, a in rec["agreement"].items():
         print(f"{k:<14} Spearman {a['spearman']:.3f}, measured/estimated median {a['median_ratio']:.2f} "

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from empirics.kinds import KINDS, kinds_where
 from empirics.losses import loss_fn
 from empirics.vocab import ATTACKS
 from ntkm.errors import UserInputError
@@ -63,7 +64,11 @@ def attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: AttackConfig
     if cfg.name == "random":
         signs = torch.randint(0, 2, x.shape, generator=gen).to(x) * 2 - 1
         return torch.clamp(x + cfg.eps * signs, 0.0, 1.0)
-    recompute = cfg.context == "recomputed" and getattr(getattr(model, "spec", None), "kind", "") == "attn"
+    info = KINDS.get(getattr(getattr(model, "spec", None), "kind", None))  # None: not one of the suite's networks
+    if cfg.context == "recomputed" and info is not None and info.has_context and not info.recomputed_context:
+        raise UserInputError(f"a recomputed-context attack is not implemented for model '{info.name}' (only "
+                             f"{', '.join(kinds_where(recomputed_context=True))}); use context fixed")
+    recompute = cfg.context == "recomputed" and info is not None and info.recomputed_context
     if recompute and (train_x is None or train_idx is None):
         raise UserInputError("a recomputed-context attack needs the training set and the attacked indices")
     out_dim = None

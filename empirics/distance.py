@@ -72,6 +72,7 @@ from empirics.common import (
 )
 from empirics.influence import model_kernels
 from empirics.intervals import LEVEL, loglog_slope, t_interval
+from empirics.kinds import ANALYTIC, KINDS, MONTE_CARLO
 from empirics.losses import targets
 from empirics.mc_reference import mc_reference_kernel, predictor_jackknife_se
 from empirics.models import ModelSpec, SuiteNet, TwoLayerNet, build_model, input_channels, preprocessed_inputs
@@ -80,6 +81,7 @@ from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig
 from ntkm import tables
 from ntkm.codec import Record, encode, stable_hash
+from ntkm.errors import UserInputError
 from theory import gram, kernels, krr
 
 #: The gd-mse estimand (module docstring), co-primary in the NTK-distance claims.
@@ -282,7 +284,7 @@ def reference_kernels(cfg: DistanceConfig, spec: ModelSpec, x_tr: np.ndarray, x_
                       seed: int) -> tuple[np.ndarray, np.ndarray, Any]:
     """Infinite-width reference kernels (train x train, test x train) of `spec`'s model and the Monte Carlo
     estimate behind them (None where the closed form of Thm 4.2 applies)."""
-    if spec.kind == "qkv":
+    if KINDS[spec.kind].reference == MONTE_CARLO:
         mc = mc_reference_kernel(spec, t.x_train, torch.cat([t.x_train, t.x_test]), cfg.reference_draws,
                                  cfg.reference_width, seed)
         k, n = mc.mean, x_tr.shape[0]
@@ -292,13 +294,17 @@ def reference_kernels(cfg: DistanceConfig, spec: ModelSpec, x_tr: np.ndarray, x_
 
 def analytic_features(spec: ModelSpec, x_tr: np.ndarray, x: np.ndarray) -> np.ndarray:
     """The input map of `spec`'s model in Thm 4.2 (raw inputs, linearized attention with `spec`'s options, or softmax
-    attention; the context from the training rows `x_tr`) on the rows `x` of preprocessed inputs. Not for `qkv`,
-    whose attention is trained."""
-    if spec.kind == "attn":
+    attention; the context from the training rows `x_tr`) on the rows `x` of preprocessed inputs. Only for kinds
+    with an analytic reference (`empirics.kinds`); any other is an error, never another kind's kernel."""
+    features = KINDS[spec.kind].features
+    if features == "linear-attention":
         return gram.attention_features(x_tr, x, k=spec.attn_layers, rank=spec.attn_rank, centre=spec.attn_centre)
-    if spec.kind == "softmax":
+    if features == "softmax-attention":
         return kernels.softmax_attention_features(x_tr, x, spec.temperature)
-    return x
+    if features == "identity":
+        return x
+    raise UserInputError(f"model '{spec.kind}' has no closed-form reference kernel (its reference is "
+                         f"{KINDS[spec.kind].reference}); use empirics.distance.reference_kernels")
 
 
 def analytic_kernels(spec: ModelSpec, x_tr: np.ndarray, x_te: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -344,7 +350,7 @@ def kernel_predictor_accuracy(model: SuiteNet, t: Tensors, weight_decay: float,
     key = stable_hash({"data": t.key, "weight_decay": weight_decay, "spec": {
         k: v for k, v in spec.to_dict().items() if k not in ("width", "seed", "parameterization")}}) if t.key else ""
     analytic = _ANALYTIC_ACC.get(key, float("nan"))
-    if spec.kind != "qkv" and key not in _ANALYTIC_ACC:
+    if KINDS[spec.kind].reference == ANALYTIC and key not in _ANALYTIC_ACC:
         x_tr, x_te = preprocessed_inputs(spec, t.x_train.cpu().numpy(), t.x_test.cpu().numpy())
         f = analytic_features(spec, x_tr, np.concatenate([x_tr, x_te]))
         k = kernels.analytic_ntk_two_layer(f, f[:n])
@@ -396,7 +402,8 @@ def distance_seed(cfg: DistanceConfig, dataset: Any | None, seed: int) -> dict[s
         for width in cfg.widths:
             spec = replace(spec0, width=width)
             tcfg = replace(cfg.train, seed=seed)
-            gd = gd_mse_run(spec, t, tcfg, k_tt, k_st, y_t, device) if cfg.gd_mse and kind != "qkv" else GD_ABSENT
+            twin = cfg.gd_mse and not KINDS[kind].trains_attention
+            gd = gd_mse_run(spec, t, tcfg, k_tt, k_st, y_t, device) if twin else GD_ABSENT
             runs[kind].append({**one_run(spec, t, tcfg, k_tt, f_ntk, device, k_st, y_t, ridge),
                                "ntk_predictor_test_acc": _acc(f_ntk, ds.y_test), **gd})
     return {"seed": seed, "runs": runs, "norms": norms, "refs": refs, "ridges": ridges, "provenance": ds.provenance,

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Any
 
-MODELS = ("comma-separated: relu, attn (the paper's), softmax (softmax attention over the training set, T = sqrt(d)), "
-          "qkv (trainable single-head Q/K/V linearized attention, k = 64)")
+from empirics import kinds
+
+MODELS = kinds.help_text()
 N_TRAIN = "training points"
 N_TEST = "test points"
 WIDTH = "hidden width m"

@@ -52,6 +52,8 @@ from empirics.common import (
 )
 from empirics.distance import KERNEL_PREDICTOR_ACC, kernel_predictor_accuracy
 from empirics.intervals import t_interval
+from empirics.kinds import kind as kind_of
+from empirics.kinds import kinds_where
 from empirics.losses import loss_fn, predict_labels
 from empirics.models import ModelSpec, TwoLayerNet, input_channels
 from empirics.records import device_info, library_versions
@@ -115,9 +117,10 @@ class LandscapeConfig:
             raise UserInputError("slice_range and flat_step must be > 0")
         if self.interp_range[0] >= self.interp_range[1]:
             raise UserInputError(f"interp_range must be increasing (got {self.interp_range})")
-        if "qkv" in self.models:
-            raise UserInputError("the landscape is measured over W alone, but model 'qkv' also trains its attention; "
-                                 "choose from relu, attn, softmax")
+        moving = [m for m in self.models if kind_of(m).trains_attention]
+        if moving:
+            raise UserInputError(f"the landscape is measured over W alone, but model {', '.join(moving)} also trains "
+                                 f"its attention; choose from {', '.join(kinds_where(trains_attention=False))}")
 
 
 def _generator(seed: int, salt: int) -> torch.Generator:

@@ -64,6 +64,7 @@ from empirics.common import (
 )
 from empirics.distance import kernel_predictor_accuracy
 from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_scores, model_kernels
+from empirics.kinds import KINDS, kinds_where
 from empirics.mall_stats import BASELINE, INTERVENTIONS, MallSummary, paper_ratio_range, summarise
 from empirics.models import ModelSpec, TwoLayerNet, input_channels
 from empirics.progress import log
@@ -141,9 +142,12 @@ class MalleabilityConfig:
             raise UserInputError(f"tau must be in (0, 1] (a fraction of the training set), got {self.tau}")
         if self.attack_context not in CONTEXT_MODES:
             raise UserInputError(f"unknown attack context '{self.attack_context}'; choose fixed or recomputed")
-        if self.attack_context == "recomputed" and any(m in ("softmax", "qkv") for m in self.models):
-            raise UserInputError("--attack-context recomputed is implemented for MLP-Attn only; use --attack-context "
-                                 "fixed with models softmax and qkv (their kernels are still rebuilt after the attack)")
+        unsupported = [m for m in self.models if KINDS[m].has_context and not KINDS[m].recomputed_context]
+        if self.attack_context == "recomputed" and unsupported:
+            raise UserInputError(f"--attack-context recomputed is implemented for "
+                                 f"{', '.join(kinds_where(recomputed_context=True))} only; use --attack-context fixed "
+                                 f"with models {', '.join(unsupported)} (their kernels are still rebuilt after the "
+                                 "attack)")
         if self.n_train < 2 or self.n_test < 1 or self.width < 1:
             raise UserInputError("n_train must be >= 2, n_test >= 1 and width >= 1")
         if self.attack_steps < 1 or self.adv_steps < 1:

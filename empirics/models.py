@@ -35,11 +35,11 @@ from torch import nn
 
 from empirics.context_product import factor_is_cheaper
 from empirics.datasets import INPUT_PREPROCESSINGS, input_statistics
-from empirics.vocab import MODEL_KINDS
+from empirics.kinds import kind, kinds_where
 from ntkm.errors import UserInputError
 
 #: Kinds whose features depend on the training set (an attention context).
-CONTEXT_KINDS = ("attn", "softmax", "qkv")
+CONTEXT_KINDS = kinds_where(has_context=True)
 PARAMETERIZATIONS = ("ntk", "standard")
 
 
@@ -75,7 +75,8 @@ class ModelSpec:
     channels: int = 1
 
     def __post_init__(self) -> None:
-        if self.kind == "relu":  # no context: the attention options mean nothing, so equal networks get equal specs
+        info = kind(self.kind)
+        if not info.has_context:  # no context: the attention options mean nothing, so equal networks get equal specs
             for name, default in (("attn_layers", 1), ("attn_rank", None), ("attn_centre", False)):
                 object.__setattr__(self, name, default)
         if self.preprocess == "raw":  # no statistics: the channel count means nothing
@@ -84,8 +85,6 @@ class ModelSpec:
             raise UserInputError(f"unknown preprocess '{self.preprocess}'; choose {', '.join(INPUT_PREPROCESSINGS)}")
         if self.channels < 1 or self.d % self.channels:
             raise UserInputError(f"channels must divide the input dimension d={self.d} (got {self.channels})")
-        if self.kind not in MODEL_KINDS:
-            raise UserInputError(f"unknown model '{self.kind}'; choose one of {', '.join(MODEL_KINDS)}")
         if self.parameterization not in PARAMETERIZATIONS:
             raise UserInputError(
                 f"unknown parameterization '{self.parameterization}'; choose ntk or standard"
@@ -96,8 +95,8 @@ class ModelSpec:
             raise UserInputError(f"attn_layers must be >= 1 (got {self.attn_layers})")
         if self.attn_rank is not None and self.attn_rank < 1:
             raise UserInputError(f"attn_rank must be >= 1 (got {self.attn_rank})")
-        if self.kind in ("softmax", "qkv") and (self.attn_layers != 1 or self.attn_rank is not None
-                                                or self.attn_centre):
+        if info.has_context and not info.attention_options and (self.attn_layers != 1 or self.attn_rank is not None
+                                                                 or self.attn_centre):
             raise UserInputError(f"attention layers, rank and centring apply to MLP-Attn only; drop --attn-layers, "
                                  f"--attn-rank and --centre for model '{self.kind}'")
         t = self.attn_temperature
@@ -120,7 +119,7 @@ class ModelSpec:
     @property
     def head_dim(self) -> int:
         """Input dimension of the head `W`: `qkv_dim` for kind "qkv", else d."""
-        return self.qkv_dim if self.kind == "qkv" else self.d
+        return self.qkv_dim if kind(self.kind).features == "trained-attention" else self.d
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -249,17 +248,18 @@ class TwoLayerNet(_SuiteBase):
     def __init__(self, spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
                  reference: torch.Tensor | None = None):
         super().__init__()
-        if spec.kind == "qkv":
-            raise UserInputError("model 'qkv' trains its attention: build it with empirics.models.build_model")
+        info = kind(spec.kind)
+        if info.trains_attention:
+            raise UserInputError(f"model '{spec.kind}' trains its attention: build it with empirics.models.build_model")
         self.spec = spec
         gen = torch.Generator().manual_seed(spec.seed)
         _init_head(self, spec, gen, dtype)
         _register_preprocess(self, spec, x_train if reference is None else reference, dtype)
         x_train = None if x_train is None else self.preprocess_inputs(x_train.to(dtype))
-        if spec.kind == "softmax":
+        if info.features == "softmax-attention":
             ctx = x_train.to(dtype) if x_train is not None else torch.zeros(0, spec.d, dtype=dtype)
             self.register_buffer("context", ctx.clone())
-        elif spec.kind == "attn":
+        elif info.features == "linear-attention":
             if x_train is None:
                 raise UserInputError("MLP-Attn needs the training inputs to build its attention context")
             self.register_buffer("context", attention_context(x_train.to(dtype), spec.attn_rank, spec.attn_centre))
@@ -272,9 +272,10 @@ class TwoLayerNet(_SuiteBase):
     def set_context(self, x_train: torch.Tensor) -> None:
         """Rebuild `C` from (possibly perturbed) training inputs (raw pixels; the input statistics stay fixed)."""
         x_train = self.preprocess_inputs(x_train.to(self.context.dtype))
-        if self.spec.kind == "softmax":
+        features = kind(self.spec.kind).features
+        if features == "softmax-attention":
             self.context = x_train.to(self.context.dtype).clone()
-        elif self.spec.kind == "attn":
+        elif features == "linear-attention":
             x_train = x_train.to(self.context.dtype)
             self.context = attention_context(x_train, self.spec.attn_rank, self.spec.attn_centre)
             self.context_factor = self._factor_of(x_train)
@@ -309,9 +310,10 @@ class TwoLayerNet(_SuiteBase):
         x = self.preprocess_inputs(x)
         if context_inputs is not None:
             context_inputs = self.preprocess_inputs(context_inputs)
-        if self.spec.kind == "relu":
+        features = kind(self.spec.kind).features
+        if features == "identity":
             return x
-        if self.spec.kind == "softmax":
+        if features == "softmax-attention":
             keys = self.context if context_inputs is None else context_inputs
             return softmax_attention_features(x, keys, self.spec.temperature)
         rank, centre = self.spec.attn_rank, self.spec.attn_centre
@@ -337,7 +339,7 @@ class QKVAttentionNet(_SuiteBase):
     def __init__(self, spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
                  reference: torch.Tensor | None = None):
         super().__init__()
-        if spec.kind != "qkv":
+        if kind(spec.kind).features != "trained-attention":
             raise UserInputError(f"QKVAttentionNet is model 'qkv', not '{spec.kind}'")
         self.spec = spec
         gen = torch.Generator().manual_seed(spec.seed)
@@ -404,7 +406,7 @@ def build_model(spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: tor
     """The network of `spec` (`QKVAttentionNet` for kind "qkv", else `TwoLayerNet`) on raw training inputs
     `x_train`. `reference`: the inputs the preprocessing statistics come from, where they are not `x_train`
     (a leave-one-out refit keeps the full training set's statistics)."""
-    cls = QKVAttentionNet if spec.kind == "qkv" else TwoLayerNet
+    cls = QKVAttentionNet if kind(spec.kind).trains_attention else TwoLayerNet
     return cls(spec, x_train, dtype, reference).to(device)
 
 

@@ -20,8 +20,9 @@ compared in `tests/empirics/test_ntk_implementations.py`):
 - `autograd_factored`: `empirics.audit_ntk.ModelJacobian`, plain autograd one example (or one batch) at a time,
   with the linear layers of an FX graph (a `torch.export` program's `.module()`) factored; the one path that
   takes TorchScript modules and exported programs, which `torch.func` refuses. "mean" reduction only, on CPU.
-- `auto`: `closed_form` for the suite's networks, `autograd_factored` for TorchScript modules and FX graphs,
-  `torch_func` for any other module.
+- `auto`: `closed_form` for the suite's networks (exactly their classes, with no other parameter trainable:
+  `closed_form_gap`; anything else gets a Jacobian path, never a kernel that drops a parameter),
+  `autograd_factored` for TorchScript modules and FX graphs, `torch_func` for any other module.
 
 The trained parameters are the model's own (`W` for `TwoLayerNet`; `W`, `W_Q`, `W_K`, `W_V` for
 `QKVAttentionNet`) in the closed form, and those that require grad in the Jacobian paths.
@@ -59,6 +60,20 @@ def _check_reduction(reduction: str) -> None:
         raise UserInputError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
 
 
+#: The trained parameters the closed form differentiates, per network class (module docstring).
+CLOSED_FORM_PARAMETERS: dict[type, tuple[str, ...]] = {TwoLayerNet: ("W",), QKVAttentionNet: ("W", "W_Q", "W_K", "W_V")}
+
+
+def closed_form_gap(model: nn.Module) -> str | None:
+    """Why the closed form would not be `model`'s exact kernel (None: it is): the model is not exactly one of the
+    suite's network classes (a subclass may compute or train more), or parameters it does not differentiate train."""
+    covered = CLOSED_FORM_PARAMETERS.get(type(model))
+    if covered is None:
+        return f"{type(model).__name__} is not one of {', '.join(c.__name__ for c in CLOSED_FORM_PARAMETERS)}"
+    extra = [n for n, p in model.named_parameters() if p.requires_grad and n not in covered]
+    return f"trainable parameters {', '.join(extra)} besides {', '.join(covered)}" if extra else None
+
+
 def resolve_implementation(model: nn.Module, implementation: NtkImpl | str = NtkImpl.AUTO) -> NtkImpl:
     """The implementation `empirical_ntk` uses for `model`: `implementation` itself, or the choice of "auto"."""
     try:
@@ -67,9 +82,14 @@ def resolve_implementation(model: nn.Module, implementation: NtkImpl | str = Ntk
         names = ", ".join(repr(i.value) for i in NtkImpl)
         raise UserInputError(f"unknown empirical-NTK implementation {implementation!r}; "
                              f"choose one of {names}") from None
+    if impl is NtkImpl.CLOSED_FORM:
+        why = closed_form_gap(model)
+        if why:
+            raise UserInputError(f"the closed-form NTK does not cover this model ({why}); use implementation "
+                                 "'torch_func' or 'autograd_factored'")
     if impl is not NtkImpl.AUTO:
         return impl
-    if isinstance(model, (TwoLayerNet, QKVAttentionNet)):
+    if closed_form_gap(model) is None:
         return NtkImpl.CLOSED_FORM
     if isinstance(model, (torch.jit.ScriptModule, torch.fx.GraphModule)):
         return NtkImpl.AUTOGRAD_FACTORED
@@ -93,13 +113,8 @@ def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = 
     if static_batch is not None and impl is not NtkImpl.AUTOGRAD_FACTORED:
         raise UserInputError(f"static_batch applies to the autograd_factored implementation only, not {impl.value}")
     if impl is NtkImpl.CLOSED_FORM:
-        if isinstance(model, QKVAttentionNet):
-            k = _closed_form_qkv(model, x1, x2, reduction)
-        elif isinstance(model, TwoLayerNet):
-            k = _closed_form_head(model, x1, x2, reduction)
-        else:
-            raise UserInputError("the closed-form NTK applies only to the suite's TwoLayerNet and QKVAttentionNet; "
-                                 f"use implementation 'torch_func' or 'autograd_factored' for {type(model).__name__}")
+        k = _closed_form_qkv(model, x1, x2, reduction) if isinstance(model, QKVAttentionNet) \
+            else _closed_form_head(model, x1, x2, reduction)
     elif impl is NtkImpl.TORCH_FUNC:
         k = _torch_func(model, x1, x2, reduction, 1 << 30 if max_bytes is None else max_bytes)
     else:

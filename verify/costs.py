@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from empirics.context_product import context_product_macs
+from empirics.kinds import KINDS
 
 #: Input dimension per data set.
 D = {"mnist": 784, "cifar10": 3072}
@@ -113,9 +114,9 @@ def networks(name: str, cfg: Mapping[str, Any]) -> list[Network]:
 
     if name.startswith("ntk-distance"):
         nets = [net(k, cfg["n_train"], w, s) for s in seeds for k in models for w in cfg["widths"]]
-        if cfg.get("gd_mse", distance_default("gd_mse", False)):  # the gd-mse twin of each network but qkv's
-            nets += [net(k, cfg["n_train"], w, s, protocol="gd-mse") for s in seeds for k in models if k != "qkv"
-                     for w in cfg["widths"]]
+        if cfg.get("gd_mse", distance_default("gd_mse", False)):  # the gd-mse twin of each network with fixed features
+            nets += [net(k, cfg["n_train"], w, s, protocol="gd-mse") for s in seeds for k in models
+                     if not KINDS[k].trains_attention for w in cfg["widths"]]
         return nets
     if name.startswith("malleability") or name.startswith("landscape"):
         n, m = cfg["n_train"], cfg["width"]
@@ -212,7 +213,7 @@ def unit_seconds(name: str, cfg: Mapping[str, Any], prim: Primitives,
 
 #: The constants of `Analytic`, each the seconds of one unit of its feature.
 CONSTANT_NAMES = ("step", "flop", "step_plateau_relu", "flop_plateau_relu", "step_plateau_attn", "flop_plateau_attn",
-                  "kernel", "solve", "eig", "unit")
+                  "flop_fullbatch_relu", "flop_fullbatch_attn", "kernel", "solve", "eig", "unit")
 #: The dimension of the query, key and value projections of model qkv (`empirics.models.ModelSpec.qkv_dim`).
 QKV_DIM = 64
 
@@ -224,11 +225,12 @@ def flops(kind: str, d: int, n: int, m: int) -> tuple[float, float]:
     attention's projections per example and its k x k mixing matrix through the d x d context per batch."""
     per_example = d * m + m * OUT
     per_batch = 0.0
-    if kind == "attn":
+    features = KINDS[kind].features
+    if features == "linear-attention":
         per_example += context_product_macs(n, d)
-    elif kind == "softmax":
+    elif features == "softmax-attention":
         per_example += 2 * n * d
-    elif kind == "qkv":
+    elif features == "trained-attention":
         per_example += d * QKV_DIM + QKV_DIM * QKV_DIM
         per_batch += d * d * QKV_DIM + d * QKV_DIM * QKV_DIM
     return per_example, per_batch
@@ -238,15 +240,20 @@ def flops(kind: str, d: int, n: int, m: int) -> tuple[float, float]:
 class Analytic:
     """Primitives as linear functions of `CONSTANT_NAMES`: an epoch costs `step` per batch plus `flop` per
     multiply-add (`flops`); a plateau-stopped epoch has its own constants for ReLU and for the attention models
-    (which absorb the fraction of the maximum epochs each runs); a kernel n^2 (d + m), a solve and an
-    eigendecomposition n^3."""
+    (which absorb the fraction of the maximum epochs each runs), and a plateau-stopped full-batch one (n at most a
+    batch: the retrain studies, whose networks run many more of their maximum epochs, e.g. MLP-Attn 700 of 1,000
+    at n = 100) one constant per multiply-add for each; a kernel n^2 (d + m), a solve and an eigendecomposition
+    n^3. A constant missing from `c` counts 0 (a calibration made before it existed)."""
 
     c: Mapping[str, float]
 
     def epoch_s(self, kind: str, d: int, n: int, m: int, regime: str) -> float:
-        suffix = "" if regime == "full" else "_plateau_relu" if kind == "relu" else "_plateau_attn"
         steps = math.ceil(n / BATCH)
         per_example, per_batch = flops(kind, d, n, m)
+        if regime != "full" and steps == 1:
+            return (n * per_example + per_batch) * self.c.get(f"flop_fullbatch_{'relu' if kind == 'relu' else 'attn'}",
+                                                              0.0)
+        suffix = "" if regime == "full" else "_plateau_relu" if kind == "relu" else "_plateau_attn"
         return steps * self.c[f"step{suffix}"] + (n * per_example + steps * per_batch) * self.c[f"flop{suffix}"]
 
     def kernel(self, d: int, n: int, m: int) -> float:
@@ -263,19 +270,21 @@ class Analytic:
 
 
 #: Where `CALIBRATED`'s constants come from (README: how well they predict).
-CALIBRATION_SOURCE = ("fitted by `python -m benchmarks.costs results/claims-quick-r3.json`: the 43 units of the quick "
-                      "run at 6d6ecfc (3 seeds, one unit after another on 2 shared cores)")
+CALIBRATION_SOURCE = ("fitted by `python -m benchmarks.costs results/claims-quick.json --include-cached`: the 27 units "
+                      "of run R10 (quick at 2d6ed76, 10 seeds, proper+unit, --jobs 2 on 2 cores)")
 CALIBRATED = Analytic({
-    "step": 0.00188,
-    "flop": 1.52e-11,
+    "step": 0.0,
+    "flop": 7.02e-11,
     "step_plateau_relu": 0.0,
-    "flop_plateau_relu": 1.48e-11,
-    "step_plateau_attn": 0.000751,
-    "flop_plateau_attn": 2.68e-13,
-    "kernel": 1.25e-10,
-    "solve": 3.17e-11,
-    "eig": 4.46e-11,
-    "unit": 0.515,
+    "flop_plateau_relu": 4.22e-11,
+    "step_plateau_attn": 8.84e-05,
+    "flop_plateau_attn": 0.0,
+    "flop_fullbatch_relu": 1.22e-11,
+    "flop_fullbatch_attn": 5.79e-11,
+    "kernel": 7.52e-11,
+    "solve": 1.34e-10,
+    "eig": 0.0,
+    "unit": 0.756,
 })
 
 

@@ -137,7 +137,9 @@ def test_auto_chooses_as_documented():
     assert resolve_implementation(mlp) is NtkImpl.TORCH_FUNC
     assert resolve_implementation(_exported(mlp, x)) is NtkImpl.AUTOGRAD_FACTORED
     assert resolve_implementation(_scripted(mlp, x)) is NtkImpl.AUTOGRAD_FACTORED
-    assert resolve_implementation(mlp, "closed_form") is NtkImpl.CLOSED_FORM  # an explicit choice is kept
+    assert resolve_implementation(_suite_net("relu", x), "torch_func") is NtkImpl.TORCH_FUNC  # an explicit choice
+    with pytest.raises(UserInputError, match="closed-form NTK does not cover this model"):  # never a wrong kernel
+        resolve_implementation(mlp, "closed_form")
 
 
 def test_float32_models_give_a_float64_kernel_computed_in_float32():
@@ -156,7 +158,7 @@ def test_bad_choices_are_user_input_errors():
         empirical_ntk(mlp, x, implementation="jacobian")
     with pytest.raises(UserInputError, match="reduction must be one of"):
         empirical_ntk(mlp, x, reduction="sum")
-    with pytest.raises(UserInputError, match="closed-form NTK applies only"):
+    with pytest.raises(UserInputError, match="closed-form NTK does not cover this model .*Sequential is not one of"):
         empirical_ntk(mlp, x, implementation="closed_form")
     with pytest.raises(UserInputError, match="'mean' reduction only"):
         empirical_ntk(mlp, x, reduction="full", implementation="autograd_factored")
