@@ -15,6 +15,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
+from torchscript import script
 
 from empirics.audit_ntk import ModelJacobian
 from empirics.models import ModelSpec, build_model
@@ -52,7 +53,7 @@ def _scripted(model: nn.Module, x: torch.Tensor) -> torch.jit.ScriptModule:
     """A TorchScript copy: scripted where TorchScript compiles the module, traced otherwise (the suite's nets keep
     their spec, a dataclass, which `torch.jit.script` cannot type)."""
     try:
-        return torch.jit.script(model)
+        return script(model)
     except Exception:  # noqa: BLE001 - any compile failure: fall back to tracing the same function
         return torch.jit.trace(model, (x[:3],))
 

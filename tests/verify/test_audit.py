@@ -14,6 +14,7 @@ import torch
 from tolerances import F32_ROUNDING, F64_ALGORITHM, F64_ROUNDING, F64_SOLVE, F64_ULPS
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
+from torchscript import script
 
 from empirics.audit_attribution import INSTALL, PEERS, installed
 from empirics.audit_ntk import ModelJacobian
@@ -90,7 +91,7 @@ def data(tmp_path_factory) -> dict:
     np.savez(folder / "test.npz", x=ds.x_test.reshape(-1, 1, 28, 28), y=ds.y_test)
     x = torch.as_tensor(ds.x_train).reshape(-1, 1, 28, 28)
     cnn = _fit(CNN(), x, torch.as_tensor(ds.y_train))
-    torch.jit.script(cnn).save(str(folder / "cnn.ts"))
+    script(cnn).save(str(folder / "cnn.ts"))
     return {"folder": folder, "train": str(folder / "train.npz"), "test": str(folder / "test.npz"),
             "cnn": str(folder / "cnn.ts"), "ds": ds}
 

@@ -15,6 +15,7 @@ import torch
 from scipy import stats
 from tolerances import F64_ROUNDING
 from torch import nn
+from torchscript import script
 
 from empirics.datasets import load_dataset
 from empirics.intervals import wilson
@@ -64,7 +65,7 @@ def records(tmp_path_factory) -> dict:
     x, y = torch.as_tensor(ds.x_train).reshape(-1, 1, 28, 28), torch.as_tensor(ds.y_train)
     torch.manual_seed(0)
     raw = CNN().eval()
-    torch.jit.script(raw).save(str(d / "raw.ts"))
+    script(raw).save(str(d / "raw.ts"))
     trained = CNN()
     trained.load_state_dict(raw.state_dict())
     opt = torch.optim.Adam(trained.parameters(), lr=5e-3)
@@ -72,7 +73,7 @@ def records(tmp_path_factory) -> dict:
         opt.zero_grad()
         nn.functional.cross_entropy(trained(x), y).backward()
         opt.step()
-    torch.jit.script(trained.eval()).save(str(d / "cnn.ts"))
+    script(trained.eval()).save(str(d / "cnn.ts"))
     code_a, out_a = _audit(d, "a", str(d / "cnn.ts"), str(d / "train.npz"), str(d / "test.npz"),
                            ["--summary", "--fail-on", "medium"])
     code_b, out_b = _audit(d, "b", str(d / "raw.ts"), str(d / "train.npz"), str(d / "test.npz"), [])

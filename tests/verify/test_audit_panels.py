@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torchscript import script
 
 from empirics.audit_ntk import ModelJacobian
 from empirics.datasets import load_dataset
@@ -271,7 +272,7 @@ def _cli_files(mnist, tmp_path: Path) -> dict[str, str]:
     np.savez(tmp_path / "test.npz", x=xt.numpy().reshape(-1, 1, 28, 28), y=yt.numpy())
     refit = Refitter(nn.Identity(), [], RefitConfig(train_fn=f"{fits}:ridge_fit"), 1, (1, 28, 28))
     with refit.fitted(x, y, 0) as saved:
-        torch.jit.script(saved.inner.eval()).save(str(tmp_path / "lin.ts"))
+        script(saved.inner.eval()).save(str(tmp_path / "lin.ts"))
     return {"model": str(tmp_path / "lin.ts"), "train": str(tmp_path / "train.npz"),
             "test": str(tmp_path / "test.npz"), "fits": str(fits)}
 

@@ -12,6 +12,7 @@ import torch
 from tolerances import F32_REORDER, F32_ROUNDING
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
+from torchscript import script
 
 from empirics.audit_ntk import ModelJacobian, ProjectedJacobian, Projection
 from verify.audit_ci import load_schema, schema_errors
@@ -116,7 +117,7 @@ def test_audit_report_states_the_projection_and_its_error(tmp_path, capsys, monk
     np.savez(tmp_path / "d.npz", x=x.numpy(), y=y.numpy(), x_test=x[:16].numpy(), y_test=y[:16].numpy())
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
-    torch.jit.script(net).save(str(tmp_path / "m.ts"))
+    script(net).save(str(tmp_path / "m.ts"))
     out = tmp_path / "r.pdf"
     args = ["audit", "--model", str(tmp_path / "m.ts"), "--train", str(tmp_path / "d.npz"), "--n", "40",
             "--n-test", "16", "--steps", "1", "--baseline-seeds", "2", "--no-reference", "--hessian-iters", "2",

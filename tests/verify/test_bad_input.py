@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torchscript import script
 
 from empirics.datasets import load_dataset
 from ntkm.errors import UserInputError
@@ -109,11 +110,11 @@ def env(tmp_path_factory) -> dict:
     np.savez(d / "scalar_y.npz", x=x, y=np.int64(3))
     np.savez(d / "flat_x.npz", x=x.reshape(-1)[:784], y=ds.y_train[:1])
     torch.manual_seed(0)
-    torch.jit.script(CNN().eval()).save(str(d / "cnn.ts"))
-    torch.jit.script(CNN(bn=True).train()).save(str(d / "bn_train.ts"))
-    torch.jit.script(Cube().eval()).save(str(d / "cube.ts"))
-    torch.jit.script(SmallBatchesOnly(False).eval()).save(str(d / "small_raise.ts"))
-    torch.jit.script(SmallBatchesOnly(True).eval()).save(str(d / "small_nan.ts"))
+    script(CNN().eval()).save(str(d / "cnn.ts"))
+    script(CNN(bn=True).train()).save(str(d / "bn_train.ts"))
+    script(Cube().eval()).save(str(d / "cube.ts"))
+    script(SmallBatchesOnly(False).eval()).save(str(d / "small_raise.ts"))
+    script(SmallBatchesOnly(True).eval()).save(str(d / "small_nan.ts"))
     ep = torch.export.export(CNN().eval(), (torch.rand(2, 1, 28, 28),), dynamic_shapes=({0: torch.export.Dim("b")},))
     torch.export.save(ep, str(d / "cnn.pt2"))
     marker = d / "MARKER"

@@ -13,6 +13,7 @@ import pytest
 import torch
 from tolerances import F32_ACCUMULATED, F32_ROUNDING, F64_ALGORITHM, F64_ROUNDING
 from torch import nn
+from torchscript import script
 
 from empirics.audit_ntk import ModelJacobian
 from empirics.models import ModelSpec, build_model, save_model
@@ -122,7 +123,7 @@ def test_fake_torchscript_archive_with_payload_does_not_run(tmp_path: Path):
 def test_formats_are_detected_from_bytes_not_names(tmp_path: Path):
     m = SmallCNN().eval()
     ts = tmp_path / "model.bin"
-    torch.jit.script(m).save(str(ts))
+    script(m).save(str(ts))
     ep = tmp_path / "model.weights"
     torch.export.save(_export(m, (1, 8, 8)), str(ep))
     sd = tmp_path / "model.safetensors.pt"
@@ -182,7 +183,7 @@ def test_weights_need_a_spec_and_accept_state_dicts(tmp_path: Path):
 
 def test_flat_data_is_reshaped_for_an_image_model(tmp_path: Path):
     ts = tmp_path / "cnn.ts"
-    torch.jit.script(SmallCNN().eval()).save(str(ts))
+    script(SmallCNN().eval()).save(str(ts))
     loaded = load_model(ts)
     x = np.random.default_rng(0).random((5, 64), dtype=np.float32)
     model, shape, c = bind_input(loaded, x, (1, 8, 8))
@@ -198,7 +199,7 @@ def test_shape_mismatch_names_expected_and_given(tmp_path: Path):
         bind_input(load_model(ep), x, None)
     assert "\n" not in str(err.value)
     ts = tmp_path / "cnn.ts"
-    torch.jit.script(SmallCNN().eval()).save(str(ts))
+    script(SmallCNN().eval()).save(str(ts))
     with pytest.raises(UserInputError, match="does not accept the data"):
         bind_input(load_model(ts), x, (1, 10, 10))
 
@@ -300,7 +301,7 @@ def test_kernel_paths_match_torch_func_on_the_eager_twin(arch: str):
     eager = eager.eval().double()
     x = torch.rand(7, 64, dtype=torch.float64)
     ref = _reference(eager, x, shape)
-    ts = torch.jit.script(eager)
+    ts = script(eager)
     gm = _export(eager, shape, dtype=torch.float64).module()
     static = _export(eager, shape, dynamic=False, dtype=torch.float64).module()
     engines = {
@@ -323,7 +324,7 @@ def test_kernel_paths_match_torch_func_on_the_eager_twin(arch: str):
 
 def test_torchscript_is_converted_to_a_graph_when_possible(tmp_path: Path):
     ts = tmp_path / "mlp.ts"
-    torch.jit.script(nn.Sequential(nn.Linear(64, 12), nn.ReLU(), nn.Linear(12, 3)).eval()).save(str(ts))
+    script(nn.Sequential(nn.Linear(64, 12), nn.ReLU(), nn.Linear(12, 3)).eval()).save(str(ts))
     loaded = load_model(ts)
     x = np.random.default_rng(0).random((4, 64), dtype=np.float32)
     model, shape, _ = bind_input(loaded, x, None)
@@ -362,7 +363,7 @@ def _rewrite(src: Path, dst: Path, member: str | None, data: bytes | None) -> No
 def _model_files(tmp: Path) -> dict[str, Path]:
     m = SmallCNN().eval()
     files = {"torchscript": tmp / "m.ts", "export": tmp / "m.pt2", "state-dict": tmp / "sd.pt"}
-    torch.jit.script(m).save(str(files["torchscript"]))
+    script(m).save(str(files["torchscript"]))
     torch.export.save(_export(m, (1, 8, 8)), str(files["export"]))
     suite = build_model(ModelSpec("relu", 16, 8, 3))
     save_model(suite, tmp / "suite.safetensors")
@@ -535,11 +536,11 @@ def test_sympify_payload_would_run_so_the_expression_check_matters(tmp_path: Pat
 def test_models_saved_in_training_mode_are_refused(tmp_path: Path):
     m = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.Flatten(), nn.Linear(108, 4)).train()
     ts, ep = tmp_path / "train.ts", tmp_path / "train.pt2"
-    torch.jit.script(m).save(str(ts))
+    script(m).save(str(ts))
     torch.export.save(_export(m, (1, 8, 8)), str(ep))
     for path in (ts, ep):
         with pytest.raises(UserInputError, match="model.eval()"):
             load_model(path)
     m.eval()
-    torch.jit.script(m).save(str(ts))
+    script(m).save(str(ts))
     assert load_model(ts).fmt == "torchscript"
