@@ -199,9 +199,9 @@ def _cnn_inputs(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, log: Any) -> tup
     from empirics.gauss_newton import gn_influence_mean, loss_residuals
     from empirics.influence import influence_from_kernels
     from empirics.losses import targets
-    from verify.audit import load_inputs
-    from verify.audit_config import AuditConfig
-    from verify.audit_measure import GenericKernels
+    from verify.audit.config import AuditConfig
+    from verify.audit.measure import GenericKernels
+    from verify.audit.pipeline import load_inputs
     from verify.modelio import bind_input, fx_graph_for, parse_shape
 
     torch.manual_seed(0)

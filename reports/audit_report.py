@@ -1,6 +1,6 @@
 """The `verify audit` report: the template's context from an audit record, and the rendered HTML page.
 
-Works on plain data only (the record as `verify.audit.run_audit` returns it or `--json` saved it, and the texts
+Works on plain data only (the record as `verify.audit.pipeline.run_audit` returns it or `--json` saved it, and the texts
 passed in), so a saved record renders again without recomputing anything.
 """
 
@@ -36,7 +36,7 @@ def _pct(v: float) -> str:
 
 def report_context(result: dict[str, Any], figures: dict[str, str], realistic_reason: str) -> dict[str, Any]:
     """Everything the template shows, as formatted values (reads the record, computes nothing new);
-    `realistic_reason` says why the default budget is realistic (`verify.audit_budget.REALISTIC_REASON`)."""
+    `realistic_reason` says why the default budget is realistic (`verify.audit.budget.REALISTIC_REASON`)."""
     cfg = result["config"]
     models = result["models"]
     user = models["user"]

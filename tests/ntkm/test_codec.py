@@ -138,11 +138,10 @@ def test_cache_reads_back_what_it_wrote(tmp_path):
 
 
 def test_audit_record_reads_back_what_it_wrote(tmp_path):
-    from verify.audit import load_record
-
+    """The audit's writer and the codec reader its `read_record` parses with."""
     rec = {"experiment": "audit", "risk": {"high_floor": float("inf"), "value": float("nan")},
            "levers": [np.float32(0.25)]}
     codec.write_json(tmp_path / "audit.json", rec)
-    back = load_record(tmp_path / "audit.json")
+    back = codec.read_json(tmp_path / "audit.json")
     assert back["risk"]["high_floor"] == math.inf and math.isnan(back["risk"]["value"])
     assert back["levers"] == [0.25]

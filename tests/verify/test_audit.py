@@ -23,7 +23,7 @@ from empirics.datasets import load_dataset
 from empirics.gauss_newton import gn_influence_explicit, gn_influence_full, gn_influence_mean, loss_residuals
 from empirics.models import ModelSpec, save_model
 from empirics.train import TrainConfig
-from verify.audit_risk import NOT_MEASURABLE, NOT_VALIDATED, RISK_LEVELS, assess_risk, model_gate, risk_level
+from verify.audit.risk import NOT_MEASURABLE, NOT_VALIDATED, RISK_LEVELS, assess_risk, model_gate, risk_level
 from verify.cli import main
 
 SMALL = ["--n", "60", "--n-test", "20", "--tau", "0.2", "--steps", "2", "--baseline-seeds", "2",
@@ -399,7 +399,7 @@ def _measured(flip: float, gate: bool | None = None) -> dict:
 
 
 def test_assess_risk_takes_the_scale_from_the_references_or_the_paper():
-    """Without references the scale is the paper's R = 5 %, A = 20 % (module docstring of verify.audit_risk); a
+    """Without references the scale is the paper's R = 5 %, A = 20 % (module docstring of verify.audit.risk); a
     trained reference below the adequacy gate is left out of the scale and named in the record."""
     paper = assess_risk({"user": _measured(0.15)}, trained=False, eps=0.3, validity=VALID)
     assert (paper["level"], paper["relu_reference"], paper["attn_reference"]) == ("medium", 0.05, 0.20)
@@ -424,7 +424,7 @@ def _fragile(ntk: float, gn: float) -> dict:
 
 def test_risk_level_is_issued_only_for_a_model_above_chance_with_trustworthy_influence():
     """The level of the scale stays in the record, but the headline is "not validated" unless the validity verdict is
-    trustworthy, and "not measurable" for a model that fails the model gate (module docstring of verify.audit_risk)."""
+    trustworthy, and "not measurable" for a model that fails the model gate (module docstring of verify.audit.risk)."""
     user = {"user": _measured(0.15)}
     ok = model_gate(0.9, np.arange(30) % 10, 10)
     assert ok["passed"]
@@ -456,7 +456,7 @@ def test_model_gate_against_chance_and_the_majority_label(acc, labels, out_dim, 
 
 
 def test_sharpness_by_finite_differences_matches_double_backward():
-    from verify.audit_measure import top_hessian
+    from verify.audit.measure import top_hessian
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3)).double()
@@ -469,7 +469,7 @@ def test_sharpness_by_finite_differences_matches_double_backward():
 
 @pytest.mark.parametrize("budget", [1 << 30, 2000])
 def test_perturbed_rows_equal_a_full_recomputation(budget: int):
-    from verify.audit_measure import GenericKernels
+    from verify.audit.measure import GenericKernels
 
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double().eval()
@@ -483,3 +483,23 @@ def test_perturbed_rows_equal_a_full_recomputation(budget: int):
     K2, Kst2 = prov.perturbed(x_new, sel, K, Kst, xt)
     assert np.allclose(K2, eng.kernel(x_new).numpy(), rtol=F64_ROUNDING, atol=F64_ULPS)
     assert np.allclose(Kst2, eng.kernel(xt, x_new).numpy(), rtol=F64_ROUNDING, atol=F64_ULPS)
+
+
+def test_only_an_earlier_audits_files_count_as_its_outputs(tmp_path: Path):
+    """`verify.audit.pipeline.earlier_audit_file` decides what a rerun may replace: an audit's PDF, HTML, summary
+    and JSON record, never a user's file that happens to have the same name."""
+    from verify.audit.config import SUMMARY_MARKER
+    from verify.audit.pipeline import earlier_audit_file, output_members
+
+    assert output_members(tmp_path / "a.pdf") == ("a.pdf", "a.html", "a.json", "a-summary.md")
+    files = {"a.pdf": (b"%PDF-1.7 ...", b"my notes"),
+             "a.html": (b"<h1>Training-data malleability audit</h1>", b"<h1>my page</h1>"),
+             "a-summary.md": (SUMMARY_MARKER.encode() + b"\n| |", b"# my summary"),
+             "a.json": (b'{"experiment": "audit", "risk": {}}', b'{"experiment": "claims"}')}
+    for name, (ours, theirs) in files.items():
+        p = tmp_path / name
+        p.write_bytes(ours)
+        assert earlier_audit_file(p), name
+        p.write_bytes(theirs)
+        assert not earlier_audit_file(p), name
+    assert not earlier_audit_file(tmp_path / "missing.pdf")

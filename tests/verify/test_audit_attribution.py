@@ -16,7 +16,7 @@ from torch import nn
 from empirics import audit_attribution as aa
 from ntkm.errors import UserInputError
 from reports.audit_report import lds_rows
-from verify.audit_validity import estimator_rows
+from verify.audit.validity import estimator_rows
 from verify.commands.audit import _peers
 from verify.modelio import FlatInput
 

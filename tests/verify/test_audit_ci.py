@@ -19,9 +19,9 @@ from torchscript import script
 
 from empirics.datasets import load_dataset
 from empirics.intervals import wilson
-from verify.audit_ci import DIFF_MOVED_EXIT, FAIL_ON_EXIT, diff_records, load_schema, schema_errors
-from verify.audit_config import SCHEMA_VERSION
-from verify.audit_risk import RISK_LEVELS
+from verify.audit.ci import DIFF_MOVED_EXIT, FAIL_ON_EXIT, diff_records, load_schema, schema_errors
+from verify.audit.config import SCHEMA_VERSION
+from verify.audit.risk import RISK_LEVELS
 from verify.cli import main
 
 TINY = ["--n", "40", "--n-test", "20", "--tau", "0.2", "--steps", "2", "--baseline-seeds", "2", "--no-reference",

@@ -17,11 +17,11 @@ from empirics.datasets import load_dataset
 from empirics.gauss_newton import gn_influence_mean, loss_residuals
 from empirics.influence import influence_from_kernels
 from empirics.losses import targets
-from verify.audit_budget import budget_curves
-from verify.audit_measure import GenericKernels
-from verify.audit_outcome import poison_panel
-from verify.audit_refit import WARM, RefitConfig, Refitter, refit_adequacy
-from verify.audit_validity import (
+from verify.audit.budget import budget_curves
+from verify.audit.measure import GenericKernels
+from verify.audit.outcome import poison_panel
+from verify.audit.refit import WARM, RefitConfig, Refitter, refit_adequacy
+from verify.audit.validity import (
     NOT_MEASURABLE,
     _verdict,
     ceiling_from_agreement,
@@ -321,7 +321,7 @@ def test_outcome_intervals_stay_inside_the_range_of_their_quantity():
     from scipy import stats
 
     from empirics.intervals import t_interval
-    from verify.audit_outcome import outcome_rows
+    from verify.audit.outcome import outcome_rows
 
     per_seed = {"levers": [{"acc_change": a, "target_flip": f, "target_loss_change": 0.1 * f}
                            for a, f in ((0.98, 0.05), (1.0, 0.0), (0.9, 0.0))],
@@ -347,7 +347,7 @@ def test_outcome_intervals_stay_inside_the_range_of_their_quantity():
 def test_budget_curve_outcome_re_fits_every_point_with_several_seeds(mnist):
     """Each point of the re-fitted budget curves: 3 seeds per arm, each against the control of its seed; the means
     are those of the per-seed re-fits; every interval inside the range of its quantity."""
-    from verify.audit_outcome import outcome_curves
+    from verify.audit.outcome import outcome_curves
 
     x, y = torch.as_tensor(mnist.x_train[:60]), torch.as_tensor(mnist.y_train[:60])
     xt, yt = torch.as_tensor(mnist.x_test[:20]), torch.as_tensor(mnist.y_test[:20])

@@ -15,8 +15,8 @@ from torch.func import functional_call, jacrev, vmap
 from torchscript import script
 
 from empirics.audit_ntk import ModelJacobian, ProjectedJacobian, Projection
-from verify.audit_ci import load_schema, schema_errors
-from verify.audit_projection import AUTO_DIM, choose_projection, projection_error
+from verify.audit.ci import load_schema, schema_errors
+from verify.audit.projection import AUTO_DIM, choose_projection, projection_error
 from verify.cli import main
 
 KS = (8, 32, 128, 512)

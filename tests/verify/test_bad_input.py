@@ -709,14 +709,14 @@ def test_signal_during_an_audit_stops_cleanly(sig: int, code: int, env, tmp_path
 
 def test_nan_flip_rate_is_not_measurable_never_a_level(env):
     from reports.audit_report import render_report
-    from verify.audit import load_record
-    from verify.audit_budget import REALISTIC_REASON
-    from verify.audit_risk import NOT_MEASURABLE, risk_level
+    from verify.audit.budget import REALISTIC_REASON
+    from verify.audit.ci import read_record
+    from verify.audit.risk import NOT_MEASURABLE, risk_level
 
     r = risk_level(float("nan"), [0.1, 0.2], 0.05, 0.2)
     assert r["level"] == NOT_MEASURABLE and "NaN" in r["reason"]
     assert risk_level(0.5, [0.1, 0.2], 0.05, 0.2)["level"] == "high"
-    rec = load_record(env["audit_json"])
+    rec = read_record(env["audit_json"], "--render")
     rec["risk"].update(level=NOT_MEASURABLE, reason=r["reason"], advice=["check the data"])
     assert "NOT MEASURABLE" in render_report(rec, REALISTIC_REASON)
 
@@ -742,9 +742,9 @@ def test_nan_or_inf_under_perturbation_is_not_measurable_in_the_outcome_table_an
                                                                                          capsys):
     """Issue 27: the outcome table printed "nan [-inf, inf]"; now the panel and the curves say why instead."""
     from ntkm.codec import write_json
-    from verify.audit import load_record
-    from verify.audit_outcome import outcome_curves, outcome_panel
-    from verify.audit_risk import NOT_MEASURABLE
+    from verify.audit.ci import read_record
+    from verify.audit.outcome import outcome_curves, outcome_panel
+    from verify.audit.risk import NOT_MEASURABLE
 
     gen = torch.Generator().manual_seed(0)
     x, xt = torch.rand(12, 4, generator=gen), torch.rand(6, 4, generator=gen)
@@ -757,7 +757,7 @@ def test_nan_or_inf_under_perturbation_is_not_measurable_in_the_outcome_table_an
                             "fgsm", 1, 0, 2, 3)
     for part in (panel, curves):
         assert part["verdict"] == NOT_MEASURABLE and "NaN or infinite" in part["reason"], part
-    rec = load_record(env["audit_json"])
+    rec = read_record(env["audit_json"], "--render")
     rec["panels"]["outcome"] = panel
     if "budget" in rec["panels"]:
         rec["panels"]["budget"]["refit"] = curves

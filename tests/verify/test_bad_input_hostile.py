@@ -24,7 +24,7 @@ from torch import nn
 from ntkm.codec import Record
 from ntkm.errors import UserInputError
 from ntkm.io import MAX_JSON_DEPTH, json_depth, parse_json
-from verify.audit_refit import RefitConfig, Refitter, load_train_fn
+from verify.audit.refit import RefitConfig, Refitter, load_train_fn
 from verify.runner import Cache, Unit
 
 ROOT = Path(__file__).resolve().parents[2]

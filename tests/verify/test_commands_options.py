@@ -127,6 +127,21 @@ def test_the_malleability_command_fills_from_the_preset_and_parses_its_text_opti
     assert cfg.train == protocol_config(PROPER, 20, dataset=cfg.dataset, preprocess=cfg.preprocess)
 
 
+@pytest.mark.parametrize("command", ["ntk-distance", "malleability", "landscape"])
+def test_a_single_command_on_cifar10_trains_on_the_claims_size(command: str):
+    """Issue 28: at quick the claims train CIFAR-10 on 250 points (`n_train_by_dataset`) but the single commands
+    took 500; the preset's size is now read per data set, MNIST keeping the preset's n."""
+    import importlib
+
+    mod = importlib.import_module(f"verify.commands.{command.replace('-', '_')}")
+    quick = PRESETS["quick"]
+    for dataset, want in (("cifar10", quick["n_train_by_dataset"]["cifar10"]), ("mnist", None)):
+        args = build_parser().parse_args([command, "--dataset", dataset])
+        (opt,) = [o for o in mod.OPTIONS if o.name == "n_train"]
+        assert opt.value(args, quick) == (want if want is not None else quick[opt.param.preset]), dataset
+    assert quick["n_train_by_dataset"]["cifar10"] != quick["n_train"]  # else the test could not fail
+
+
 def test_the_audit_inverts_no_reference_and_skip():
     import verify.commands.audit as na
 

@@ -5,7 +5,7 @@ Exit codes: 0 success; 2 bad input (one line on stderr, no traceback, no output 
 stderr; the HTML report, and the JSON with --json, are written anyway); 4 the risk level reached
 `--fail-on` (every output was written; takes precedence over 3).
 
-`verify audit diff OLD.json NEW.json` compares two saved records (`verify.audit_ci`): exit 0 when nothing
+`verify audit diff OLD.json NEW.json` compares two saved records (`verify.audit.ci`): exit 0 when nothing
 moved beyond its interval, 5 when something did, 2 for a file that is not an audit record.
 """
 
@@ -19,18 +19,17 @@ from pathlib import Path
 import jinja2
 
 from ntkm.errors import UserInputError
-from verify.audit import load_record, output_members, run_audit, summary_name, write_outputs
-from verify.audit_ci import (
+from verify.audit.ci import (
     DIFF_MOVED_EXIT,
     FAIL_LEVELS,
     FAIL_ON_EXIT,
-    check_record,
     diff_records,
     diff_text,
     reaches,
     read_record,
 )
-from verify.audit_config import AUDIT_ATTACKS, PANELS, PEERS, AuditConfig
+from verify.audit.config import AUDIT_ATTACKS, PANELS, PEERS, AuditConfig
+from verify.audit.pipeline import output_members, run_audit, summary_name, write_outputs
 from verify.commands.options import Param, choices, options, values
 from verify.outputs import check_members, check_output_dir
 from verify.presets import parse_choices
@@ -128,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
     check_members(out.parent, [pdf_name, *[n for n, on in ((html_name, args.html), (json_name, args.json),
                                                           (md_name, args.summary)) if on]])
     if args.render:
-        result = load_record(args.render)
-        check_record(result, args.render)
+        result = read_record(args.render, "--render", schema=False)
         try:
             code = write_outputs(result, out, html=args.html, json_out=args.json, summary=args.summary)
         except (KeyError, TypeError, AttributeError, ValueError, IndexError, jinja2.UndefinedError) as exc:

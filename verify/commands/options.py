@@ -32,7 +32,10 @@ from empirics.train import TrainConfig
 from ntkm.errors import UserInputError
 from verify.commands._common import json_target, split_classes
 from verify.executors import ExecutorConfig
-from verify.presets import PRESET_NAMES, parse_choices
+from verify.presets import PRESET_NAMES, n_train_for, parse_choices
+
+#: Preset keys of a training-set size, read per data set (`verify.presets.n_train_for`).
+N_TRAIN_KEYS = ("n_train", "mall_n_train")
 
 #: `Param.default` when the option's default is the field's.
 AS_FIELD: Any = object()
@@ -81,6 +84,8 @@ class Option:
         if self.param.preset is not None and raw in (None, ""):
             if pre is None:
                 raise ValueError(f"{self.flags[0]} falls back to the preset; pass the preset's size table")
+            if self.param.preset in N_TRAIN_KEYS:  # per data set, as the claims size it (CIFAR-10 250 at quick)
+                return n_train_for(pre, getattr(args, "dataset", ""), self.param.preset)  # type: ignore[arg-type]
             return pre[self.param.preset]
         if self.invert:
             return not raw

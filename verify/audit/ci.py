@@ -24,8 +24,8 @@ from empirics.intervals import wilson
 from ntkm.codec import decode
 from ntkm.errors import UserInputError
 from ntkm.io import parse_json
-from verify.audit_config import SCHEMA_VERSION, SUMMARY_MARKER
-from verify.audit_risk import ALL_LEVELS, NOT_MEASURABLE, RISK_LEVELS
+from verify.audit.config import SCHEMA_VERSION, SUMMARY_MARKER
+from verify.audit.risk import ALL_LEVELS, NOT_MEASURABLE, RISK_LEVELS
 
 FAIL_ON_EXIT = 4
 DIFF_MOVED_EXIT = 5
@@ -34,7 +34,7 @@ FAIL_LEVELS = ("medium", "high")
 
 def schema_path() -> Path:
     """The JSON Schema of the audit record (packaged with `verify`)."""
-    return Path(__file__).parent / "schemas" / "audit.schema.json"
+    return Path(__file__).parents[1] / "schemas" / "audit.schema.json"
 
 
 def load_schema() -> dict[str, Any]:
@@ -143,9 +143,11 @@ def check_record(rec: dict[str, Any], where: str, option: str = "--render") -> N
                              f"{', '.join(bad[:4])}); rerun the audit with --json")
 
 
-def read_record(path: str | Path, what: str) -> dict[str, Any]:
-    """An audit record from a JSON file, checked against the schema; one-line errors naming the fix.
-    Only JSON is parsed: nothing in the file can run code."""
+def read_record(path: str | Path, what: str, schema: bool = True) -> dict[str, Any]:
+    """An audit record from a JSON file (the one reader of saved audits), one-line errors naming the fix; `what`
+    names the option in them. `schema=True` (`diff`, `check`) also requires this version's schema_version and
+    schema; `--render` passes False, so a record of an earlier version is drawn wherever it has what the report
+    draws (`check_record`, checked either way). Only JSON is parsed: nothing in the file can run code."""
     p = Path(path).expanduser()
     if p.is_dir():
         raise UserInputError(f"{what} {p} is a folder, not a file; give an audit record written by verify audit --json")
@@ -158,10 +160,10 @@ def read_record(path: str | Path, what: str) -> dict[str, Any]:
                              "record written by verify audit --json") from None
     if not isinstance(raw, dict) or raw.get("experiment") != "audit":
         raise UserInputError(f"{what} {p} is not an audit record (written by verify audit --json)")
-    if raw.get("schema_version") != SCHEMA_VERSION:
+    if schema and raw.get("schema_version") != SCHEMA_VERSION:
         raise UserInputError(f"{what} {p} has schema_version {raw.get('schema_version')!r}, this version reads "
                              f"{SCHEMA_VERSION}; rerun the audit with --json")
-    errs = schema_errors(raw, load_schema())
+    errs = schema_errors(raw, load_schema()) if schema else []
     if errs:
         raise UserInputError(f"{what} {p} does not match the audit schema ({errs[0]}"
                              f"{f' and {len(errs) - 1} more' if len(errs) > 1 else ''}); rerun the audit with --json")

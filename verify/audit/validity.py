@@ -1,6 +1,6 @@
 """Validity panel of the audit: does the influence predict what re-fitting the model really does?
 
-Every "actual" number is a re-fit (`verify.audit_refit`) minus the control re-fit with the same seed.
+Every "actual" number is a re-fit (`verify.audit.refit`) minus the control re-fit with the same seed.
 
 - **Linear datamodeling score (LDS**, Park et al. 2023, TRAK): `subsets` random subsets, each leaving out
   a fraction `fraction` of the training points; each is fitted again `repeats` times with different seeds
@@ -32,7 +32,7 @@ of the ceiling is at least `FRACTION_MIN` and removing the top levers raises the
 than removing as many random points plus twice the re-fit noise; **fragile** when the upper end of that
 interval is below `FRACTION_MIN`, or the top-lever removal does not pass that test; inconclusive otherwise
 (the interval straddles `FRACTION_MIN`, or the repeats do not agree at all: a ceiling of 0). The risk level
-(`verify.audit_risk`) is issued only with a trustworthy verdict: the flip rates rest on the NTK influence.
+(`verify.audit.risk`) is issued only with a trustworthy verdict: the flip rates rest on the NTK influence.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from scipy import stats
 
 from empirics.audit_attribution import PEER_LABELS
 from empirics.progress import log
-from verify.audit_refit import Refitter, labels_of, per_example_loss, refit_adequacy
+from verify.audit.refit import Refitter, labels_of, per_example_loss, refit_adequacy
 
 #: The bar of validation, fixed before any measurement: the lower end of the 95 % interval of an estimator's LDS as a
 #: fraction of the noise ceiling must reach it (half of what a perfect predictor of the re-fits could reach).

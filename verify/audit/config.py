@@ -11,9 +11,9 @@ from empirics.audit_attribution import PEERS
 from empirics.audit_ntk import PROJECTION_KINDS
 from empirics.influence import RIDGE_REL_DEFAULT
 from ntkm.errors import UserInputError
-from verify.audit_budget import REALISTIC_EPS
-from verify.audit_projection import AUTO_DIM
-from verify.audit_refit import RefitConfig
+from verify.audit.budget import REALISTIC_EPS
+from verify.audit.projection import AUTO_DIM
+from verify.audit.refit import RefitConfig
 from verify.modelio import parse_shape
 
 AUDIT_ATTACKS = ("fgsm", "pgd", "mim")

@@ -1,26 +1,26 @@
 """`verify audit`: how much could a few altered training examples change what a model relies on?
 
 The pipeline (`run_audit`; every number lands in one JSON-ready record; nothing is written until all succeeded)
-and the audit's output files (`write_outputs`, `load_record`). Its parts: the settings in `verify.audit_config`,
-the measurements on one network in `verify.audit_measure`, the risk rule in `verify.audit_risk`, the report's
-context and HTML in `reports.audit_report`.
+and the audit's output files (`write_outputs`; `verify.audit.ci.read_record` reads a record back). Its parts: the
+settings in `verify.audit.config`, the measurements on one network in `verify.audit.measure`, the risk rule in
+`verify.audit.risk`, the report's context and HTML in `reports.audit_report`.
 
 1. Load the model safely (`verify.modelio`) and the training / test data; bind the model to the data's
    input shape; validate labels against the model's outputs.
 2. For the user's model, and for the paper's two reference networks (2L-ReLU and MLP-Attn, width
    `ref_width`, trained by the suite on the same data, `--no-reference` skips them), measure the empirical
    NTK, NTK and Gauss-Newton influence, the flip-rate protocol against a random-noise baseline, and
-   sharpness (`verify.audit_measure.measure_network`); and the kernel-regime diagnostics: kappa of the
+   sharpness (`verify.audit.measure.measure_network`); and the kernel-regime diagnostics: kappa of the
    data Gram matrix and of the empirical NTK, the v1 / v2 width bounds of Thm 4.7, each model's width
    (its widest layer) and parameter count.
-3. The risk level (`verify.audit_risk`; issued only for a model that beats chance on the test data and whose
+3. The risk level (`verify.audit.risk`; issued only for a model that beats chance on the test data and whose
    influence the validity panel finds trustworthy, else "not measurable" or "not validated"), the lever
    examples (the top-|influence| training points, with which attacks flipped them), and the report
    (`reports/templates/audit.html`).
-4. The panels (`--skip` leaves any out): budget curves (`verify.audit_budget`); and, re-fitting the user's
-   model (`verify.audit_refit`: warm start from the saved weights, or the user's `--train-fn`), the
-   validity panel (`verify.audit_validity`), the outcome table and the planted-poison self-test
-   (`verify.audit_outcome`). The references are trained with the width-consistent protocol to a plateau
+4. The panels (`--skip` leaves any out): budget curves (`verify.audit.budget`); and, re-fitting the user's
+   model (`verify.audit.refit`: warm start from the saved weights, or the user's `--train-fn`), the
+   validity panel (`verify.audit.validity`), the outcome table and the planted-poison self-test
+   (`verify.audit.outcome`). The references are trained with the width-consistent protocol to a plateau
    and judged by the adequacy gate (`empirics.protocols`); one below the gate is left out of the scale.
 """
 
@@ -51,15 +51,15 @@ from empirics.records import device_info, library_versions, peak_rss_gib
 from ntkm.errors import UserInputError
 from theory.bounds import relu_width_bound, width_bound_v1, width_bound_v2
 from theory.conditioning import condition_numbers
-from verify.audit_budget import REALISTIC_REASON, budget_curves
-from verify.audit_ci import summary_markdown
-from verify.audit_config import DEFINITIONS, PANELS, SCHEMA_VERSION, SUMMARY_MARKER, AuditConfig
-from verify.audit_measure import PROJECTED, GenericKernels, SuiteKernels, measure_network
-from verify.audit_outcome import outcome_curves, outcome_panel, poison_panel
-from verify.audit_projection import choose_projection, projected_kernel, projection_error
-from verify.audit_refit import Refitter, load_train_fn
-from verify.audit_risk import NOT_MEASURABLE, assess_risk, model_gate
-from verify.audit_validity import estimator_rows, validity_panel
+from verify.audit.budget import REALISTIC_REASON, budget_curves
+from verify.audit.ci import summary_markdown
+from verify.audit.config import DEFINITIONS, PANELS, SCHEMA_VERSION, SUMMARY_MARKER, AuditConfig
+from verify.audit.measure import PROJECTED, GenericKernels, NetworkContext, SuiteKernels, measure_network
+from verify.audit.outcome import outcome_curves, outcome_panel, poison_panel
+from verify.audit.projection import choose_projection, projected_kernel, projection_error
+from verify.audit.refit import Refitter, load_train_fn
+from verify.audit.risk import NOT_MEASURABLE, assess_risk, model_gate
+from verify.audit.validity import estimator_rows, validity_panel
 from verify.modelio import (
     FlatInput,
     LoadedModel,
@@ -166,25 +166,43 @@ def load_inputs(cfg: AuditConfig) -> tuple[LoadedModel, Split, Split]:
     return loaded, train, test
 
 
-def _panels(cfg: AuditConfig, st: _Stage, ctx: dict[str, Any], t: Tensors, model: FlatInput,
-            refit_net: torch.nn.Module, fit_module: torch.nn.Module, provider: SuiteKernels | GenericKernels,
-            loaded: LoadedModel, input_shape: tuple[int, ...], out_dim: int, max_bytes: int,
-            user: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class AuditRun:
+    """One audit's bound inputs, shared by its stages: the settings and stage timer, the tensors, the model as the
+    audit calls it (`model`, flat inputs), the network a re-fit trains (`refit_net`) and the module it comes from
+    (`fit_module`: the loaded module or its FX graph), the kernel provider, the loaded file, the per-example input
+    shape and the memory bound in bytes."""
+
+    cfg: AuditConfig
+    st: _Stage
+    t: Tensors
+    model: FlatInput
+    refit_net: torch.nn.Module
+    fit_module: torch.nn.Module
+    provider: SuiteKernels | GenericKernels
+    loaded: LoadedModel
+    input_shape: tuple[int, ...]
+    max_bytes: int
+
+
+def _panels(run: AuditRun, ctx: NetworkContext, user: dict[str, Any]) -> dict[str, Any]:
     """The budget curves and the panels that re-fit the model (validity, outcome, planted poison)."""
+    cfg, st, t, model, provider, loaded = run.cfg, run.st, run.t, run.model, run.provider, run.loaded
+    input_shape, out_dim, max_bytes, fit_module = run.input_shape, run.t.out_dim, run.max_bytes, run.fit_module
     out: dict[str, Any] = {"run": [p for p in PANELS if p in cfg.panels]}
-    clean: InfluenceResult = ctx["clean"]
+    clean: InfluenceResult = ctx.clean
     x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
     if "budget" in cfg.panels:
-        out["budget"] = st.run("budget curves", budget_curves, ctx["probe"], clean, cfg.tau, cfg.eps,
+        out["budget"] = st.run("budget curves", budget_curves, ctx.probe, clean, cfg.tau, cfg.eps,
                                cfg.curve_attack, cfg.seed, cfg.baseline_seeds)
     refit_panels = [p for p in ("validity", "outcome", "poison") if p in cfg.panels]
     if not refit_panels:
         return out
     rcfg = cfg.refit_config()
-    refit = Refitter.for_module(fit_module, refit_net, rcfg, out_dim, input_shape)
+    refit = Refitter.for_module(fit_module, run.refit_net, rcfg, out_dim, input_shape)
     log(f"audit: control re-fit ({rcfg.describe()})")
     ctrl = st.run("re-fits", refit.control, x, y, cfg.seed, {"train": x, "test": xt})
-    from verify.audit_refit import refit_adequacy
+    from verify.audit.refit import refit_adequacy
 
     gate = refit_adequacy(rcfg.kind, ctrl, y.numpy(), yt.numpy(), user["train_acc"], user["test_acc"], out_dim)
     out["refit"] = {"kind": rcfg.kind, "description": rcfg.describe(), "control": gate,
@@ -203,11 +221,11 @@ def _panels(cfg: AuditConfig, st: _Stage, ctx: dict[str, Any], t: Tensors, model
                              "batches") if loaded.static_batch else \
                 st.run("attribution libraries", peer_estimators, model, graph, x, y, xt, yt, out_dim, cfg.peers,
                        cfg.seed, lambda g: FlatInput(g, input_shape))
-        others = {"ef": ctx["ef_per_test"], **{k: r.pop("influence") for k, r in peers.items() if r["status"] == OK}}
-        out["validity"] = st.run("validity", validity_panel, refit, x, y, xt, yt, clean.per_test, ctx["gn_per_test"],
+        others = {"ef": ctx.ef_per_test, **{k: r.pop("influence") for k, r in peers.items() if r["status"] == OK}}
+        out["validity"] = st.run("validity", validity_panel, refit, x, y, xt, yt, clean.per_test, ctx.gn_per_test,
                                  (user["train_acc"], user["test_acc"]), cfg.tau, cfg.lds_subsets, cfg.lds_fraction,
                                  cfg.refit_seeds - 1, cfg.seed, cfg.target_test, out_dim, cfg.lds_repeats, others)
-        estimator_rows(out["validity"], ctx["estimator_seconds"], peers)
+        estimator_rows(out["validity"], ctx.estimator_seconds, peers)
     if "budget" in cfg.panels and "outcome" in cfg.panels:
         bud = out["budget"]
         out["budget"]["refit"] = st.run("outcome", outcome_curves, refit, model, x, y, xt, yt, clean.per_test,
@@ -283,7 +301,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         fit_module = loaded.module if graph is None else graph
         refit_net = model if graph is None else FlatInput(graph, input_shape, loaded.static_batch)
     models: dict[str, Any] = {}
-    models["user"] = st.run("your model", measure_network, "your model", model, provider, t, cfg,
+    models["user"], ctx = st.run("your model", measure_network, "your model", model, provider, t, cfg,
                             loaded.n_params, loaded.widest_layer())
     projection: dict[str, Any] | None = None
     if isinstance(provider, GenericKernels) and isinstance(provider.jac, PROJECTED):
@@ -305,19 +323,17 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
             tcfg = protocol_config(PROPER, cfg.ref_epochs, seed=cfg.seed)
             tr = st.run(f"train {kind}", train_network, spec, t, tcfg, label=f"training {REF_LABELS[kind]}")
             tr.model.eval()
-            ref = st.run(kind, measure_network, label, FlatInput(tr.model, (spec.d,)), SuiteKernels(tr.model), t,
+            ref, _ = st.run(kind, measure_network, label, FlatInput(tr.model, (spec.d,)), SuiteKernels(tr.model), t,
                          cfg, tr.model.W.numel(), cfg.ref_width)
             ref["training"] = {"protocol": PROPER, "max_epochs": cfg.ref_epochs, "epochs_run": tr.record.epochs_run,
                                "final_train_loss": tr.record.final_train_loss, "optimizer": "adam",
                                "lr": tr.record.lr, "weight_decay": 0.0, "batch_size": tcfg.batch_size,
                                "plateau_reached": tr.record.plateau_reached}
             ref["gate"] = tr.gate
-            ref.pop("_context", None)
             models[kind] = ref
     user = models["user"]
-    ctx = user.pop("_context")
-    panels = _panels(cfg, st, ctx, t, model, refit_net, fit_module, provider, loaded, input_shape, out_dim, max_bytes,
-                     user)
+    panels = _panels(AuditRun(cfg, st, t, model, refit_net, fit_module, provider, loaded, input_shape, max_bytes),
+                     ctx, user)
     gate = model_gate(user["test_acc"], test.y, out_dim)
     risk = assess_risk(models, cfg.reference, cfg.eps, gate, panels.get("validity"))
     levers = _levers(user, train, cfg)
@@ -358,26 +374,6 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
 PDF_UNAVAILABLE_EXIT = 3
 
 
-def load_record(path: str | Path) -> dict[str, Any]:
-    """A saved audit JSON (`--json`), ready to render again without recomputing anything."""
-    import json
-
-    from ntkm.codec import read_json
-
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise UserInputError(f"--render {p} is a folder, not a file; give the audit JSON that --json wrote")
-    try:
-        rec = read_json(p)
-    except FileNotFoundError:
-        raise UserInputError(f"--render {p}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, IsADirectoryError) as exc:
-        raise UserInputError(f"--render {p} is not a JSON file ({str(exc).splitlines()[0]})") from None
-    if not isinstance(rec, dict) or rec.get("experiment") != "audit":
-        raise UserInputError(f"--render {p} is not an audit record (written by verify audit --json)")
-    return rec
-
-
 def output_members(out: Path) -> tuple[str, str, str, str]:
     """The files of one audit's output set: the PDF and the HTML, JSON and Markdown summary beside it."""
     return out.name, out.with_suffix(".html").name, out.with_suffix(".json").name, summary_name(out)
@@ -409,7 +405,7 @@ def write_outputs(result: dict[str, Any], out: str | Path, html: bool = False, j
                   summary: bool = False) -> int:
     """Render everything, stage the PDF (and HTML / JSON) as one output set, then swap it in.
 
-    `summary` adds the Markdown summary for a pull-request comment (`verify.audit_ci.summary_markdown`).
+    `summary` adds the Markdown summary for a pull-request comment (`verify.audit.ci.summary_markdown`).
     Returns 0, or `PDF_UNAVAILABLE_EXIT` (3) when weasyprint cannot run: the HTML is then written anyway.
     A stale member of the set (e.g. last run's PDF when this run could make none) is removed, so the
     files beside each other always come from the same run.

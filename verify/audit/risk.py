@@ -17,7 +17,7 @@ That level is issued only when it can be trusted (`assess_risk`, rules fixed bef
 - **not measurable** when a flip rate is NaN, or when the user's model fails `MODEL_GATE_RULE` (no better than
   chance on `--test`): the influence of a model that has learnt nothing says nothing about its training data;
 - **not validated** when the validity panel did not run (`--skip validity`) or its verdict is not trustworthy
-  (`verify.audit_validity`: the NTK influence behind the flip rates must reach `FRACTION_MIN` of the noise
+  (`verify.audit.validity`: the NTK influence behind the flip rates must reach `FRACTION_MIN` of the noise
   ceiling of the re-fits, and removing the top levers must beat random removal); the record keeps the level the
   scale would give as `unvalidated_level`, the best LDS reached and what would help.
 """
@@ -33,7 +33,7 @@ from empirics.intervals import wilson
 from empirics.protocols import GATE_TEST, GATE_TEXT, chance_accuracy
 from reports.text import eps_label
 from theory.paper import PAPER_AUDIT_REFERENCE
-from verify.audit_validity import ESTIMATOR_LABELS, FRACTION_MIN, TRUSTWORTHY
+from verify.audit.validity import ESTIMATOR_LABELS, FRACTION_MIN, TRUSTWORTHY
 
 RISK_LEVELS = ("low", "medium", "high")
 NOT_MEASURABLE = "not measurable"

@@ -4,7 +4,7 @@ For the user's model and each reference network:
 - the empirical NTK ("mean" reduction) on the training subset and test set: the suite's closed form for its
   own networks (`SuiteKernels`), `empirics.audit_ntk` (exact, memory-bounded) for any other model, or its
   random projection to k dimensions when the Jacobians do not fit memory or `projection_dim` asks
-  (`GenericKernels`; the choice and its error in `verify.audit_projection`);
+  (`GenericKernels`; the choice and its error in `verify.audit.projection`);
 - NTK leave-one-out influence of each training point on the test loss (`empirics.influence`), and
   Gauss-Newton influence on the same kernel via Woodbury (`empirics.gauss_newton`), with their Spearman
   rank correlation;
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,7 +44,7 @@ from empirics.models import TwoLayerNet
 from empirics.progress import log
 from empirics.records import peak_rss_gib
 from reports.text import eps_label
-from verify.audit_config import AuditConfig
+from verify.audit.config import AuditConfig
 from verify.modelio import FlatInput
 
 # --- kernels ---------------------------------------------------------------------------------------
@@ -233,9 +235,28 @@ def _seed(base: int, name: str, k: int = 0) -> int:
     return 1_000_003 * base + 10_007 * ATTACKS.index(name) + k
 
 
+#: `probe(chosen, attack, eps, seed)`: attack the training points `chosen` and return the comparison of influence
+#: before and after (`empirics.malleability.compare`) with the influence on the perturbed set.
+Probe = Callable[[np.ndarray, str, float, int], tuple[dict[str, Any], InfluenceResult]]
+
+
+@dataclass(frozen=True)
+class NetworkContext:
+    """What the budget curves and the re-fit panels need of one measured network beyond its JSON record: the
+    probe that attacks any chosen points, the clean influence, the per-test Gauss-Newton and empirical-Fisher
+    influence, and the seconds each estimator took."""
+
+    probe: Probe
+    clean: InfluenceResult
+    gn_per_test: np.ndarray
+    ef_per_test: np.ndarray
+    estimator_seconds: dict[str, float]
+
+
 def measure_network(label: str, model: FlatInput, provider: SuiteKernels | GenericKernels, t: Tensors,
-                    cfg: AuditConfig, n_params: int, width: int) -> dict[str, Any]:
-    """Every audit measurement for one network (see the module docstring)."""
+                    cfg: AuditConfig, n_params: int, width: int) -> tuple[dict[str, Any], NetworkContext]:
+    """Every audit measurement for one network (see the module docstring): its JSON-ready record, and the
+    context the panels work from."""
     times: dict[str, float] = {}
     peak: dict[str, float] = {}
     x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
@@ -312,7 +333,7 @@ def measure_network(label: str, model: FlatInput, provider: SuiteKernels | Gener
     with torch.no_grad():
         acc_tr = float((predict_labels(out_tr) == y).double().mean())
         acc_te = float((predict_labels(out_te) == yt).double().mean())
-    return {
+    record = {
         "label": label, "parameters": int(n_params), "width": int(width), "kernel_method": provider.method,
         "train_acc": acc_tr, "test_acc": acc_te,
         "kernel_test_acc": clean.test_acc, "kernel_test_loss": clean.test_loss, "ridge": lam,
@@ -331,6 +352,5 @@ def measure_network(label: str, model: FlatInput, provider: SuiteKernels | Gener
         "ntk": ntk_spectrum(K),
         "sharpness": sharp,
         "timings": times, "peak_rss_gib_after": peak,
-        "_context": {"probe": lambda c, a, e, s: probe(c, a, e, s)[:2], "clean": clean,
-                     "gn_per_test": gn_per_test, "ef_per_test": ef_per_test, "estimator_seconds": est_s},
     }
+    return record, NetworkContext(lambda c, a, e, s: probe(c, a, e, s)[:2], clean, gn_per_test, ef_per_test, est_s)

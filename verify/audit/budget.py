@@ -3,10 +3,10 @@
 For each budget on a grid (eps in pixel units; k = how many of the top-|influence| training points are
 perturbed) the attack (`curve_attack`, PGD by default) and random signs of the same size
 (`baseline_seeds` seeds) are applied, the kernel rows of the perturbed points recomputed, and influence
-recomputed (the flip-rate protocol of `verify.audit_measure`). Each point of a curve records the attack's flip
+recomputed (the flip-rate protocol of `verify.audit.measure`). Each point of a curve records the attack's flip
 rate, the noise ceiling at that budget (noise mean + 2 std over seeds), the excess of the attack over
 the ceiling, and an outcome without re-fitting: the change of the kernel predictor's test accuracy
-(attack and noise). The re-fitted outcome is measured at the default budget (`verify.audit_outcome`).
+(attack and noise). The re-fitted outcome is measured at the default budget (`verify.audit.outcome`).
 
 **Breaking budget** (rule fixed before any measurement): the smallest eps on the grid at which the
 attack's flip rate exceeds the noise ceiling at that eps *and* its flip count is significantly larger
