@@ -87,3 +87,16 @@ def test_variant_units_are_mnist_and_the_three_widest_widths():
     ids = {c.id for c in VARIANT_CLAIMS}
     assert {"ntk-softmax-mnist", "flip-softmax-mnist", "ntk-qkv-mnist", "flip-qkv-mnist", "v2-qkv"} <= ids
     assert all(c.group == "variants" and c.empirical for c in VARIANT_CLAIMS)
+
+
+def test_every_variant_row_is_registered_under_its_literal_id():
+    """Issue 28: `grep '"flip-softmax-mnist"'` finds the row; an id that does not name its kind is refused."""
+    from pathlib import Path
+
+    import verify.claims.variants as v
+
+    source = Path(v.__file__).read_text()
+    for c in v.VARIANT_CLAIMS:
+        assert f'"{c.id}"' in source, c.id
+    with pytest.raises(ValueError, match="flip-qkv-mnist"):
+        v._variant_row("flip-softmax-mnist", "qkv")

@@ -182,37 +182,31 @@ VARIANT_CLAIMS = [
 ]
 
 
-def _ntk_row(cid: str, kind: str) -> Claim:
-    """The NTK-distance row of attention variant `kind`; its id is written out where it is registered."""
-    if cid != f"ntk-{kind}-mnist":
-        raise ValueError(f"{cid}: the NTK row of variant {kind} is ntk-{kind}-mnist")
-    return Claim(cid, "Variant of Table (NTK distance)",
-                 f"MNIST, {VARIANT_NAMES[kind]}: NTK distance rises with width (the paper's claim for MLP-Attn, asked "
-                 "of the variant)",
-                 paper=f"not in the paper (variant: {VARIANT_NAMES[kind]}); the paper's MLP-Attn: 10.3 (m=16), 33.3 "
-                       "(1024), 43.4 (4096)",
-                 rule=NTK_RULE + (f"; {MC_RULE}" if KINDS[kind].reference == MONTE_CARLO else ""),
-                 units=(units.ntk_distance("mnist", kind),), evaluate=_variant_ntk(kind), group="variants",
-                 empirical=True)
-
-
-def _flip_row(cid: str, kind: str) -> Claim:
-    """The flip-rate row of attention variant `kind` (the flip rule's "Attn" is the variant)."""
-    if cid != f"flip-{kind}-mnist":
-        raise ValueError(f"{cid}: the flip row of variant {kind} is flip-{kind}-mnist")
-    return Claim(cid, "Variant of Table (flip rate, 10 classes)",
-                 f"MNIST: {VARIANT_NAMES[kind]} flips influence signs far more often than 2L-ReLU ('Attn' in the "
-                 "rule is the variant)",
-                 paper=f"not in the paper (variant: {VARIANT_NAMES[kind]}); the paper's MLP-Attn: see flip-mnist",
-                 rule=FLIP_RULE, units=(units.malleability("mnist", kind),), evaluate=_variant_flip(kind),
-                 group="variants", empirical=True)
+def _variant_row(cid: str, kind: str) -> Claim:
+    """The NTK-distance (`ntk-KIND-mnist`) or flip-rate (`flip-KIND-mnist`) row of attention variant `kind`; the id
+    is written out where the row is registered, so that a search for it finds the row."""
+    name, note = VARIANT_NAMES[kind], f"not in the paper (variant: {VARIANT_NAMES[kind]})"
+    if cid == f"ntk-{kind}-mnist":
+        return Claim(cid, "Variant of Table (NTK distance)",
+                     f"MNIST, {name}: NTK distance rises with width (the paper's claim for MLP-Attn, asked of the "
+                     "variant)", paper=f"{note}; the paper's MLP-Attn: 10.3 (m=16), 33.3 (1024), 43.4 (4096)",
+                     rule=NTK_RULE + (f"; {MC_RULE}" if KINDS[kind].reference == MONTE_CARLO else ""),
+                     units=(units.ntk_distance("mnist", kind),), evaluate=_variant_ntk(kind), group="variants",
+                     empirical=True)
+    if cid == f"flip-{kind}-mnist":
+        return Claim(cid, "Variant of Table (flip rate, 10 classes)",
+                     f"MNIST: {name} flips influence signs far more often than 2L-ReLU ('Attn' in the rule is the "
+                     "variant)", paper=f"{note}; the paper's MLP-Attn: see flip-mnist", rule=FLIP_RULE,
+                     units=(units.malleability("mnist", kind),), evaluate=_variant_flip(kind), group="variants",
+                     empirical=True)
+    raise ValueError(f"{cid}: a row of variant {kind} is ntk-{kind}-mnist or flip-{kind}-mnist")
 
 
 VARIANT_CLAIMS += [
-    _ntk_row("ntk-softmax-mnist", "softmax"),
-    _flip_row("flip-softmax-mnist", "softmax"),
-    _ntk_row("ntk-qkv-mnist", "qkv"),
-    _flip_row("flip-qkv-mnist", "qkv"),
+    _variant_row("ntk-softmax-mnist", "softmax"),
+    _variant_row("flip-softmax-mnist", "softmax"),
+    _variant_row("ntk-qkv-mnist", "qkv"),
+    _variant_row("flip-qkv-mnist", "qkv"),
 ]
 VARIANT_CLAIMS.append(
     Claim("v2-qkv", "v2 (trainable Q/K/V)",
