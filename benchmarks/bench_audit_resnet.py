@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from benchmarks.bench_audit import train as train_mlp_style
-from empirics.audit_ntk import ModelJacobian
+from empirics.audit_ntk import JacobianOptions, ModelJacobian
 from empirics.datasets import load_dataset
 from empirics.records import git_state
 from verify.audit.budget import EPS_GRID, TAU_GRID
@@ -106,7 +106,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int) -> tu
 
 def exact_cost(model: nn.Module, x: torch.Tensor, n: int, n_test: int, max_gb: float, examples: int) -> dict:
     """The exact kernel path's cost, extrapolated from `examples` measured per-example Jacobians."""
-    jac = ModelJacobian(model, (3, 32, 32), progress=False)
+    jac = ModelJacobian(model, (3, 32, 32), options=JacobianOptions(progress=False))
     per = jac.bytes_per_example()
     tic = time.perf_counter()
     jac.features(x[:examples])

@@ -214,7 +214,7 @@ def _cnn_inputs(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, log: Any) -> tup
     arrays = {f"cnn_p_{k}": v.detach().numpy() for k, v in model.state_dict().items()}
     arrays.update({"cnn_x_train": x[:n], "cnn_y_train": y[:n], "cnn_x_test": x[n:n + nt], "cnn_y_test": y[n:n + nt],
                    "cnn_batch": cfg.cnn_batch})
-    from empirics.audit_ntk import ModelJacobian
+    from empirics.audit_ntk import JacobianOptions, ModelJacobian
 
     info: dict[str, Any] = {"n_params": n_params, "train_acc": acc}
     with tempfile.TemporaryDirectory(prefix="bench-cnn-") as tmp:
@@ -234,7 +234,8 @@ def _cnn_inputs(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, log: Any) -> tup
 
         def stage() -> None:
             jac = ModelJacobian(fm if graph is None else graph, input_shape, graph=graph,
-                                static_batch=loaded.static_batch if graph is not None else None, progress=False)
+                                static_batch=loaded.static_batch if graph is not None else None,
+                                options=JacobianOptions(progress=False))
             prov = GenericKernels(jac, int(acfg.max_memory_gb * 2**30))
             t0 = time.perf_counter()
             K, Kst = prov.clean(xt_, xe_)

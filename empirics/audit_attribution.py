@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from empirics.common import Tensors
 from empirics.losses import loss_fn
 
 _aten = torch.ops.aten
@@ -175,16 +176,17 @@ def _task(out_dim: int) -> Any:
     return OwnLoss()
 
 
-def kronfluence_scores(model: nn.Module, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor,
-                       out_dim: int, strategy: str, seed: int, batch_size: int = 128) -> np.ndarray:
-    """kronfluence pairwise scores of `strategy` ("ekfac", "kfac", "identity"), as influence (n, t); default
-    damping (`ScoreArguments()`), true Fisher (`FactorArguments(strategy=...)`). `model` is changed (prepared)."""
+def kronfluence_scores(model: nn.Module, data: Tensors, strategy: str, seed: int, batch_size: int = 128) -> np.ndarray:
+    """kronfluence pairwise scores of `strategy` ("ekfac", "kfac", "identity"), as influence (n, t) of `data`'s training
+    on its test points; default damping (`ScoreArguments()`), true Fisher (`FactorArguments(strategy=...)`). `model` is
+    changed (prepared)."""
     from kronfluence.analyzer import Analyzer, prepare_model
     from kronfluence.arguments import FactorArguments, ScoreArguments
     from torch.utils.data import TensorDataset
 
     logging.getLogger("kronfluence").setLevel(logging.ERROR)
-    task = _task(out_dim)
+    x, y, xt, yt = data.x_train, data.y_train, data.x_test, data.y_test
+    task = _task(data.out_dim)
     model.eval()
     model = prepare_model(model, task)
     train, test = TensorDataset(x, y), TensorDataset(xt, yt)
@@ -204,15 +206,15 @@ def kronfluence_scores(model: nn.Module, x: torch.Tensor, y: torch.Tensor, xt: t
     return scores.double().numpy().T.copy()
 
 
-def wiring_check(model: nn.Module, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor,
-                 out_dim: int, seed: int) -> dict[str, Any]:
+def wiring_check(model: nn.Module, data: Tensors, seed: int) -> dict[str, Any]:
     """kronfluence's identity scores against the dot products of autograd's per-example loss gradients, on the
     first `WIRING_POINTS` training and test points: they are the same number, so they must agree to rounding."""
+    x, y, xt, yt, out_dim = data.x_train, data.y_train, data.x_test, data.y_test, data.out_dim
     m, k = min(WIRING_POINTS[0], len(x)), min(WIRING_POINTS[1], len(xt))
     params = tracked_params(model)
     g, gt = loss_gradients(model, params, x[:m], y[:m], out_dim), loss_gradients(model, params, xt[:k], yt[:k], out_dim)
     ref = g @ gt.T
-    got = kronfluence_scores(copy.deepcopy(model), x[:m], y[:m], xt[:k], yt[:k], out_dim, "identity", seed)
+    got = kronfluence_scores(copy.deepcopy(model), Tensors(x[:m], y[:m], xt[:k], yt[:k], out_dim), "identity", seed)
     scale = float(np.abs(ref).max())
     err = float(np.abs(got - ref).max() / scale) if scale > 0 else float("nan")
     return {"train_points": m, "test_points": k, "parameters": int(g.shape[1]), "max_rel_diff": err,
@@ -227,14 +229,14 @@ def trak_proj_dim(n: int, n_params: int) -> int:
     return max(1, min(TRAK_PROJ_DIM, n // 2, n_params))
 
 
-def trak_scores(model: nn.Module, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor,
-                seed: int, batch_size: int = 64) -> np.ndarray:
-    """TRAK scores (n, t) of one model: `TRAKer(task="image_classification")` (the margin output), on the CPU in
-    float32, normal projection to `trak_proj_dim(n)` dimensions seeded by `seed`."""
+def trak_scores(model: nn.Module, data: Tensors, seed: int, batch_size: int = 64) -> np.ndarray:
+    """TRAK scores (n, t) of one model on `data`'s training and test points: `TRAKer(task="image_classification")`
+    (the margin output), on the CPU in float32, normal projection to `trak_proj_dim(n)` dimensions seeded by `seed`."""
     from trak import TRAKer
     from trak.projectors import BasicProjector, ProjectionType
 
     logging.getLogger("TRAK").setLevel(logging.ERROR)
+    x, y, xt, yt = data.x_train, data.y_train, data.x_test, data.y_test
     model.eval()
     n, t = len(x), len(xt)
     n_params = sum(p.numel() for p in model.parameters())
@@ -275,22 +277,23 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
-def peer_estimators(net: nn.Module, graph: torch.fx.GraphModule | None, x: torch.Tensor, y: torch.Tensor,
-                    xt: torch.Tensor, yt: torch.Tensor, out_dim: int, names: tuple[str, ...], seed: int,
-                    wrap: Callable[[nn.Module], nn.Module] = lambda m: m) -> dict[str, dict[str, Any]]:
+def peer_estimators(net: nn.Module, graph: torch.fx.GraphModule | None, data: Tensors, names: tuple[str, ...],
+                    seed: int, wrap: Callable[[nn.Module], nn.Module] = lambda m: m) -> dict[str, dict[str, Any]]:
     """Each requested library estimator's row: status ("ok", "not installed", "not applicable", "failed"), its
-    reason, version, configuration and seconds, and for "ok" its influence (n, t) under `influence`.
+    reason, version, configuration and seconds, and for "ok" its influence (n, t) of `data`'s training on its test
+    points under `influence`.
 
     `net` maps flat inputs to outputs; `graph` is its FX graph when the audit has one (`wrap` turns a graph into the
     model on flat inputs), else `net` is exported. Never raises for a library's failure: the row says what failed."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _peer_rows(net, graph, x, y, xt, yt, out_dim, names, seed, wrap)
+        return _peer_rows(net, graph, data, names, seed, wrap)
 
 
-def _peer_rows(net: nn.Module, graph: torch.fx.GraphModule | None, x: torch.Tensor, y: torch.Tensor,
-               xt: torch.Tensor, yt: torch.Tensor, out_dim: int, names: tuple[str, ...], seed: int,
-               wrap: Callable[[nn.Module], nn.Module]) -> dict[str, dict[str, Any]]:
+def _peer_rows(net: nn.Module, graph: torch.fx.GraphModule | None, data: Tensors, names: tuple[str, ...],
+               seed: int, wrap: Callable[[nn.Module], nn.Module]) -> dict[str, dict[str, Any]]:
+    """`peer_estimators` without its warnings filter."""
+    x, xt, out_dim = data.x_train, data.x_test, data.out_dim
     rows: dict[str, dict[str, Any]] = {}
     missing = {nm: installed(nm) for nm in names}
     for nm in names:
@@ -321,7 +324,7 @@ def _peer_rows(net: nn.Module, graph: torch.fx.GraphModule | None, x: torch.Tens
             continue
         try:
             if nm in KRONFLUENCE and wiring is None:
-                wiring = wiring_check(copy.deepcopy(model), x, y, xt, yt, out_dim, seed)
+                wiring = wiring_check(copy.deepcopy(model), data, seed)
             tic = time.perf_counter()
             if nm in KRONFLUENCE:
                 if not wiring["passed"]:
@@ -329,11 +332,11 @@ def _peer_rows(net: nn.Module, graph: torch.fx.GraphModule | None, x: torch.Tens
                                     f"autograd's gradient dot products by {wiring['max_rel_diff']:.2g} (relative)",
                                     version=version, wiring=wiring)
                     continue
-                infl = kronfluence_scores(copy.deepcopy(model), x, y, xt, yt, out_dim, nm, seed)
+                infl = kronfluence_scores(copy.deepcopy(model), data, nm, seed)
                 config = ("FactorArguments(strategy='identity'): no preconditioning" if nm == "identity" else
                           f"FactorArguments(strategy='{nm}'), ScoreArguments() (default damping), true Fisher")
             else:
-                infl = trak_scores(copy.deepcopy(model), x, y, xt, yt, seed)
+                infl = trak_scores(copy.deepcopy(model), data, seed)
                 config = (f"TRAKer(task='image_classification'), one model, normal projection to "
                           f"{trak_proj_dim(len(x), sum(p.numel() for p in model.parameters()))} dimensions, float32")
         except Exception as exc:  # noqa: BLE001 - a library failing on this model: the row says how

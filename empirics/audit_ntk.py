@@ -148,13 +148,25 @@ def linear_candidates(gm: torch.fx.GraphModule) -> dict[str, tuple[str, str | No
     return out
 
 
+@dataclass(frozen=True)
+class JacobianOptions:
+    """How `ModelJacobian` works: whether it factors the linear layers of an FX graph (`factor`), whether it shows a
+    progress bar (`progress`; None: when stderr is a terminal or `NTKM_PROGRESS=1`), and the examples of one batch in
+    batched mode (`batch_size`)."""
+
+    factor: bool = True
+    progress: bool | None = None
+    batch_size: int = 64
+
+
 class ModelJacobian:
     """Per-example Jacobians and the empirical NTK of a classifier with outputs (n, c).
 
     `model(x)` takes the model's own input shape (n, *input_shape); `graph` (optional) is an FX
     GraphModule computing the same function, whose parameters are then the ones differentiated
     (enables the factored linear layers); `static_batch` is the batch size a program was exported
-    with (None: any). All parameters that require grad are differentiated.
+    with (None: any); `options` the rest (`JacobianOptions`). All parameters that require grad are
+    differentiated.
 
     Batched mode: when every parameter is a factored linear weight or bias and a probe shows that
     each such node keeps the rows of different examples apart (layout (batch, S, d)), examples go
@@ -163,13 +175,13 @@ class ModelJacobian:
     """
 
     def __init__(self, model: nn.Module, input_shape: Sequence[int], graph: torch.fx.GraphModule | None = None,
-                 static_batch: int | None = None, factor: bool = True, progress: bool | None = None,
-                 batch_size: int = 64):
+                 static_batch: int | None = None, options: JacobianOptions | None = None):
+        opts = options or JacobianOptions()
         self.model = model
         self.graph = graph
         self.input_shape = tuple(int(s) for s in input_shape)
         self.static_batch = int(static_batch) if static_batch else None
-        self.progress = progress
+        self.progress = opts.progress
         owner = graph if graph is not None else model
         named = list(trainable(owner).items())
         if not named:
@@ -179,8 +191,8 @@ class ModelJacobian:
         self.layers: list[_Layer] = []
         self.out_dim = 0
         self.batched = False
-        self.batch_size = self.static_batch or max(1, batch_size)
-        self._plan(factor and graph is not None)
+        self.batch_size = self.static_batch or max(1, opts.batch_size)
+        self._plan(opts.factor and graph is not None)
 
     @property
     def n_params(self) -> int:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from empirics import audit_attribution as aa
+from empirics.common import Tensors
 from ntkm.errors import UserInputError
 from reports.audit_report import lds_rows
 from verify.audit.validity import estimator_rows
@@ -65,7 +66,7 @@ def test_without_the_libraries_every_row_says_how_to_install(monkeypatch):
     monkeypatch.setattr(aa.importlib.util, "find_spec",
                         lambda name, *a: None if name in ("kronfluence", "trak") else real(name, *a))
     net, x, y, xt, yt = _cnn_problem()
-    rows = aa.peer_estimators(net, None, x, y, xt, yt, 3, aa.PEERS, 0)
+    rows = aa.peer_estimators(net, None, Tensors(x, y, xt, yt, 3), aa.PEERS, 0)
     assert set(rows) == set(aa.PEERS)
     for r in rows.values():
         assert r["status"] == aa.NOT_INSTALLED and aa.INSTALL in r["reason"] and "influence" not in r
@@ -89,12 +90,12 @@ def test_wiring_check_passes_and_a_miswired_library_fails_every_kronfluence_row(
     pytest.importorskip("kronfluence")
     net, x, y, xt, yt = _cnn_problem()
     gm, _ = aa.modular(aa.exported_graph(net, x))
-    w = aa.wiring_check(gm, x, y, xt, yt, 3, 0)
+    w = aa.wiring_check(gm, Tensors(x, y, xt, yt, 3), 0)
     assert w["passed"] and w["max_rel_diff"] < aa.WIRING_TOL
     assert w["parameters"] == sum(p.numel() for p in net.parameters())
     real = aa.kronfluence_scores
     monkeypatch.setattr(aa, "kronfluence_scores", lambda *a, **k: -real(*a, **k))
-    rows = aa.peer_estimators(net, None, x, y, xt, yt, 3, aa.KRONFLUENCE, 0)
+    rows = aa.peer_estimators(net, None, Tensors(x, y, xt, yt, 3), aa.KRONFLUENCE, 0)
     assert all(r["status"] == aa.FAILED and "wiring check failed" in r["reason"] for r in rows.values())
 
 
@@ -109,7 +110,7 @@ def test_kfac_is_the_closed_form_gauss_newton_influence_of_a_linear_least_square
     torch.manual_seed(1)
     lin = nn.Linear(d, 1)
     model = FlatInput(lin, (d,))
-    infl = aa.kronfluence_scores(model, x, y, xt, yt, 1, "kfac", 0)
+    infl = aa.kronfluence_scores(model, Tensors(x, y, xt, yt, 1), "kfac", 0)
     a, at = (torch.cat([v, torch.ones(len(v), 1)], 1).double().numpy() for v in (x, xt))
     with torch.no_grad():
         r = (lin(x)[:, 0] - (2.0 * y - 1.0)).double().numpy()
@@ -141,7 +142,7 @@ def test_trak_at_a_full_projection_is_its_closed_form():
     y, yt = torch.randint(0, 3, (n,), generator=g), torch.randint(0, 3, (t,), generator=g)
     model = FixedReadout()
     assert aa.trak_proj_dim(n, 12) == 12
-    scores = aa.trak_scores(model, x, y, xt, yt, 0)
+    scores = aa.trak_scores(model, Tensors(x, y, xt, yt, 3), 0)
 
     def margin_grads(xs, ys):
         rows, ps = [], []
@@ -164,7 +165,7 @@ def test_every_library_estimator_runs_on_a_cnn_graph():
     pytest.importorskip("kronfluence")
     pytest.importorskip("trak")
     net, x, y, xt, yt = _cnn_problem()
-    rows = aa.peer_estimators(net, None, x, y, xt, yt, 3, aa.PEERS, 0)
+    rows = aa.peer_estimators(net, None, Tensors(x, y, xt, yt, 3), aa.PEERS, 0)
     for name, r in rows.items():
         assert r["status"] == aa.OK, (name, r["reason"])
         assert r["influence"].shape == (40, 10) and np.isfinite(r["influence"]).all() and r["seconds"] > 0

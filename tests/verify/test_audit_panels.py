@@ -13,16 +13,19 @@ from torch import nn
 from torchscript import script
 
 from empirics.audit_ntk import ModelJacobian
+from empirics.common import Tensors
 from empirics.datasets import load_dataset
 from empirics.gauss_newton import gn_influence_mean, loss_residuals
 from empirics.influence import influence_from_kernels
 from empirics.losses import targets
 from verify.audit.budget import budget_curves
+from verify.audit.config import AuditConfig
 from verify.audit.measure import GenericKernels
 from verify.audit.outcome import poison_panel
-from verify.audit.refit import WARM, RefitConfig, Refitter, refit_adequacy
+from verify.audit.refit import WARM, RefitConfig, RefitInputs, Refitter, refit_adequacy
 from verify.audit.validity import (
     NOT_MEASURABLE,
+    Estimates,
     _verdict,
     ceiling_from_agreement,
     lds,
@@ -104,8 +107,9 @@ def test_validity_verdict_follows_whether_influence_can_predict_the_fit(fit, ver
     refit = Refitter(nn.Identity(), [], RefitConfig(train_fn=f"{path}:{fit}"), 1, (1, 28, 28))
     with refit.fitted(x, y, 0) as saved:
         _, inf, gn, acc = _influences(saved, x, y, xt, yt, 1)
-    v = validity_panel(refit, x, y, xt, yt, inf.per_test, gn, acc, 0.1, 12, 0.1, 2, 0, None, 1,
-                       others={"again": inf.per_test.copy(), "negated": -inf.per_test})
+    cfg = AuditConfig("model", "train", tau=0.1, lds_subsets=12, lds_fraction=0.1, refit_seeds=3, seed=0)
+    est = Estimates(inf.per_test, gn, {"again": inf.per_test.copy(), "negated": -inf.per_test})
+    v = validity_panel(refit, Tensors(x, y, xt, yt, 1), est, acc, cfg)
     assert v["control"]["passed"], v["control"]
     for key in ("value", "lo", "hi", "fraction", "fraction_lo", "fraction_hi"):  # scored on the same re-fits
         assert v["lds"]["again"][key] == v["lds"]["ntk"][key]
@@ -139,8 +143,8 @@ def test_planted_label_flips_are_ranked_at_the_top(mnist):
     jac = ModelJacobian(net, (784,))
     refit = Refitter.for_module(net, net, RefitConfig(epochs=30, lr=3e-3, batch_size=32), 10, (784,))
     before = [p.detach().clone() for p in net.parameters()]
-    res = poison_panel(refit, net, x, y, xt, yt, lambda m: GenericKernels(jac, 1 << 30), 0.1, 8 / 255, 3, 0, 10,
-                       1e-3)
+    cfg = AuditConfig("model", "train", poison_fraction=0.1, eps=8 / 255, steps=3, seed=0, ridge_rel=1e-3)
+    res = poison_panel(RefitInputs(refit, net, Tensors(x, y, xt, yt, 10)), lambda m: GenericKernels(jac, 1 << 30), cfg)
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))  # weights put back
     assert res["k"] == 12 and len(res["label_flips"]) == 6
     head = res["rankings"][res["headline"]]
@@ -219,7 +223,7 @@ def test_warm_start_control_that_teaches_an_untrained_model_fails(mnist):
             acc = (float((net(x).argmax(1) == y).float().mean()), float((net(xt).argmax(1) == yt).float().mean()))
         refit = Refitter.for_module(net, net, RefitConfig(), 10, (784,))
         ctrl = refit.control(x, y, 0, {"train": x, "test": xt})
-        gates[name] = refit_adequacy(WARM, ctrl, y.numpy(), yt.numpy(), *acc, 10)
+        gates[name] = refit_adequacy(WARM, ctrl, Tensors(x, y, xt, yt, 10), acc)
         gates[name]["saved"] = acc
     assert gates["trained"]["passed"], gates["trained"]
     u = gates["untrained"]
@@ -239,7 +243,8 @@ def test_budget_curve_finds_the_breaking_budget_of_a_synthetic_probe():
         flip = 0.0 if name == "random" else (0.5 if eps >= 4 / 255 - 1e-12 else 0.1 if eps >= 2 / 255 - 1e-12 else 0)
         return {"flip_rate": flip, "rho_all": 0.9, "kernel_test_acc": 0.9}, None
 
-    cur = budget_curves(probe, Clean(), 0.1, 8 / 255, "pgd", 0, 2)
+    cur = budget_curves(probe, Clean(), AuditConfig("model", "train", tau=0.1, eps=8 / 255, curve_attack="pgd",
+                                                    seed=0, baseline_seeds=2))
     assert cur["breaking_label"] == "4/255"
     assert [p["k"] for p in cur["by_k"]] == [1, 2, 5, 10, 20]
     assert all(p["noise_ceiling"] == 0.0 for p in cur["by_eps"])
@@ -347,15 +352,17 @@ def test_outcome_intervals_stay_inside_the_range_of_their_quantity():
 def test_budget_curve_outcome_re_fits_every_point_with_several_seeds(mnist):
     """Each point of the re-fitted budget curves: 3 seeds per arm, each against the control of its seed; the means
     are those of the per-seed re-fits; every interval inside the range of its quantity."""
-    from verify.audit.outcome import outcome_curves
+    from verify.audit.outcome import CurveGrid, outcome_curves
 
     x, y = torch.as_tensor(mnist.x_train[:60]), torch.as_tensor(mnist.y_train[:60])
     xt, yt = torch.as_tensor(mnist.x_test[:20]), torch.as_tensor(mnist.y_test[:20])
     net = _mlp(x, y)
     refit = Refitter.for_module(net, net, RefitConfig(epochs=1, batch_size=32), 10, (784,))
     _, inf, _, _ = _influences(net, x, y, xt, yt, 10)
-    curves = outcome_curves(refit, net, x, y, xt, yt, inf.per_test, inf.total, 6, 0.1, (0.05, 0.1), [3, 6], "fgsm",
-                            2, 0, 5, 10, seeds=3)
+    cfg = AuditConfig("model", "train", eps=0.1, curve_attack="fgsm", steps=2, seed=0, outcome_targets=5,
+                      refit_seeds=3)
+    curves = outcome_curves(RefitInputs(refit, net, Tensors(x, y, xt, yt, 10)), inf.per_test, inf.total,
+                            CurveGrid(6, (0.05, 0.1), (3, 6)), cfg)
     assert curves["seeds"] == 3 and len(curves["by_eps"]) == 2 and len(curves["by_k"]) == 2
     assert refit.count == 3 + 3 * 2 * 4  # the three controls, then 3 seeds x 2 arms x 4 points
     for p in curves["by_eps"] + curves["by_k"]:

@@ -15,7 +15,9 @@ from torch.func import functional_call, jacrev, vmap
 from torchscript import script
 
 from empirics.audit_ntk import ModelJacobian, ProjectedJacobian, Projection
+from empirics.common import Tensors
 from verify.audit.ci import load_schema, schema_errors
+from verify.audit.config import AuditConfig
 from verify.audit.projection import AUTO_DIM, choose_projection, projection_error
 from verify.cli import main
 
@@ -64,10 +66,10 @@ def test_reported_error_and_influence_ranking_improve_with_k():
     gen = torch.Generator().manual_seed(2)
     x, xt = torch.randn(30, 10, generator=gen), torch.randn(12, 10, generator=gen)
     y, yt = torch.randint(0, 3, (30,), generator=gen), torch.randint(0, 3, (12,), generator=gen)
-    Y, Yt = np.eye(3)[y.numpy()], np.eye(3)[yt.numpy()]
     jac = ModelJacobian(model, (10,))
-    res = [projection_error(jac, ProjectedJacobian(jac, Projection(k, "gaussian", 0)), x, xt, Y, Yt, yt.numpy(), 0,
-                            1e-3, 1 << 30) for k in (8, 2048)]
+    cfg = AuditConfig("model", "train", seed=0, ridge_rel=1e-3)
+    res = [projection_error(jac, ProjectedJacobian(jac, Projection(k, "gaussian", 0)), Tensors(x, y, xt, yt, 3), cfg,
+                            1 << 30) for k in (8, 2048)]
     assert res[1]["kernel_rel_error"] < res[0]["kernel_rel_error"] / 4
     assert res[1]["influence_spearman"] > max(0.9, res[0]["influence_spearman"])
     exact = _exact(model, x).numpy()
@@ -101,12 +103,14 @@ def test_automatic_choice_by_model_size_and_memory():
     jac = ModelJacobian(_mlp(), (10,))
     per = jac.bytes_per_example()
     n = AUTO_DIM * 2
-    assert choose_projection(jac, n, None, "gaussian", 0, per * n)[0] is None
-    proj, why = choose_projection(jac, n, None, "gaussian", 0, per * n - 1)
+    auto = AuditConfig("model", "train", seed=0)
+    assert choose_projection(jac, n, auto, per * n)[0] is None
+    proj, why = choose_projection(jac, n, auto, per * n - 1)
     assert proj is not None and proj.dim == AUTO_DIM and "automatically" in why
-    assert choose_projection(jac, AUTO_DIM, None, "gaussian", 0, 1)[0] is None
-    assert choose_projection(jac, n, 0, "gaussian", 0, 1)[0] is None
-    assert choose_projection(jac, n, 16, "rademacher", 0, 1 << 40)[0] == Projection(16, "rademacher", 0)
+    assert choose_projection(jac, AUTO_DIM, auto, 1)[0] is None
+    assert choose_projection(jac, n, AuditConfig("model", "train", projection_dim=0), 1)[0] is None
+    asked = AuditConfig("model", "train", projection_dim=16, projection_kind="rademacher", seed=0)
+    assert choose_projection(jac, n, asked, 1 << 40)[0] == Projection(16, "rademacher", 0)
 
 
 def test_audit_report_states_the_projection_and_its_error(tmp_path, capsys, monkeypatch):

@@ -741,9 +741,14 @@ class _Diverging:
 def test_nan_or_inf_under_perturbation_is_not_measurable_in_the_outcome_table_and_curves(value, env, tmp_path: Path,
                                                                                          capsys):
     """Issue 27: the outcome table printed "nan [-inf, inf]"; now the panel and the curves say why instead."""
+    from dataclasses import replace
+
+    from empirics.common import Tensors
     from ntkm.codec import write_json
     from verify.audit.ci import read_record
-    from verify.audit.outcome import outcome_curves, outcome_panel
+    from verify.audit.config import AuditConfig
+    from verify.audit.outcome import CurveGrid, outcome_curves, outcome_panel
+    from verify.audit.refit import RefitInputs
     from verify.audit.risk import NOT_MEASURABLE
 
     gen = torch.Generator().manual_seed(0)
@@ -751,10 +756,12 @@ def test_nan_or_inf_under_perturbation_is_not_measurable_in_the_outcome_table_an
     y, yt = torch.randint(0, 3, (12,), generator=gen), torch.randint(0, 3, (6,), generator=gen)
     model = nn.Linear(4, 3)
     per_test = np.random.default_rng(0).normal(size=(12, 6))
-    refit = _Diverging(x, value)
-    panel = outcome_panel(refit, model, x, y, xt, yt, per_test, np.arange(3), "fgsm", 0.1, 1, 2, 0, 2, 3)
-    curves = outcome_curves(refit, model, x, y, xt, yt, per_test, per_test.sum(axis=1), 3, 0.1, (0.05, 0.1), [2, 3],
-                            "fgsm", 1, 0, 2, 3)
+    inp = RefitInputs(_Diverging(x, value), model, Tensors(x, y, xt, yt, 3))
+    cfg = AuditConfig("model", "train", eps=0.1, steps=1, refit_seeds=2, seed=0, outcome_targets=2,
+                      curve_attack="fgsm")
+    panel = outcome_panel(inp, per_test, np.arange(3), "fgsm", cfg)
+    curves = outcome_curves(inp, per_test, per_test.sum(axis=1), CurveGrid(3, (0.05, 0.1), (2, 3)),
+                            replace(cfg, refit_seeds=3))
     for part in (panel, curves):
         assert part["verdict"] == NOT_MEASURABLE and "NaN or infinite" in part["reason"], part
     rec = read_record(env["audit_json"], "--render")

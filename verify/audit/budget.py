@@ -23,7 +23,7 @@ budget of clean-label poisoning studies, and leaves an altered example looking l
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import stats
@@ -32,6 +32,9 @@ from empirics.influence import InfluenceResult
 from empirics.malleability import n_top, top_by_abs
 from empirics.progress import log
 from reports.text import eps_label
+
+if TYPE_CHECKING:  # verify.audit.config imports this module (REALISTIC_EPS)
+    from verify.audit.config import AuditConfig
 
 REALISTIC_EPS = 8 / 255
 REALISTIC_REASON = ("8/255 changes each 8-bit pixel by at most 8 grey levels: the L-infinity budget of the "
@@ -69,10 +72,11 @@ def _point(probe: Probe, sel: np.ndarray, attack: str, eps: float, seeds: list[i
             "kernel_acc_change_noise_std": float(acc_noise.std(ddof=1)) if acc_noise.size > 1 else 0.0}
 
 
-def budget_curves(probe: Probe, clean: InfluenceResult, tau: float, eps: float, attack: str, seed: int,
-                  baseline_seeds: int, eps_grid: tuple[float, ...] = EPS_GRID,
+def budget_curves(probe: Probe, clean: InfluenceResult, cfg: AuditConfig, eps_grid: tuple[float, ...] = EPS_GRID,
                   tau_grid: tuple[float, ...] = TAU_GRID) -> dict[str, Any]:
-    """Flip rate, noise ceiling and kernel-predictor outcome against eps (at `tau`) and against k (at `eps`)."""
+    """Flip rate, noise ceiling and kernel-predictor outcome against eps (at `cfg.tau`) and against k (at `cfg.eps`),
+    for the attack `cfg.curve_attack` against `cfg.baseline_seeds` seeds of random noise."""
+    tau, eps, attack, seed, baseline_seeds = cfg.tau, cfg.eps, cfg.curve_attack, cfg.seed, cfg.baseline_seeds
     n = clean.n_train
     seeds = [seed + 7919 * j for j in range(baseline_seeds + 1)]
     sel = top_by_abs(clean.total, n_top(tau, n))

@@ -253,10 +253,22 @@ class NetworkContext:
     estimator_seconds: dict[str, float]
 
 
-def measure_network(label: str, model: FlatInput, provider: SuiteKernels | GenericKernels, t: Tensors,
-                    cfg: AuditConfig, n_params: int, width: int) -> tuple[dict[str, Any], NetworkContext]:
-    """Every audit measurement for one network (see the module docstring): its JSON-ready record, and the
-    context the panels work from."""
+@dataclass(frozen=True)
+class Network:
+    """One network the audit measures: its label in the report, the model on flat inputs, its kernel provider, its
+    parameter count and its width (widest layer)."""
+
+    label: str
+    model: FlatInput
+    provider: SuiteKernels | GenericKernels
+    n_params: int
+    width: int
+
+
+def measure_network(net: Network, t: Tensors, cfg: AuditConfig) -> tuple[dict[str, Any], NetworkContext]:
+    """Every audit measurement for one network (see the module docstring) on the data `t`: its JSON-ready record,
+    and the context the panels work from."""
+    label, model, provider, n_params, width = net.label, net.model, net.provider, net.n_params, net.width
     times: dict[str, float] = {}
     peak: dict[str, float] = {}
     x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test

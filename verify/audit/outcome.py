@@ -26,6 +26,7 @@ poison within the top k.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,8 @@ from empirics.influence import influence_from_kernels
 from empirics.intervals import t_interval, wilson
 from empirics.losses import targets
 from empirics.progress import log
-from verify.audit.refit import Refitter, labels_of, per_example_loss
+from verify.audit.config import AuditConfig
+from verify.audit.refit import RefitInputs, labels_of, per_example_loss
 from verify.audit.risk import NOT_MEASURABLE
 
 OUTCOME_RULE = ("the levers move an outcome beyond random points when the 95 % t-interval over seeds of the paired "
@@ -105,10 +107,13 @@ def _finite_metrics(out: np.ndarray, ctrl: np.ndarray, yt: np.ndarray, tgt: np.n
     return metrics
 
 
-def outcome_panel(refit: Refitter, model: nn.Module, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor,
-                  yt: torch.Tensor, per_test: np.ndarray, sel: np.ndarray, attack_name: str, eps: float, steps: int,
-                  seeds: int, seed: int, n_targets: int, out_dim: int) -> dict[str, Any]:
-    """Change of test accuracy and of the targeted predictions after re-fitting on perturbed levers."""
+def outcome_panel(inp: RefitInputs, per_test: np.ndarray, sel: np.ndarray, attack_name: str,
+                  cfg: AuditConfig) -> dict[str, Any]:
+    """Change of test accuracy and of the targeted predictions after re-fitting on the levers `sel` perturbed by
+    `attack_name` at `cfg.eps` (`per_test`: influence, training x test points), with `cfg.refit_seeds` seeds."""
+    refit, model, t = inp.refit, inp.model, inp.t
+    x, y, xt, yt, out_dim = t.x_train, t.y_train, t.x_test, t.y_test, t.out_dim
+    eps, steps, seeds, seed, n_targets = cfg.eps, cfg.steps, cfg.refit_seeds, cfg.seed, cfg.outcome_targets
     n, k = len(x), len(sel)
     rng = np.random.default_rng(seed + 7)
     rand = np.sort(rng.choice(n, k, replace=False))
@@ -146,14 +151,33 @@ def loo_error(K: np.ndarray, Y: np.ndarray, ridge: float) -> np.ndarray:
     return np.sum((alpha / np.diag(M)[:, None]) ** 2, axis=1)
 
 
-def outcome_curves(refit: Refitter, model: nn.Module, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor,
-                   yt: torch.Tensor, per_test: np.ndarray, total: np.ndarray, k: int, eps: float,
-                   eps_grid: tuple[float, ...], k_grid: list[int], attack_name: str, steps: int, seed: int,
-                   n_targets: int, out_dim: int, seeds: int = 3) -> dict[str, Any]:
-    """The re-fitted outcome along the budget curves: for each eps (top k levers) and each k (at `eps`), the levers
-    and as many random points perturbed, re-fitted with `seeds` seeds (seed, seed + 1, ...), each compared with the
-    control of its seed; per point the mean of each metric (`levers`, `random`) and its interval (`rows`, as the
-    outcome table's)."""
+@dataclass(frozen=True)
+class CurveGrid:
+    """The budgets of the re-fitted budget curves: the top `k` levers at each eps of `eps`, and each k of `ks` at the
+    audit's eps."""
+
+    k: int
+    eps: tuple[float, ...]
+    ks: tuple[int, ...]
+
+    @classmethod
+    def of(cls, budget: dict[str, Any]) -> CurveGrid:
+        """The grid of a budget-curves record (`verify.audit.budget.budget_curves`)."""
+        return cls(budget["by_eps"][0]["k"], tuple(p["eps"] for p in budget["by_eps"]),
+                   tuple(p["k"] for p in budget["by_k"]))
+
+
+def outcome_curves(inp: RefitInputs, per_test: np.ndarray, total: np.ndarray, grid: CurveGrid,
+                   cfg: AuditConfig) -> dict[str, Any]:
+    """The re-fitted outcome along the budget curves: for each eps of the grid (top k levers by `total`) and each k
+    (at `cfg.eps`), the levers and as many random points perturbed by `cfg.curve_attack`, re-fitted with
+    `cfg.refit_seeds` seeds (seed, seed + 1, ...), each compared with the control of its seed; per point the mean of
+    each metric (`levers`, `random`) and its interval (`rows`, as the outcome table's)."""
+    refit, model, t = inp.refit, inp.model, inp.t
+    x, y, xt, yt, out_dim = t.x_train, t.y_train, t.x_test, t.y_test, t.out_dim
+    k, eps, eps_grid, k_grid = grid.k, cfg.eps, grid.eps, grid.ks
+    attack_name, steps, seed, seeds = cfg.curve_attack, cfg.steps, cfg.seed, cfg.refit_seeds
+    n_targets = cfg.outcome_targets
     n = len(x)
     rng = np.random.default_rng(seed + 11)
     order = np.lexsort((np.arange(n), -np.abs(total)))
@@ -193,13 +217,15 @@ def _precision(order: np.ndarray, planted: np.ndarray, kinds: dict[str, np.ndarr
     return out
 
 
-def poison_panel(refit: Refitter, model: nn.Module, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor,
-                 yt: torch.Tensor, kernels: Callable[[nn.Module], Any], fraction: float, eps: float, steps: int,
-                 seed: int, out_dim: int, ridge_rel: float) -> dict[str, Any]:
-    """Plant label flips and eps-bounded perturbations, re-fit, and ask whether the audit's rankings find them.
+def poison_panel(inp: RefitInputs, kernels: Callable[[nn.Module], Any], cfg: AuditConfig) -> dict[str, Any]:
+    """Plant label flips and eps-bounded perturbations (`cfg.poison_fraction` of the training points, `cfg.eps`),
+    re-fit, and ask whether the audit's rankings find them.
 
     `kernels(net)` returns a kernel provider (`clean(x, xt) -> (K, K_test_train)`) for a re-fitted network.
     """
+    refit, model, t = inp.refit, inp.model, inp.t
+    x, y, xt, yt, out_dim = t.x_train, t.y_train, t.x_test, t.y_test, t.out_dim
+    fraction, eps, steps, seed, ridge_rel = cfg.poison_fraction, cfg.eps, cfg.steps, cfg.seed, cfg.ridge_rel
     n = len(x)
     classes = max(2, out_dim)
     rng = np.random.default_rng(seed + 2)

@@ -42,7 +42,6 @@ from empirics.audit_ntk import ModelJacobian
 from empirics.audit_structured import ProjectedStructured, StructuredJacobian
 from empirics.common import Tensors, train_network
 from empirics.influence import InfluenceResult
-from empirics.losses import targets
 from empirics.malleability import n_top
 from empirics.models import ModelSpec
 from empirics.progress import log
@@ -54,12 +53,12 @@ from theory.conditioning import condition_numbers
 from verify.audit.budget import REALISTIC_REASON, budget_curves
 from verify.audit.ci import summary_markdown
 from verify.audit.config import DEFINITIONS, PANELS, SCHEMA_VERSION, SUMMARY_MARKER, AuditConfig
-from verify.audit.measure import PROJECTED, GenericKernels, NetworkContext, SuiteKernels, measure_network
-from verify.audit.outcome import outcome_curves, outcome_panel, poison_panel
+from verify.audit.measure import PROJECTED, GenericKernels, Network, NetworkContext, SuiteKernels, measure_network
+from verify.audit.outcome import CurveGrid, outcome_curves, outcome_panel, poison_panel
 from verify.audit.projection import choose_projection, projected_kernel, projection_error
-from verify.audit.refit import Refitter, load_train_fn
+from verify.audit.refit import RefitInputs, Refitter, load_train_fn, refit_adequacy
 from verify.audit.risk import NOT_MEASURABLE, assess_risk, model_gate
-from verify.audit.validity import estimator_rows, validity_panel
+from verify.audit.validity import Estimates, estimator_rows, validity_panel
 from verify.modelio import (
     FlatInput,
     LoadedModel,
@@ -191,20 +190,18 @@ def _panels(run: AuditRun, ctx: NetworkContext, user: dict[str, Any]) -> dict[st
     input_shape, out_dim, max_bytes, fit_module = run.input_shape, run.t.out_dim, run.max_bytes, run.fit_module
     out: dict[str, Any] = {"run": [p for p in PANELS if p in cfg.panels]}
     clean: InfluenceResult = ctx.clean
-    x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
+    x, xt = t.x_train, t.x_test
     if "budget" in cfg.panels:
-        out["budget"] = st.run("budget curves", budget_curves, ctx.probe, clean, cfg.tau, cfg.eps,
-                               cfg.curve_attack, cfg.seed, cfg.baseline_seeds)
+        out["budget"] = st.run("budget curves", budget_curves, ctx.probe, clean, cfg)
     refit_panels = [p for p in ("validity", "outcome", "poison") if p in cfg.panels]
     if not refit_panels:
         return out
     rcfg = cfg.refit_config()
     refit = Refitter.for_module(fit_module, run.refit_net, rcfg, out_dim, input_shape)
     log(f"audit: control re-fit ({rcfg.describe()})")
-    ctrl = st.run("re-fits", refit.control, x, y, cfg.seed, {"train": x, "test": xt})
-    from verify.audit.refit import refit_adequacy
-
-    gate = refit_adequacy(rcfg.kind, ctrl, y.numpy(), yt.numpy(), user["train_acc"], user["test_acc"], out_dim)
+    ctrl = st.run("re-fits", refit.control, x, t.y_train, cfg.seed, {"train": x, "test": xt})
+    saved_acc = (user["train_acc"], user["test_acc"])
+    gate = refit_adequacy(rcfg.kind, ctrl, t, saved_acc)
     out["refit"] = {"kind": rcfg.kind, "description": rcfg.describe(), "control": gate,
                     "user_code": bool(rcfg.train_fn)}
     if not gate["passed"]:
@@ -219,24 +216,19 @@ def _panels(run: AuditRun, ctx: NetworkContext, user: dict[str, Any]) -> dict[st
             peers = unscored(cfg.peers, NOT_APPLICABLE, f"the model runs batches of exactly {loaded.static_batch} "
                              "examples (exported with a static batch size), and the libraries need per-example "
                              "batches") if loaded.static_batch else \
-                st.run("attribution libraries", peer_estimators, model, graph, x, y, xt, yt, out_dim, cfg.peers,
-                       cfg.seed, lambda g: FlatInput(g, input_shape))
+                st.run("attribution libraries", peer_estimators, model, graph, t, cfg.peers, cfg.seed,
+                       lambda g: FlatInput(g, input_shape))
         others = {"ef": ctx.ef_per_test, **{k: r.pop("influence") for k, r in peers.items() if r["status"] == OK}}
-        out["validity"] = st.run("validity", validity_panel, refit, x, y, xt, yt, clean.per_test, ctx.gn_per_test,
-                                 (user["train_acc"], user["test_acc"]), cfg.tau, cfg.lds_subsets, cfg.lds_fraction,
-                                 cfg.refit_seeds - 1, cfg.seed, cfg.target_test, out_dim, cfg.lds_repeats, others)
+        est = Estimates(clean.per_test, ctx.gn_per_test, others)
+        out["validity"] = st.run("validity", validity_panel, refit, t, est, saved_acc, cfg)
         estimator_rows(out["validity"], ctx.estimator_seconds, peers)
+    inp = RefitInputs(refit, model, t)
     if "budget" in cfg.panels and "outcome" in cfg.panels:
-        bud = out["budget"]
-        out["budget"]["refit"] = st.run("outcome", outcome_curves, refit, model, x, y, xt, yt, clean.per_test,
-                                        clean.total, bud["by_eps"][0]["k"], cfg.eps,
-                                        tuple(p["eps"] for p in bud["by_eps"]), [p["k"] for p in bud["by_k"]],
-                                        cfg.curve_attack, cfg.steps, cfg.seed, cfg.outcome_targets, out_dim,
-                                        cfg.refit_seeds)
+        out["budget"]["refit"] = st.run("outcome", outcome_curves, inp, clean.per_test, clean.total,
+                                        CurveGrid.of(out["budget"]), cfg)
     if "outcome" in cfg.panels:
-        out["outcome"] = st.run("outcome", outcome_panel, refit, model, x, y, xt, yt, clean.per_test,
-                                np.asarray(user["selected"]), user["worst_attack"], cfg.eps, cfg.steps,
-                                cfg.refit_seeds, cfg.seed, cfg.outcome_targets, out_dim)
+        out["outcome"] = st.run("outcome", outcome_panel, inp, clean.per_test, np.asarray(user["selected"]),
+                                user["worst_attack"], cfg)
     if "poison" in cfg.panels:
         if rcfg.train_fn:
             proj = provider.jac.projection if isinstance(provider, GenericKernels) and isinstance(
@@ -251,8 +243,7 @@ def _panels(run: AuditRun, ctx: NetworkContext, user: dict[str, Any]) -> dict[st
         else:
             def kernels(net: torch.nn.Module) -> GenericKernels:
                 return GenericKernels(provider.jac, max_bytes)
-        out["poison"] = st.run("planted poison", poison_panel, refit, model, x, y, xt, yt, kernels,
-                               cfg.poison_fraction, cfg.eps, cfg.steps, cfg.seed, out_dim, cfg.ridge_rel)
+        out["poison"] = st.run("planted poison", poison_panel, inp, kernels, cfg)
     out["refit"]["count"] = refit.count
     out["refit"]["seconds"] = refit.seconds
     return out
@@ -293,22 +284,19 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         structured, why = StructuredJacobian.build(graph, input_shape, loaded.static_batch)
         if structured is None:
             log(f"audit: structured per-example gradients do not apply ({why})")
-        proj, proj_reason = choose_projection(jac, len(train.x) + len(test.x), cfg.projection_dim,
-                                              cfg.projection_kind, cfg.seed, max_bytes, structured is not None)
+        proj, proj_reason = choose_projection(jac, len(train.x) + len(test.x), cfg, max_bytes, structured is not None)
         log(f"audit: kernel {proj_reason}")
         provider = GenericKernels(jac if proj is None else projected_kernel(jac, structured, proj, max_bytes),
                                   max_bytes)
         fit_module = loaded.module if graph is None else graph
         refit_net = model if graph is None else FlatInput(graph, input_shape, loaded.static_batch)
     models: dict[str, Any] = {}
-    models["user"], ctx = st.run("your model", measure_network, "your model", model, provider, t, cfg,
-                            loaded.n_params, loaded.widest_layer())
+    models["user"], ctx = st.run("your model", measure_network,
+                                 Network("your model", model, provider, loaded.n_params, loaded.widest_layer()), t, cfg)
     projection: dict[str, Any] | None = None
     if isinstance(provider, GenericKernels) and isinstance(provider.jac, PROJECTED):
         p = provider.jac.projection
-        Y, Yt = targets(t.y_train, out_dim, torch.float64).numpy(), targets(t.y_test, out_dim, torch.float64).numpy()
-        err = st.run("projection error", projection_error, provider.jac.jac, provider.jac, t.x_train, t.x_test, Y, Yt,
-                     t.y_test.numpy(), cfg.seed, cfg.ridge_rel, max_bytes)
+        err = st.run("projection error", projection_error, provider.jac.jac, provider.jac, t, cfg, max_bytes)
         kron = isinstance(provider.jac, ProjectedStructured)
         projection = {"dim": p.dim, "kind": p.kind, "seed": p.seed, "reason": proj_reason, "error": err,
                       "structure": "kronecker" if kron else "dense",
@@ -323,8 +311,9 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
             tcfg = protocol_config(PROPER, cfg.ref_epochs, seed=cfg.seed)
             tr = st.run(f"train {kind}", train_network, spec, t, tcfg, label=f"training {REF_LABELS[kind]}")
             tr.model.eval()
-            ref, _ = st.run(kind, measure_network, label, FlatInput(tr.model, (spec.d,)), SuiteKernels(tr.model), t,
-                         cfg, tr.model.W.numel(), cfg.ref_width)
+            net = Network(label, FlatInput(tr.model, (spec.d,)), SuiteKernels(tr.model), tr.model.W.numel(),
+                          cfg.ref_width)
+            ref, _ = st.run(kind, measure_network, net, t, cfg)
             ref["training"] = {"protocol": PROPER, "max_epochs": cfg.ref_epochs, "epochs_run": tr.record.epochs_run,
                                "final_train_loss": tr.record.final_train_loss, "optimizer": "adam",
                                "lr": tr.record.lr, "weight_decay": 0.0, "batch_size": tcfg.batch_size,

@@ -21,7 +21,7 @@ gives on that subsample.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,20 +29,26 @@ from scipy import stats
 
 from empirics.audit_ntk import ModelJacobian, ProjectedJacobian, Projection
 from empirics.audit_structured import ProjectedStructured, StructuredJacobian
+from empirics.common import Tensors
 from empirics.influence import influence_from_kernels
+from empirics.losses import targets
 from empirics.progress import log
 from ntkm.errors import UserInputError
+
+if TYPE_CHECKING:  # verify.audit.config imports this module (AUTO_DIM)
+    from verify.audit.config import AuditConfig
 
 AUTO_DIM = 512
 STRUCTURED_AUTO_DIM = 8192
 ERROR_TRAIN, ERROR_TEST = 48, 24
 
 
-def choose_projection(jac: ModelJacobian, n_points: int, dim: int | None, kind: str, seed: int,
-                      max_bytes: int, structured: bool = False) -> tuple[Projection | None, str]:
-    """The projection to use (None: exact) and why, by the rule in the module docstring; `structured`: the
-    Kronecker-structured projection applies (its cost does not grow with the parameters, so it is always cheaper
-    than the exact kernel in blocks)."""
+def choose_projection(jac: ModelJacobian, n_points: int, cfg: AuditConfig, max_bytes: int,
+                      structured: bool = False) -> tuple[Projection | None, str]:
+    """The projection to use (None: exact) and why, by the rule in the module docstring (`cfg.projection_dim`,
+    `cfg.projection_kind`, seeded by `cfg.seed`); `structured`: the Kronecker-structured projection applies (its cost
+    does not grow with the parameters, so it is always cheaper than the exact kernel in blocks)."""
+    dim, kind, seed = cfg.projection_dim, cfg.projection_kind, cfg.seed
     need = jac.bytes_per_example() * n_points
     gib = f"{need / 2**30:.2f} GiB"
     if dim == 0:
@@ -81,10 +87,12 @@ def projected_kernel(jac: ModelJacobian, structured: StructuredJacobian | None, 
 
 
 def projection_error(exact: ModelJacobian | StructuredJacobian, proj: ProjectedJacobian | ProjectedStructured,
-                     x: torch.Tensor, xt: torch.Tensor,
-                     Y: np.ndarray, Yt: np.ndarray, yt: np.ndarray, seed: int, ridge_rel: float,
-                     max_bytes: int) -> dict[str, Any]:
-    """The projected kernel's error against the exact one on a seeded subsample (module docstring)."""
+                     t: Tensors, cfg: AuditConfig, max_bytes: int) -> dict[str, Any]:
+    """The projected kernel's error against the exact one on a subsample of `t` seeded by `cfg.seed` (module
+    docstring); influence with the ridge `cfg.ridge_rel`."""
+    x, xt, yt = t.x_train, t.x_test, t.y_test.numpy()
+    Y, Yt = targets(t.y_train, t.out_dim, torch.float64).numpy(), targets(t.y_test, t.out_dim, torch.float64).numpy()
+    seed, ridge_rel = cfg.seed, cfg.ridge_rel
     tic = time.perf_counter()
     rng = np.random.default_rng(seed + 4099)
     m, mt = min(len(x), ERROR_TRAIN), min(len(xt), ERROR_TEST)

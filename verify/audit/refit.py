@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from empirics.audit_ntk import trainable
+from empirics.common import Tensors
 from empirics.losses import loss_fn, predict_labels
 from empirics.protocols import GATE_TEST, GATE_TRAIN, chance_accuracy
 from ntkm.errors import UserInputError
@@ -237,6 +238,16 @@ class Refitter:
         return self._controls[seed]
 
 
+@dataclass(frozen=True)
+class RefitInputs:
+    """What a panel that re-fits the model and attacks its training points works on: the re-fitter, the saved model
+    on flat inputs (the attacks' target) and the audit's data (`t.out_dim`: the model's outputs)."""
+
+    refit: Refitter
+    model: nn.Module
+    t: Tensors
+
+
 def per_example_loss(out: np.ndarray, y: np.ndarray, out_dim: int) -> np.ndarray:
     """The model's own loss of each example (cross-entropy, or MSE on +-1 for one output)."""
     with torch.no_grad():
@@ -247,11 +258,14 @@ def labels_of(out: np.ndarray) -> np.ndarray:
     return predict_labels(torch.as_tensor(out)).numpy()
 
 
-def refit_adequacy(kind: str, control: dict[str, np.ndarray], y: np.ndarray, yt: np.ndarray, saved_train_acc: float,
-                   saved_test_acc: float, out_dim: int) -> dict[str, Any]:
-    """Did the control re-fit keep (warm start) or reach (train function) a fit? (the module docstring's rule)"""
-    tr = float(np.mean(labels_of(control["train"]) == y))
-    te = float(np.mean(labels_of(control["test"]) == yt))
+def refit_adequacy(kind: str, control: dict[str, np.ndarray], t: Tensors,
+                   saved_acc: tuple[float, float]) -> dict[str, Any]:
+    """Did the control re-fit (its outputs on `t`'s training and test points) keep (warm start) or reach (train
+    function) a fit? (the module docstring's rule; `saved_acc`: the saved model's train and test accuracy)"""
+    saved_train_acc, saved_test_acc = saved_acc
+    out_dim = t.out_dim
+    tr = float(np.mean(labels_of(control["train"]) == t.y_train.numpy()))
+    te = float(np.mean(labels_of(control["test"]) == t.y_test.numpy()))
     if kind == WARM:
         need_tr, need_te = saved_train_acc - REFIT_TOLERANCE, saved_test_acc - REFIT_TOLERANCE
         most_te = saved_test_acc + REFIT_TOLERANCE

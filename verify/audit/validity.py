@@ -37,6 +37,7 @@ interval is below `FRACTION_MIN`, or the top-lever removal does not pass that te
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,9 @@ import torch
 from scipy import stats
 
 from empirics.audit_attribution import PEER_LABELS
+from empirics.common import Tensors
 from empirics.progress import log
+from verify.audit.config import AuditConfig
 from verify.audit.refit import Refitter, labels_of, per_example_loss, refit_adequacy
 
 #: The bar of validation, fixed before any measurement: the lower end of the 95 % interval of an estimator's LDS as a
@@ -186,18 +189,33 @@ def _median_margin_point(out: np.ndarray, yt: np.ndarray) -> int | None:
     return int(ok[np.argsort(margin, kind="stable")[len(ok) // 2]])
 
 
-def validity_panel(refit: Refitter, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor,
-                   ntk_per_test: np.ndarray, gn_per_test: np.ndarray, saved_acc: tuple[float, float], tau: float,
-                   subsets: int, fraction: float, noise_seeds: int, seed: int, target: int | None,
-                   out_dim: int, repeats: int = 2, others: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-    """LDS against the noise ceiling, top-lever removal, brittleness and the verdict (see the module docstring);
-    each subset is re-fitted `repeats` times (seeds seed, seed + 1, ...), each against its own control; `others`
-    adds estimators (name -> influence, training x test points) scored on the same re-fits."""
+@dataclass(frozen=True)
+class Estimates:
+    """The influence estimates the validity panel scores on the same re-fits, each training x test points: NTK
+    leave-one-out (`ntk`; the lever removal and the brittleness check rank by it), Gauss-Newton (`gn`), and any
+    others by name (`others`: the empirical Fisher, the attribution libraries)."""
+
+    ntk: np.ndarray
+    gn: np.ndarray
+    others: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tuple[float, float],
+                   cfg: AuditConfig) -> dict[str, Any]:
+    """LDS against the noise ceiling, top-lever removal, brittleness and the verdict (see the module docstring) of
+    the estimates `est` on `data`, for the saved model of train and test accuracy `saved_acc`: `cfg.lds_subsets`
+    subsets leaving out `cfg.lds_fraction` of the points, each re-fitted `cfg.lds_repeats` times (seeds seed, seed +
+    1, ...), each against its own control; the re-fit noise from `cfg.refit_seeds - 1` seeds; the top `cfg.tau` levers
+    removed; the brittleness of test point `cfg.target_test`."""
+    x, y, xt, yt, out_dim = data.x_train, data.y_train, data.x_test, data.y_test, data.out_dim
+    ntk_per_test, gn_per_test, others = est.ntk, est.gn, est.others
+    tau, subsets, fraction, repeats, seed = cfg.tau, cfg.lds_subsets, cfg.lds_fraction, cfg.lds_repeats, cfg.seed
+    noise_seeds = cfg.refit_seeds - 1
     n, t = len(x), len(xt)
-    y_np, yt_np = y.numpy(), yt.numpy()
+    yt_np = yt.numpy()
     ev = {"train": x, "test": xt}
     ctrl = refit.control(x, y, seed, ev)
-    gate = refit_adequacy(refit.cfg.kind, ctrl, y_np, yt_np, saved_acc[0], saved_acc[1], out_dim)
+    gate = refit_adequacy(refit.cfg.kind, ctrl, data, saved_acc)
     base_loss = per_example_loss(ctrl["test"], yt_np, out_dim)
     noise_means = [float(base_loss.mean())]
     for s in range(1, noise_seeds + 1):
@@ -222,7 +240,7 @@ def validity_panel(refit: Refitter, x: torch.Tensor, y: torch.Tensor, xt: torch.
         removed.append(rem)
     actual = reps.mean(axis=0)
     preds = {name: np.stack([infl[rem].sum(axis=0) for rem in removed])
-             for name, infl in {"ntk": ntk_per_test, "gn": gn_per_test, **(others or {})}.items()}
+             for name, infl in {"ntk": ntk_per_test, "gn": gn_per_test, **others}.items()}
     scores, ceiling = score_estimators(preds, reps, seed=seed)
     for name, sc in scores.items():
         sc["label"] = ESTIMATOR_LABELS.get(name, name)
@@ -237,7 +255,7 @@ def validity_panel(refit: Refitter, x: torch.Tensor, y: torch.Tensor, xt: torch.
         removal[arm] = {"k": int(k), "predicted": float(ntk_per_test[rem].sum() / t),
                         "actual": float(per_example_loss(out, yt_np, out_dim).mean() - base_loss.mean())}
     beyond = removal["top"]["actual"] > removal["random"]["actual"] + 2 * noise_sd
-    brittle = _brittleness(refit, x, y, xt, yt_np, ntk_per_test, ctrl["test"], seed, target, noise_seeds)
+    brittle = _brittleness(refit, data, ntk_per_test, ctrl["test"], cfg)
     nonfinite = int((~np.isfinite(reps)).sum())
     verdict, why = _verdict(gate, scores, ceiling, beyond, nonfinite)
     return {"refit": refit.cfg.describe(), "refit_kind": refit.cfg.kind, "control": gate,
@@ -305,9 +323,13 @@ def _verdict(gate: dict[str, Any], scores: dict[str, dict[str, Any]], ceiling: d
     return verdict, why
 
 
-def _brittleness(refit: Refitter, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: np.ndarray,
-                 per_test: np.ndarray, ctrl_test: np.ndarray, seed: int, target: int | None,
-                 random_seeds: int) -> dict[str, Any]:
+def _brittleness(refit: Refitter, data: Tensors, per_test: np.ndarray, ctrl_test: np.ndarray,
+                 cfg: AuditConfig) -> dict[str, Any]:
+    """The brittleness check of the module docstring for test point `cfg.target_test` (None: a correctly predicted
+    one of median margin under the control re-fit, whose test outputs are `ctrl_test`), the random removals with
+    `cfg.refit_seeds - 1` seeds."""
+    x, y, xt, yt = data.x_train, data.y_train, data.x_test, data.y_test.numpy()
+    seed, target, random_seeds = cfg.seed, cfg.target_test, cfg.refit_seeds - 1
     n = len(x)
     j = target if target is not None else _median_margin_point(ctrl_test, yt)
     if j is None:
