@@ -1,4 +1,4 @@
-"""Statistics of the malleability runs: flip rates, excess over noise, Attn/ReLU ratios, each with a 95 % interval.
+"""Statistics of the malleability runs: flip rates, excess over noise, ratios of two kinds, each with a 95 % interval.
 
 Reads the per-run records of `empirics.malleability.run_malleability` (one per model, seed and training).
 
@@ -10,8 +10,12 @@ Intervals (`empirics.intervals`; seeds are the unit of replication, each its own
 - Means, differences (between models, or standard and adversarial training, paired by seed: same seed =
   same data subset) and per-network scalars (Spearman rho, the curated test-loss change): a Student-t
   interval over seeds (`t_interval`).
-- Ratios (Attn/ReLU of flip rates or of excesses): Fieller's interval from the paired per-seed values
-  (`fieller`); unbounded (-inf, inf) where the denominator is not significantly different from 0.
+- Ratios (of flip rates or of excesses, treated/control: the paper's Attn/ReLU by default): Fieller's interval
+  from the paired per-seed values (`fieller`); unbounded (-inf, inf) where the denominator is not significantly
+  different from 0.
+
+The comparisons (differences, ratios, the ratio table, rho differences) are of one (treated, control) pair of
+kinds (`Pair`): the paper's (attn, relu) unless `summarise` is given another, e.g. (softmax, relu) for a variant.
 
 Every interval record keeps its per-seed values (`per_seed`, or `per_seed_num` / `per_seed_den` for a
 ratio), so it can be recomputed from claims.json. `benchmarks.coverage` measures the coverage of each
@@ -27,7 +31,8 @@ import numpy as np
 
 from empirics.common import spread
 from empirics.intervals import FIELLER_METHOD, LEVEL, T_METHOD, difference, fieller, t_interval
-from empirics.vocab import PAPER_ATTACKS, Attack
+from empirics.kinds import kind
+from empirics.vocab import PAPER_ATTACKS, Attack, Model, model_name
 from ntkm.codec import Record, encode, optional
 from theory.paper import PAPER_ADV, PAPER_FLIP
 
@@ -41,6 +46,11 @@ POOLED = "pooled"
 METHOD = (f"{T_METHOD}, of per-seed flip rates (the mean over a seed's selected points); excess over noise paired "
           f"per point; ratios: {FIELLER_METHOD}")
 SEED_METHOD = T_METHOD
+
+#: The two kinds a comparison reads, (treated, control): differences are treated - control, ratios treated / control.
+Pair = tuple[str, str]
+#: The paper's comparison, MLP-Attn against 2L-ReLU (what `summarise` compares unless given another pair).
+PAPER_PAIR: Pair = (Model.ATTN.value, Model.RELU.value)
 
 
 def paper_ratio_range(dataset: str, task: str) -> tuple[float, float] | None:
@@ -136,10 +146,14 @@ class MallSummary(Record):
         return None
 
 
-def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig) -> MallSummary:
-    """Spreads over seeds, flip rates, excess over noise, Attn/ReLU differences and ratios, the
-    seed-to-seed baseline, curated removal and adversarial training, each with its 95 % interval (its values
-    as the cache reads them back)."""
+def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig, pair: Pair = PAPER_PAIR) -> MallSummary:
+    """Spreads over seeds, flip rates, excess over noise, the differences and ratios of `pair` (treated, control),
+    the seed-to-seed baseline, curated removal and adversarial training, each with its 95 % interval (its values
+    as the cache reads them back). Without both kinds of `pair` among `cfg.models` there are no comparison or ratio
+    rows; a kind that is not registered, or a pair of one kind twice, is an error."""
+    treated, control = (kind(m).name for m in pair)
+    if treated == control:
+        raise ValueError(f"a comparison needs two different kinds, got ({treated}, {control})")
     trainings = ["standard"] + (["adversarial"] if cfg.adv_train else [])
     attacks = tuple(cfg.attacks)
     out: dict[str, Any] = {
@@ -148,13 +162,13 @@ def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig) -> MallSummar
         "rows": [], "pooled": [], "comparisons": [], "ratios": [], "curated": [], "curated_diff": [],
         "seed_baseline": [],
     }
-    both = "relu" in cfg.models and "attn" in cfg.models
+    compared = (treated, control) if treated in cfg.models and control in cfg.models else None
     for training in trainings:
         for intervention in ("transformed", "adversarial"):
             if intervention not in cfg.interventions:
                 continue
             for eps in cfg.eps_values:
-                _flip_block(out, runs, cfg, training, intervention, eps, attacks, both)
+                _flip_block(out, runs, cfg, training, intervention, eps, attacks, compared)
         if "curated" in cfg.interventions:
             _curated_block(out, runs, cfg, training)
     if cfg.seed_baseline:
@@ -173,8 +187,9 @@ def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig) -> MallSummar
 
 
 def _flip_block(out: dict[str, Any], runs: list[dict[str, Any]], cfg: MalleabilityConfig, training: str,
-                intervention: str, eps: float, attacks: tuple[str, ...], both: bool) -> None:
-    """Rows (per model and attack), pooled rows (per model) and Attn/ReLU comparisons at one setting."""
+                intervention: str, eps: float, attacks: tuple[str, ...], pair: Pair | None) -> None:
+    """Rows (per model and attack), pooled rows (per model) and the comparisons of `pair` (treated, control; none
+    when None) at one setting."""
     by = {m: _runs_by_seed(runs, training, m) for m in cfg.models}
     seeds = _common_seeds(by)
     if not seeds:
@@ -228,24 +243,25 @@ def _flip_block(out: dict[str, Any], runs: list[dict[str, Any]], cfg: Malleabili
             pooled_row["seed_baseline_ci"] = t_interval(_l(e[:, -1]))
             pooled_row["excess_over_seed_ci"] = t_interval(_l(pe - e[:, -1]))
         out["pooled"].append(pooled_row)
-    if not both:
+    if pair is None:
         return
+    t, c = pair
     for a in (*attacks, POOLED):
-        fa, fr = _l(derived["attn"][f"flip:{a}"]), _l(derived["relu"][f"flip:{a}"])
-        xa, xr = _l(derived["attn"][f"excess:{a}"]), _l(derived["relu"][f"excess:{a}"])
+        ft, fc = _l(derived[t][f"flip:{a}"]), _l(derived[c][f"flip:{a}"])
+        xt, xc = _l(derived[t][f"excess:{a}"]), _l(derived[c][f"excess:{a}"])
         if a == POOLED:
-            rho_d = [x - y for x, y in zip(rho["attn"], rho["relu"], strict=True)]
+            rho_d = [x - y for x, y in zip(rho[t], rho[c], strict=True)]
         else:
-            rho_d = [_measurement(by["attn"][s], intervention, a, eps)["rho_all"]
-                     - _measurement(by["relu"][s], intervention, a, eps)["rho_all"] for s in seeds]
+            rho_d = [_measurement(by[t][s], intervention, a, eps)["rho_all"]
+                     - _measurement(by[c][s], intervention, a, eps)["rho_all"] for s in seeds]
         out["comparisons"].append({
-            **where, "attack": a, "flip_diff_ci": difference(fa, fr), "excess_diff_ci": difference(xa, xr),
-            "ratio_ci": fieller(fa, fr), "ratio_excess_ci": fieller(xa, xr), "rho_all_diff_ci": t_interval(rho_d),
+            **where, "attack": a, "flip_diff_ci": difference(ft, fc), "excess_diff_ci": difference(xt, xc),
+            "ratio_ci": fieller(ft, fc), "ratio_excess_ci": fieller(xt, xc), "rho_all_diff_ci": t_interval(rho_d),
             "n_seeds": len(seeds), "seeds": list(seeds)})
     for a in (*attacks, BASELINE):
         out["ratios"].append({**where, "attack": a, **ratio(
-            [_measurement(by["attn"][s], intervention, a, eps)["flip_rate"] for s in seeds],
-            [_measurement(by["relu"][s], intervention, a, eps)["flip_rate"] for s in seeds])})
+            [_measurement(by[t][s], intervention, a, eps)["flip_rate"] for s in seeds],
+            [_measurement(by[c][s], intervention, a, eps)["flip_rate"] for s in seeds], pair)})
 
 
 CURATED_KEYS = ("test_loss_change", "test_acc_change", "rho_remaining", "flip_rate_remaining")
@@ -311,17 +327,18 @@ def _adv_block(runs: list[dict[str, Any]], cfg: MalleabilityConfig, attacks: tup
     return out
 
 
-def ratio(attn: list[float], relu: list[float]) -> dict[str, Any]:
-    """Attn/ReLU flip-rate ratio: of the seed means, and per seed (None where ReLU flipped nothing)."""
-    ma = float(np.mean(attn)) if attn else float("nan")
-    mr = float(np.mean(relu)) if relu else float("nan")
-    per_seed = [a / r if r > 0 else None for a, r in zip(attn, relu, strict=True)]
+def ratio(treated: list[float], control: list[float], pair: Pair = PAPER_PAIR) -> dict[str, Any]:
+    """Flip-rate ratio treated/control (the kinds of `pair`): of the seed means, and per seed (None where the
+    control flipped nothing); the means are keyed by kind (`attn_mean`, `relu_mean` for the paper's pair)."""
+    mt = float(np.mean(treated)) if treated else float("nan")
+    mc = float(np.mean(control)) if control else float("nan")
+    per_seed = [a / r if r > 0 else None for a, r in zip(treated, control, strict=True)]
     defined = [v for v in per_seed if v is not None]
     return {
-        "ratio": ma / mr if mr > 0 else None,
+        "ratio": mt / mc if mc > 0 else None,
         "per_seed": per_seed,
         "per_seed_min": min(defined) if defined else None,
         "per_seed_max": max(defined) if defined else None,
-        "attn_mean": ma, "relu_mean": mr,
-        "note": "" if mr > 0 else "undefined: 2L-ReLU flipped no point (ratio of zero)",
+        f"{pair[0]}_mean": mt, f"{pair[1]}_mean": mc,
+        "note": "" if mc > 0 else f"undefined: {model_name(pair[1])} flipped no point (ratio of zero)",
     }

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from fake_records import complete
 from test_claims_malleability import STRONG, fake_record
 
-from empirics.distance import DistanceRecord
+from empirics.distance import KERNEL_PREDICTOR_ACC, DistanceRecord
+from empirics.mall_stats import summarise
+from empirics.malleability import MalleabilityConfig, MalleabilityRecord
+from verify.claims import units
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, Outcome
+from verify.claims.malleability import flip_outcome
 from verify.claims.variants import (
     ATTENTION_VARIANTS,
     VARIANT_CLAIMS,
     _mc_check,
-    as_attn,
+    compared,
     v2_qkv_outcome,
+    variant_pair,
     variant_unit_configs,
 )
 from verify.presets import preset
+from verify.runner import config_kwargs
 
 
 def _ntk(verdict, ci=(0.1, 0.3)) -> Outcome:
@@ -59,16 +66,43 @@ def test_a_coarse_monte_carlo_reference_makes_the_row_not_measurable():
     assert _mc_check(_distance_record(99.0, kind="analytic"), "qkv") == (None, "")
 
 
+def _variant_record(kind: str, **kw: Any) -> MalleabilityRecord:
+    """A (relu, `kind`) malleability record as its unit stores it: the runs of `fake_record` with attn renamed,
+    summarised with the paper's pair (which it does not run), each network with its kernel predictors' accuracy."""
+    rec = fake_record(STRONG, seed_baseline=False, **kw)
+    runs = [{**r, "model": kind if r["model"] == "attn" else r["model"], "test_acc": 0.5 + 0.01 * r["seed"],
+             **dict(zip(KERNEL_PREDICTOR_ACC, (0.7, 0.6), strict=True))} for r in rec.runs]
+    config = {**rec.config, "models": ["relu", kind]}
+    return replace(rec, config=config, runs=runs, summary=summarise(runs, MalleabilityConfig(**config_kwargs(config))))
+
+
+def _relabelled_flip(res: MalleabilityRecord, kind: str) -> Outcome:
+    """The route the (variant, relu) pair replaced (issue 28): the record relabelled as (relu, attn), its summary
+    recomputed, the paper's flip rule, and the gate's text patched back to name the kind."""
+    config = {**res.config, "models": ["attn" if m == kind else m for m in res.config["models"]]}
+    runs = [{**r, "model": "attn" if r["model"] == kind else r["model"]} for r in res.runs]
+    summary = summarise(runs, MalleabilityConfig(**config_kwargs(config)))
+    out = flip_outcome(replace(res, config=config, runs=runs, summary=summary), "mnist", "10class")
+    return replace(out, ours=out.ours.replace("attn seed", f"{kind} seed"))
+
+
 @pytest.mark.claim("flip-softmax-mnist", "flip-qkv-mnist", "v2-qkv")
-def test_variant_flip_row_reads_the_variant_as_attn():
-    """A (relu, softmax) record relabelled for the paper's flip rule gives the same numbers as the same record
-    built with the label attn."""
-    as_attn_rec = fake_record(STRONG)
-    runs = [{**r, "model": "softmax" if r["model"] == "attn" else r["model"]} for r in as_attn_rec.runs]
-    renamed = replace(as_attn_rec, config={**as_attn_rec.config, "models": ["relu", "softmax"]}, runs=runs)
-    back = as_attn(renamed, "softmax")
-    assert back.summary.to_dict() == as_attn_rec.summary.to_dict()
-    assert {r["model"] for r in back.runs} == {"relu", "attn"}
+@pytest.mark.parametrize("kind", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("failing", [(), (("standard", "attn", 1), ("standard", "relu", 3))])
+def test_variant_flip_row_judges_the_pair_as_the_relabelled_record_did(kind, failing):
+    """The flip row of a variant compares (variant, relu) directly; its outcome (text, verdict, numbers, the gate's
+    list of networks and the kernel predictors) equals that of the relabelling it replaced, measured or gated."""
+    rec = _variant_record(kind, failing=failing)
+    assert rec.summary.comparisons == []  # the stored summary: the paper's pair, not run by a variant unit
+    row = next(c for c in VARIANT_CLAIMS if c.id == f"flip-{kind}-mnist")
+    got = row.evaluate({units.malleability("mnist", kind): rec})
+    assert got == _relabelled_flip(rec, kind)
+    assert got.verdict is (NA if failing else PARTLY) and "Attn" in got.numbers["kernel_predictor_test_acc"]
+    if failing:  # the text names the network by kind, the numbers by its role in the rule (as before)
+        assert f"{kind} seed 1" in got.ours and got.numbers["gate_failures"][0].startswith("attn seed 1")
+    else:
+        pooled = compared(rec, variant_pair(kind)).summary.find("comparisons", attack="pooled")
+        assert got.numbers["ratio_ci"] == pooled["ratio_ci"] and got.ours.startswith("pooled over FGSM/PGD/MIM: Attn")
 
 
 @pytest.mark.claim("ntk-softmax-mnist", "flip-softmax-mnist", "ntk-qkv-mnist", "flip-qkv-mnist", "v2-qkv")

@@ -10,7 +10,7 @@ module, so one search for an id finds its rule, its check and its test.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -124,17 +124,20 @@ def gated(runs: Iterable[dict[str, Any]], gate_text: str, protocol: str) -> Outc
                    protocol, {"gate_failures": failed}, gate=gate_text)
 
 
-def kernel_predictor(runs: Iterable[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+def kernel_predictor(runs: Iterable[dict[str, Any]],
+                     names: Mapping[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """The kernel predictors' test accuracy beside each network's own, from the runs of a malleability or landscape
     record (`empirics.distance.kernel_predictor_accuracy`): the text of the means over seeds per model (and
-    training, where not standard), and per model the per-seed values. ("", {}) for runs that do not record it."""
+    training, where not standard), and per model the per-seed values, each model named by `names` (kind -> name;
+    its short name where absent). ("", {}) for runs that do not record it."""
     from empirics.distance import KERNEL_PREDICTOR_ACC  # here, not at the top: the claims registry stays torch-free
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         if any(k in r for k in KERNEL_PREDICTOR_ACC):
             training = r.get("training", "standard")
-            label = model_short(r.get("model", "?")) + ("" if training == "standard" else f" ({training})")
+            model = r.get("model", "?")
+            label = (names or {}).get(model, model_short(model)) + ("" if training == "standard" else f" ({training})")
             groups.setdefault(label, []).append(r)
     if not groups:
         return "", {}
@@ -153,10 +156,12 @@ def kernel_predictor(runs: Iterable[dict[str, Any]]) -> tuple[str, dict[str, Any
     return text, numbers
 
 
-def with_kernel_predictor(out: Outcome, runs: Iterable[dict[str, Any]]) -> Outcome:
-    """`out` with the kernel predictors' test accuracy of `runs` (`kernel_predictor`) appended to its text and
-    numbers (`kernel_predictor_test_acc`); `out` itself where the runs do not record it. The verdict is untouched."""
-    text, numbers = kernel_predictor(runs)
+def with_kernel_predictor(out: Outcome, runs: Iterable[dict[str, Any]],
+                          names: Mapping[str, str] | None = None) -> Outcome:
+    """`out` with the kernel predictors' test accuracy of `runs` (`kernel_predictor`, the models named by `names`)
+    appended to its text and numbers (`kernel_predictor_test_acc`); `out` itself where the runs do not record it.
+    The verdict is untouched."""
+    text, numbers = kernel_predictor(runs, names)
     if not text:
         return out
     return replace(out, ours=f"{out.ours}; {text}", numbers={**out.numbers, "kernel_predictor_test_acc": numbers})

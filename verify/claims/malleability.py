@@ -5,16 +5,22 @@ Spearman rankings. Verdict rules are fixed here, before any run, and decide on 9
 
 Each rule is one function taking the unit's record; the claims registry and `verify malleability`
 (`experiment_outcomes`) call the same functions. Every rule first applies the adequacy gate.
+
+The rules compare the paper's pair (`empirics.mall_stats.PAPER_PAIR`: MLP-Attn, the treated, against 2L-ReLU, the
+control); the flip rule takes any (treated, control) pair, so that a variant row judges (variant, relu) by the
+same rule. The rules' texts and numbers name the two networks by their role, as the rule text does ('Attn' for the
+treated, 'ReLU' for the control, whatever their kinds); only the gate's text names the failing networks by kind.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from empirics.intervals import ALPHA_TOST, TOST_METHOD, tost_ratio
-from empirics.mall_stats import METHOD, POOLED, SEED_METHOD, paper_ratio_range
+from empirics.mall_stats import METHOD, PAPER_PAIR, POOLED, SEED_METHOD, Pair, paper_ratio_range
 from empirics.malleability import MalleabilityRecord
 from empirics.protocols import GATE_TEXT
 from empirics.vocab import DATASETS, PAPER_ATTACKS, dataset_label, model_name, model_short
@@ -124,20 +130,21 @@ def _protocol(res: MalleabilityRecord) -> str:
             f"on the same points; {CI_NOTE}")
 
 
-def _gate_runs(res: MalleabilityRecord, model: str | None = None,
-               training: str | None = "standard") -> list[dict[str, Any]]:
+def _gate_runs(res: MalleabilityRecord, model: str | None = None, training: str | None = "standard",
+               names: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """The networks a rule reads, for the gate: those of `training` (None: every training) and `model`
     (None: both), adversarially trained ones labelled so, and the second initialisations of the seed
-    baseline."""
+    baseline; each named by `names` (kind -> name; its kind where absent)."""
     out = []
     for r in res.runs:
         if (model is not None and r["model"] != model) or (training is not None and r["training"] != training):
             continue
+        name = (names or {}).get(r["model"], r["model"])
         tag = "" if r["training"] == "standard" else f" ({r['training']}ly trained)"
-        out.append({**r, "model": f"{r['model']}{tag}"})
+        out.append({**r, "model": f"{name}{tag}"})
         sb = r.get("seed_baseline")
         if sb is not None:
-            out.append({"model": f"{r['model']} (second init)", "seed": r["seed"], "gate": sb.get("other_gate")})
+            out.append({"model": f"{name} (second init)", "seed": r["seed"], "gate": sb.get("other_gate")})
     return out
 
 
@@ -145,10 +152,27 @@ def _gate(runs: list[dict[str, Any]], protocol: str) -> Outcome | None:
     return gated(runs, GATE_TEXT, protocol)
 
 
-def _opened(res: MalleabilityRecord) -> tuple[str, Outcome | None]:
-    """A single-record rule's protocol text and its gate outcome (None when every network passed)."""
+def _roles(pair: Pair) -> dict[str, str]:
+    """Kind -> the kind of the paper's pair whose role it plays in a rule comparing `pair` (treated, control)."""
+    return dict(zip(pair, PAPER_PAIR, strict=True))
+
+
+def _names(pair: Pair) -> dict[str, str]:
+    """Kind -> the name a rule's text gives it in `pair`: its role's ('Attn' for the treated, 'ReLU' for the
+    control)."""
+    return {m: model_short(role) for m, role in _roles(pair).items()}
+
+
+def _opened(res: MalleabilityRecord, pair: Pair = PAPER_PAIR) -> tuple[str, Outcome | None]:
+    """A single-record rule's protocol text and its gate outcome (None when every network passed): the text names
+    the failing networks by kind, the numbers (`gate_failures`) by their role in `pair` (`_roles`), like the rule's
+    other numbers."""
     protocol = _protocol(res)
-    return protocol, _gate(_gate_runs(res), protocol)
+    out = _gate(_gate_runs(res), protocol)
+    if out is None:
+        return protocol, None
+    by_role = claim_base.gate_failures(_gate_runs(res, names=_roles(pair)))
+    return protocol, replace(out, numbers={**out.numbers, "gate_failures": by_role})
 
 
 def _done(ours: str, verdict: Verdict, protocol: str, numbers: dict[str, Any], seeds: int | None,
@@ -166,35 +190,37 @@ def _yes(b: bool) -> str:
     return "yes" if b else "no"
 
 
-def _needs_both(res: MalleabilityRecord) -> str | None:
-    c = res.config
-    if not ("relu" in c["models"] and "attn" in c["models"]):
-        return "needs both models (relu and attn)"
+def _needs_both(res: MalleabilityRecord, pair: Pair = PAPER_PAIR) -> str | None:
+    treated, control = pair
+    if not all(m in res.config["models"] for m in pair):
+        return f"needs both models ({control} and {treated})"
     return None
 
 
-def _seed_baseline_txt(res: MalleabilityRecord) -> str:
+def _seed_baseline_txt(res: MalleabilityRecord, pair: Pair = PAPER_PAIR) -> str:
     sb = res.summary.seed_baseline
     if not sb:
         return ""
+    names = _names(pair)
     return "; seed-to-seed baseline (no perturbation, second initialisation) " + ", ".join(
-        f"{model_short(b['model'])} {pct_txt(b['flip_ci'])}" for b in sb)
+        f"{names.get(b['model'], model_short(b['model']))} {pct_txt(b['flip_ci'])}" for b in sb)
 
 
-def _per_attack_txt(res: MalleabilityRecord, where: dict[str, Any], attacks: list[str]) -> str:
+def _per_attack_txt(res: MalleabilityRecord, where: dict[str, Any], attacks: list[str],
+                    pair: Pair = PAPER_PAIR) -> str:
     parts = []
     for a in attacks:
         cells = []
-        for m in ("attn", "relu"):
+        for m, name in _names(pair).items():
             r = res.summary.find("rows", **where, model=m, attack=a)
-            cells.append(f"{model_short(m)} {100 * _f(r['flip_ci']['value']):.1f} % (excess over noise "
+            cells.append(f"{name} {100 * _f(r['flip_ci']['value']):.1f} % (excess over noise "
                          f"{ci_txt(r['excess_ci'])})")
         parts.append(f"{a.upper()}: " + ", ".join(cells))
     return "; ".join(parts)
 
 
-def _counts_txt(res: MalleabilityRecord, where: dict[str, Any]) -> str:
-    p = res.summary.find("pooled", **where, model="attn")
+def _counts_txt(res: MalleabilityRecord, where: dict[str, Any], pair: Pair = PAPER_PAIR) -> str:
+    p = res.summary.find("pooled", **where, model=pair[0])
     pts = sorted(set(p["n_points"])) if p else []
     return f"{p['n_seeds'] if p else 0} seeds x {'/'.join(str(n) for n in pts)} points"
 
@@ -255,21 +281,23 @@ FLIP_RULE = (GATE_FIRST + "Transformed intervention at eps 0.3, standard trainin
              "excesses are reported beside it, not judged. " + CI_NOTE)
 
 
-def flip_outcome(res: MalleabilityRecord, ds: str, task: str) -> Outcome:
-    """The flip rule (`FLIP_RULE`) on one malleability record, the kernel predictors' test accuracy beside it."""
-    return claim_base.with_kernel_predictor(_flip(res, ds, task), _gate_runs(res))
+def flip_outcome(res: MalleabilityRecord, ds: str, task: str, pair: Pair = PAPER_PAIR) -> Outcome:
+    """The flip rule (`FLIP_RULE`) on one malleability record whose summary compares `pair` (treated, control;
+    `empirics.mall_stats.summarise`), against the paper's range for `ds` and `task`, the kernel predictors' test
+    accuracy beside it. The treated network is the rule's 'Attn', the control its 'ReLU'."""
+    return claim_base.with_kernel_predictor(_flip(res, ds, task, pair), _gate_runs(res), _names(pair))
 
 
-def _flip(res: MalleabilityRecord, ds: str, task: str) -> Outcome:
-    protocol, na = _opened(res)
+def _flip(res: MalleabilityRecord, ds: str, task: str, pair: Pair) -> Outcome:
+    protocol, na = _opened(res, pair)
     if na:
         return na
-    why = _needs_both(res)
+    why = _needs_both(res, pair)
     where = _where(res)
     cmp_ = res.summary.find("comparisons", **where, attack=POOLED)
     if why or cmp_ is None:
         return _done("-", NA, protocol, {}, None, why or "needs the transformed intervention")
-    pa, pr = (res.summary.find("pooled", **where, model=m) for m in ("attn", "relu"))
+    pa, pr = (res.summary.find("pooled", **where, model=m) for m in pair)
     paper = paper_ratio_range(ds, task)
     raw, diff, ea, rx = cmp_["ratio_ci"], cmp_["excess_diff_ci"], pa["excess_ci"], cmp_["ratio_excess_ci"]
     verdict, ratio_cond = ratio_judgement(raw, paper)
@@ -281,9 +309,10 @@ def _flip(res: MalleabilityRecord, ds: str, task: str) -> Outcome:
     ours = (f"pooled over {'/'.join(a.upper() for a in attacks)}: Attn {pct_txt(pa['flip_ci'])}, ReLU "
             f"{pct_txt(pr['flip_ci'])}; ratio of flip rates {x_txt(raw)} ({paper_txt}); secondary: ratio of "
             f"excesses over noise {x_txt(rx)}, excess Attn {ci_txt(ea)}, ReLU {ci_txt(pr['excess_ci'])}, difference "
-            f"of excesses {ci_txt(diff)}; {_per_attack_txt(res, where, attacks)}; noise flips Attn "
-            f"{pct_txt(pa['baseline_ci'])}, ReLU {pct_txt(pr['baseline_ci'])}{_seed_baseline_txt(res)}; Spearman "
-            f"rho_all Attn {rho_txt(pa['rho_all_ci'])}, ReLU {rho_txt(pr['rho_all_ci'])}; {_counts_txt(res, where)}")
+            f"of excesses {ci_txt(diff)}; {_per_attack_txt(res, where, attacks, pair)}; noise flips Attn "
+            f"{pct_txt(pa['baseline_ci'])}, ReLU {pct_txt(pr['baseline_ci'])}{_seed_baseline_txt(res, pair)}; "
+            f"Spearman rho_all Attn {rho_txt(pa['rho_all_ci'])}, ReLU {rho_txt(pr['rho_all_ci'])}; "
+            f"{_counts_txt(res, where, pair)}")
     condition = (f"ratio of flip rates {ratio_cond}; Attn excess {ci_txt(ea)} above 0: {_yes(beyond)}"
                  + (" (Attn flips more, but its attacks do not beat noise)" if verdict is PARTLY and not beyond
                     and above(raw, 1.0) else ""))
@@ -379,7 +408,7 @@ def _no_gap(res: MalleabilityRecord) -> Outcome:
     tost = tost_ratio(raw["per_seed_num"], raw["per_seed_den"], lo, hi)
     outside = below(raw, lo) or above(raw, hi)
     verdict = HOLDS if tost["equivalent"] else NOT if outside else INCONCLUSIVE
-    pa, pr = (res.summary.find("pooled", **where, model=m) for m in ("attn", "relu"))
+    pa, pr = (res.summary.find("pooled", **where, model=m) for m in PAPER_PAIR)
     ours = (f"ratio of flip rates {x_txt(raw)} (TOST p = {tost['p']:.3g} for [{lo:g}, {hi:g}]); Attn "
             f"{pct_txt(pa['flip_ci'])}, ReLU {pct_txt(pr['flip_ci'])}; secondary: ratio of excesses {x_txt(rx)}, "
             f"pooled excess over noise Attn {ci_txt(pa['excess_ci'])}, ReLU {ci_txt(pr['excess_ci'])}; "
@@ -503,7 +532,7 @@ CURATED_RULE = (GATE_FIRST + "Curated intervention, 10 classes, each data set an
 
 def _curated_judge(ds: str, res: MalleabilityRecord) -> Judged:
     ups, downs, parts, numbers = [], [], [], {}
-    for m in ("attn", "relu"):
+    for m in PAPER_PAIR:
         d = res.summary.find("curated_diff", training="standard", model=m)
         top = res.summary.find("curated", training="standard", model=m, removal="top")
         rnd = res.summary.find("curated", training="standard", model=m, removal="random")
@@ -537,7 +566,7 @@ ADV_INT_RULE = (GATE_FIRST + "Adversarial intervention (PGD at eps 0.3 on all tr
 def _adv_int_judge(ds: str, res: MalleabilityRecord) -> Judged:
     where = _where(res, "adversarial")
     c = res.summary.find("comparisons", **where, attack="pgd")
-    ra, rr = (res.summary.find("rows", **where, model=m, attack="pgd") for m in ("attn", "relu"))
+    ra, rr = (res.summary.find("rows", **where, model=m, attack="pgd") for m in PAPER_PAIR)
     if c is None or ra is None or rr is None:
         return "needs both models and the adversarial intervention with PGD"
     verdict = sign_judgement(c["excess_diff_ci"])
@@ -566,7 +595,7 @@ SPEARMAN_RULE = (GATE_FIRST + "Spearman rho_all between clean and attacked influ
 def _spearman_judge(ds: str, res: MalleabilityRecord) -> Judged:
     where = _where(res)
     c = res.summary.find("comparisons", **where, attack=POOLED)
-    pa, pr = (res.summary.find("pooled", **where, model=m) for m in ("attn", "relu"))
+    pa, pr = (res.summary.find("pooled", **where, model=m) for m in PAPER_PAIR)
     if c is None or pa is None or pr is None:
         return "needs both models and the transformed intervention"
     verdict = sign_judgement(c["rho_all_diff_ci"], claimed_above=False)

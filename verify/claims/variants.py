@@ -11,10 +11,10 @@ units, so the contrast isolates the centring.
 X)`, T = sqrt(d), or 1/sqrt(d) on unit-norm inputs, parameter-free) and on trainable single-head linearized
 attention (`x~ = normalise(x Q K^T C V)`, Q, K, V of width 64 at standard Gaussian initialisation, trained with W;
 `empirics.models`). To keep `verify claims` within its time budget they run on MNIST only, at three widths below the
-preset's widest (`variant_widths`), and their flip rates are measured on the widest of those networks. The flip
-rule's "Attn" is the variant in these rows. The `qkv` NTK reference has no closed form: it is the Monte Carlo mean
-kernel at initialisation (`empirics.mc_reference`), and its rows are not measurable when that estimate's error could
-move the distances (`MC_RULE`). """
+preset's widest (`variant_widths`), and their flip rates are measured on the widest of those networks. Their flip
+rows judge the pair (variant, relu) (`compared`) by the paper's flip rule, whose "Attn" is then the variant. The
+`qkv` NTK reference has no closed form: it is the Monte Carlo mean kernel at initialisation (`empirics.mc_reference`),
+and its rows are not measurable when that estimate's error could move the distances (`MC_RULE`). """
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from typing import Any
 
 from empirics.distance import DistanceRecord
 from empirics.kinds import KINDS, MONTE_CARLO
-from empirics.malleability import MalleabilityRecord
-from empirics.vocab import PAPER_ATTACKS
+from empirics.mall_stats import Pair, summarise
+from empirics.malleability import MalleabilityConfig, MalleabilityRecord
+from empirics.vocab import PAPER_ATTACKS, Model
 from reports.text import fmt
 from verify.claims import units
 from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, Claim, Outcome, Results, Verdict
@@ -113,24 +114,23 @@ def _variant_ntk(kind: str) -> Callable[[Results], Outcome]:
     return evaluate
 
 
-def as_attn(res: MalleabilityRecord, kind: str) -> MalleabilityRecord:
-    """A malleability record of (relu, `kind`) relabelled as (relu, attn), its summary recomputed, so that the
-    paper's flip rule (`flip_outcome`) reads the variant as its "Attn"."""
-    from empirics.mall_stats import summarise
-    from empirics.malleability import MalleabilityConfig
+def variant_pair(kind: str) -> Pair:
+    """The comparison of a variant row: the variant (treated) against 2L-ReLU (control)."""
+    return kind, Model.RELU.value
 
-    cfg = dict(res.config)
-    cfg["models"] = ["attn" if m == kind else m for m in cfg["models"]]
-    runs = [{**r, "model": "attn" if r["model"] == kind else r["model"]} for r in res.runs]
-    mcfg = MalleabilityConfig(**config_kwargs({k: v for k, v in cfg.items() if k != "models"}),
-                              models=tuple(cfg["models"]))
-    return replace(res, config=cfg, runs=runs, summary=summarise(runs, mcfg))
+
+def compared(res: MalleabilityRecord, pair: Pair) -> MalleabilityRecord:
+    """`res` with its summary recomputed to compare `pair`: a unit's stored summary compares the paper's pair only
+    (`empirics.mall_stats.summarise`), which a variant unit, of (relu, variant), does not run."""
+    cfg = MalleabilityConfig(**config_kwargs(res.config))
+    return replace(res, summary=summarise(res.runs, cfg, pair))
 
 
 def _variant_flip(kind: str) -> Callable[[Results], Outcome]:
+    pair = variant_pair(kind)
+
     def evaluate(results: Results) -> Outcome:
-        out = flip_outcome(as_attn(results[units.malleability("mnist", kind)], kind), "mnist", "10class")
-        return replace(out, ours=out.ours.replace("attn seed", f"{kind} seed"))  # gate messages name the network
+        return flip_outcome(compared(results[units.malleability("mnist", kind)], pair), "mnist", "10class", pair)
 
     return evaluate
 
