@@ -58,7 +58,7 @@ import os
 import zipfile
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,55 @@ HOW_TO_GET = (
     "(cifar-10-batches-py/ or cifar-10-python.tar.gz), set NTKM_DATA_DIR, "
     "or run `verify data download --dataset {name} --dest DIR`"
 )
+
+
+@dataclass(frozen=True)
+class DataProvenance:
+    """Where a data subset came from: the record every loader writes (a built-in data set found on disk, the bundled
+    sample, a user data set by `empirics.userdata`), defined once. `to_dict()` is what a `Dataset` carries as its
+    `provenance` and what records and claims.json store.
+
+    The typed fields are the keys every loader writes. What only one loader knows (the checksums against the
+    published ones, the sample's licence, a user data set's class names, ...) goes in `after`, by the typed key
+    it follows in the stored dict, so each loader's stored key order stays as it was (records keep insertion
+    order)."""
+
+    dataset: str
+    task: str
+    source: str
+    label: str
+    jpeg_reencoding: bool
+    location: str
+    files: list[dict[str, Any]]
+    canonical_order: str
+    sample: str
+    seed: int
+    n_train: int
+    n_test: int
+    classes: list[str]
+    train_indices_sha256: str
+    test_indices_sha256: str
+    index_space: str = "positions in the full original split, canonical order"
+    pixels: str = "uint8 / 255 -> float32 in [0, 1], flattened C,H,W"
+    after: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        core = [f.name for f in fields(self) if f.name != "after"]
+        for anchor, extra in self.after.items():
+            if anchor not in core:
+                raise ValueError(f"DataProvenance.after: {anchor!r} is not one of its keys")
+            clash = set(extra) & set(core)
+            if clash:
+                raise ValueError(f"DataProvenance.after[{anchor!r}] repeats its keys {sorted(clash)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored dict: the typed keys in field order, each followed by what `after` puts there."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name != "after":
+                out[f.name] = getattr(self, f.name)
+                out.update(self.after.get(f.name, {}))
+        return out
 
 
 @dataclass
@@ -559,31 +608,16 @@ def _load_source(src: DataSource, task: str, sample: str, seed: int, n_train: in
     jpeg = src.kind in ("image-folder", "image-tarball") and "JPEG" in formats
     files = [_file_record(f, opened.content_sha256.get(str(f.resolve()))) for f in src.files]
     published = [f["matches_published_checksum"] for f in files]
-    provenance: dict[str, Any] = {
-        "dataset": name,
-        "task": task,
-        "source": src.kind,
-        "label": JPEG_LABEL if jpeg else LABELS[src.kind],
-        "jpeg_reencoding": jpeg,
-        "location": str(src.path),
-        "found_by": src.found_by,
-        "files": files,
-        "published_checksums": _published_summary(published),
-        **{k: v for k, v in fetch_info.items() if not k.endswith("image_formats")},
-        "canonical_order": opened.canonical_order,
-        "sample": sample,
-        "seed": seed,
-        "n_train": n_train,
-        "n_test": n_test,
-        "classes": classes,
-        "train_indices_sha256": out["train_indices_sha256"],
-        "test_indices_sha256": out["test_indices_sha256"],
-        "index_space": "positions in the full original split, canonical order",
-        "pixels": "uint8 / 255 -> float32 in [0, 1], flattened C,H,W",
-    }
-    if formats:
-        provenance["image_formats"] = sorted(formats)
-    return _dataset(name, task, out, classes, provenance)
+    provenance = DataProvenance(
+        dataset=name, task=task, source=src.kind, label=JPEG_LABEL if jpeg else LABELS[src.kind],
+        jpeg_reencoding=jpeg, location=str(src.path), files=files, canonical_order=opened.canonical_order,
+        sample=sample, seed=seed, n_train=n_train, n_test=n_test, classes=classes,
+        train_indices_sha256=out["train_indices_sha256"], test_indices_sha256=out["test_indices_sha256"],
+        after={"location": {"found_by": src.found_by},
+               "files": {"published_checksums": _published_summary(published),
+                         **{k: v for k, v in fetch_info.items() if not k.endswith("image_formats")}},
+               "pixels": {"image_formats": sorted(formats)} if formats else {}})
+    return _dataset(name, task, out, classes, provenance.to_dict())
 
 
 def _published_summary(flags: list[bool | None]) -> str:
@@ -612,32 +646,18 @@ def _load_bundled(
         out[f"x_{split}"] = to_unit(arrays[f"x_{split}"][sel])
         out[f"y_{split}"] = relabel(labels[sel], keep)
         out[f"{split}_indices_sha256"] = index_digest(arrays[f"{split}_source_index"][sel])
-    provenance: dict[str, Any] = {
-        "dataset": name,
-        "task": task,
-        "source": "bundled-sample",
-        "label": f"bundled sample of {info['source_label']}",
-        "jpeg_reencoding": bool(info["jpeg_reencoding"]),
-        "location": str(path),
-        "files": [_file_record(path)],
-        "derived_from": {"source": info["source_kind"], "files": info["files"]},
-        "canonical_order": "source's canonical order restricted to the bundled images",
-        "sample": sample,
-        "seed": seed,
-        "n_train": n_train,
-        "n_test": n_test,
-        "classes": classes,
-        "train_indices_sha256": out["train_indices_sha256"],
-        "test_indices_sha256": out["test_indices_sha256"],
-        "index_space": "positions in the full original split, canonical order",
-        "pixels": "uint8 / 255 -> float32 in [0, 1], flattened C,H,W",
-        "licence": info["licence"],
-    }
-    if info["jpeg_reencoding"]:
-        provenance["label"] = f"bundled sample of {JPEG_LABEL}"
+    tail: dict[str, Any] = {"licence": info["licence"]}
     if searched is not None:
-        provenance["note"] = "no full copy found, so the bundled sample was used; searched: " + "; ".join(searched)
-    return _dataset(name, task, out, classes, provenance)
+        tail["note"] = "no full copy found, so the bundled sample was used; searched: " + "; ".join(searched)
+    provenance = DataProvenance(
+        dataset=name, task=task, source="bundled-sample",
+        label=f"bundled sample of {JPEG_LABEL if info['jpeg_reencoding'] else info['source_label']}",
+        jpeg_reencoding=bool(info["jpeg_reencoding"]), location=str(path), files=[_file_record(path)],
+        canonical_order="source's canonical order restricted to the bundled images", sample=sample, seed=seed,
+        n_train=n_train, n_test=n_test, classes=classes, train_indices_sha256=out["train_indices_sha256"],
+        test_indices_sha256=out["test_indices_sha256"],
+        after={"files": {"derived_from": {"source": info["source_kind"], "files": info["files"]}}, "pixels": tail})
+    return _dataset(name, task, out, classes, provenance.to_dict())
 
 
 def _dataset(name: str, task: str, out: dict[str, np.ndarray], classes: list[str],

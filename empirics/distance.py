@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -92,29 +92,32 @@ METRICS = ("function_abs", "function_rel", "function_lin", "kernel_drift", "kern
 
 @dataclass(frozen=True)
 class DistanceConfig:
-    dataset: str = "mnist"
-    task: str = "10class"
-    classes: tuple[str, ...] | None = None
-    models: tuple[str, ...] = H.helped(("relu", "attn"), H.MODELS, flag="--model")
+    """One NTK-distance experiment; the fields with `H.shared` are the data and architecture block every experiment
+    config declares alike (`empirics.fieldhelp.ExperimentFields`)."""
+
+    dataset: str = H.shared("dataset")
+    task: str = H.shared("task")
+    classes: tuple[str, ...] | None = H.shared("classes")
+    models: tuple[str, ...] = H.shared("models")
     widths: tuple[int, ...] = H.helped((16, 64, 256, 1024, 4096), "comma-separated widths")
-    seeds: tuple[int, ...] = (0, 1, 2)
-    n_train: int = H.helped(500, H.N_TRAIN)
-    n_test: int = H.helped(200, H.N_TEST)
-    sample: str = "balanced"
-    data_seed: int = 0
-    per_seed_data: bool = True
-    train: TrainConfig = field(default_factory=TrainConfig)
-    parameterization: str = H.helped("ntk", H.PARAMETERIZATION)
-    attn_layers: int = H.helped(1, H.ATTN_LAYERS)
-    attn_rank: int | None = H.helped(None, H.ATTN_RANK)
-    attn_centre: bool = H.centre_field()
-    preprocess: str = H.preprocess_field()
+    seeds: tuple[int, ...] = H.shared("seeds")
+    n_train: int = H.shared("n_train")
+    n_test: int = H.shared("n_test")
+    sample: str = H.shared("sample")
+    data_seed: int = H.shared("data_seed")
+    per_seed_data: bool = H.shared("per_seed_data")
+    train: TrainConfig = H.shared("train")
+    parameterization: str = H.shared("parameterization")
+    attn_layers: int = H.shared("attn_layers")
+    attn_rank: int | None = H.shared("attn_rank")
+    attn_centre: bool = H.shared("attn_centre")
+    preprocess: str = H.shared("preprocess")
     reference_draws: int = 16
     reference_width: int = 512
     gd_mse: bool = H.helped(True, "also train each network under gd-mse for the gd_function_change estimand")
-    data_dir: str | None = None
-    data_source: str = "auto"
-    device: str = "auto"
+    data_dir: str | None = H.shared("data_dir")
+    data_source: str = H.shared("data_source")
+    device: str = H.shared("device")
 
 
 def _frob(a: torch.Tensor) -> float:

@@ -1,16 +1,21 @@
-"""Help texts of the experiment config fields that several configs share, written once.
+"""The experiment config fields that several configs share, declared once: type, default and help text.
 
 A config field carries its command-line help in `dataclasses.field(metadata=...)` (the kronfluence pattern);
-`verify.commands.options` generates each command's options from it. The fields below occur in more than one
-experiment config (`DistanceConfig`, `MalleabilityConfig`, `LandscapeConfig`), so their help lives here.
+`verify.commands.options` generates each command's options from it. The data and architecture fields below occur
+in every experiment config (`DistanceConfig`, `MalleabilityConfig`, `LandscapeConfig`; `width` in the last two):
+`ExperimentFields` declares each once, and a config names it with `shared("name")` under the same annotation
+(tests/empirics/test_fieldhelp.py keeps the annotations equal). Each config still lists its fields itself, in its
+own order: dataclass inheritance would put the shared fields first, and a config's field order is the key order of
+its stored record (`asdict`), so the records would change.
 """
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from empirics import kinds
+from empirics.train import TrainConfig
 
 MODELS = kinds.help_text()
 N_TRAIN = "training points"
@@ -45,3 +50,43 @@ def preprocess_field() -> Any:
     from empirics.datasets import INPUT_PREPROCESSINGS
 
     return helped("raw", PREPROCESS, choices=INPUT_PREPROCESSINGS)
+
+
+@dataclass(frozen=True)
+class ExperimentFields:
+    """The data and architecture block of the experiment configs: which data (and subset per seed), which networks
+    and how they are trained, where the tensors live. Not a config itself: the table `shared` copies fields from."""
+
+    dataset: str = "mnist"
+    task: str = "10class"
+    classes: tuple[str, ...] | None = None
+    models: tuple[str, ...] = helped(("relu", "attn"), MODELS, flag="--model")
+    width: int = helped(1024, WIDTH)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    n_train: int = helped(500, N_TRAIN)
+    n_test: int = helped(200, N_TEST)
+    sample: str = "balanced"
+    data_seed: int = 0
+    per_seed_data: bool = True
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parameterization: str = helped("ntk", PARAMETERIZATION)
+    attn_layers: int = helped(1, ATTN_LAYERS)
+    attn_rank: int | None = helped(None, ATTN_RANK)
+    attn_centre: bool = centre_field()
+    preprocess: str = preprocess_field()
+    data_dir: str | None = None
+    data_source: str = "auto"
+    device: str = "auto"
+
+
+_SHARED = {f.name: f for f in fields(ExperimentFields)}
+
+
+def shared(name: str, **cli: Any) -> Any:
+    """A new field for config field `name` as `ExperimentFields` declares it (default or default factory, help text
+    and command-line spelling); `cli` replaces parts of that metadata (a command's own help text)."""
+    f = _SHARED[name]
+    metadata = {**f.metadata, **cli}
+    if f.default_factory is not MISSING:
+        return field(default_factory=f.default_factory, metadata=metadata)
+    return field(default=f.default, metadata=metadata)

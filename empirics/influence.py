@@ -46,6 +46,7 @@ from torch import nn
 
 from empirics.losses import loss_fn, predict_labels, targets
 from empirics.ntk import empirical_ntk
+from empirics.protocols import PROPER
 from ntkm.codec import Record, encode
 from ntkm.errors import UserInputError
 
@@ -330,7 +331,7 @@ class RetrainSetting:
     n_train: int = 100
     n_test: int = 100
     width: int = 512
-    protocol: str = "width-consistent"
+    protocol: str = PROPER
     epochs: int = 1000
     ridge_rel: float = RIDGE_REL_DEFAULT
     data_seed: int = 0

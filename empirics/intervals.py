@@ -24,6 +24,9 @@ can be recomputed from claims.json:
 
 Nothing here resamples: with 10 seeds a percentile bootstrap under-covers, and with 3 it is close to the
 range of the per-seed values (coverage 0.75).
+
+Beside them, `spearman` is the one Spearman rank correlation of two score vectors that the experiments and the
+audit report (NaN where it is undefined, instead of scipy's warning).
 """
 
 from __future__ import annotations
@@ -154,6 +157,15 @@ def loglog_slope(widths: Sequence[float], values: Sequence[float]) -> float:
     w, v = np.log(np.asarray(widths, float)), np.asarray(values, float)
     ok = np.isfinite(v) & (v > 0)
     return float(np.polyfit(w[ok], np.log(v[ok]), 1)[0]) if ok.sum() >= 2 else float("nan")
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation of `a` and `b` (same length); NaN with fewer than two points or where either is
+    constant (undefined there; scipy would warn and return NaN)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if len(a) < 2 or np.all(a == a[0]) or np.all(b == b[0]):
+        return float("nan")
+    return float(stats.spearmanr(a, b).statistic)
 
 
 def wilson(p: float, n: int, level: float = LEVEL) -> tuple[float, float]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -76,25 +76,26 @@ SUMMARY_METRICS = (
 class LandscapeConfig:
     """Sizes of the landscape experiment; `points`, `grid`, `hessian_iters`, `hutchinson_samples`
     come from the preset. `flat_step` is the relative filter-normalised step of the flatness number,
-    averaged over `flat_directions` random directions and both signs."""
+    averaged over `flat_directions` random directions and both signs. The fields with `H.shared` are the data and
+    architecture block every experiment config declares alike (`empirics.fieldhelp.ExperimentFields`)."""
 
-    dataset: str = "mnist"
-    task: str = "10class"
-    classes: tuple[str, ...] | None = None
-    models: tuple[str, ...] = H.helped(("relu", "attn"), "comma-separated: relu, attn", flag="--model")
-    width: int = H.helped(1024, H.WIDTH)
-    seeds: tuple[int, ...] = (0, 1, 2)
-    n_train: int = H.helped(500, H.N_TRAIN)
-    n_test: int = H.helped(200, H.N_TEST)
-    sample: str = "balanced"
-    data_seed: int = 0
-    per_seed_data: bool = True
-    train: TrainConfig = field(default_factory=TrainConfig)
-    parameterization: str = H.helped("ntk", H.PARAMETERIZATION)
-    attn_layers: int = H.helped(1, H.ATTN_LAYERS)
-    attn_rank: int | None = H.helped(None, H.ATTN_RANK)
-    attn_centre: bool = H.centre_field()
-    preprocess: str = H.preprocess_field()
+    dataset: str = H.shared("dataset")
+    task: str = H.shared("task")
+    classes: tuple[str, ...] | None = H.shared("classes")
+    models: tuple[str, ...] = H.shared("models", help="comma-separated: relu, attn")
+    width: int = H.shared("width")
+    seeds: tuple[int, ...] = H.shared("seeds")
+    n_train: int = H.shared("n_train")
+    n_test: int = H.shared("n_test")
+    sample: str = H.shared("sample")
+    data_seed: int = H.shared("data_seed")
+    per_seed_data: bool = H.shared("per_seed_data")
+    train: TrainConfig = H.shared("train")
+    parameterization: str = H.shared("parameterization")
+    attn_layers: int = H.shared("attn_layers")
+    attn_rank: int | None = H.shared("attn_rank")
+    attn_centre: bool = H.shared("attn_centre")
+    preprocess: str = H.shared("preprocess")
     interp_range: tuple[float, float] = (-0.5, 1.5)
     slice_range: float = 1.0
     points: int = 21
@@ -104,9 +105,9 @@ class LandscapeConfig:
     flat_step: float = H.helped(0.5, "relative filter-normalised step of the flatness number "
                                 "(default: %(default)s)")
     flat_directions: int = 4
-    data_dir: str | None = None
-    data_source: str = "auto"
-    device: str = "auto"
+    data_dir: str | None = H.shared("data_dir")
+    data_source: str = H.shared("data_source")
+    device: str = H.shared("device")
 
     def __post_init__(self) -> None:
         if self.points < 2 or self.grid < 2:

@@ -41,13 +41,12 @@ predictor's ridge rule, not the influence ridge above).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
 
 from empirics import fieldhelp as H
 from empirics.attacks import CONTEXT_MODES, AttackConfig, attack
@@ -64,6 +63,7 @@ from empirics.common import (
 )
 from empirics.distance import kernel_predictor_accuracy
 from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_scores, model_kernels
+from empirics.intervals import spearman
 from empirics.kinds import KINDS, kinds_where
 from empirics.mall_stats import BASELINE, INTERVENTIONS, MallSummary, paper_ratio_range, summarise
 from empirics.models import ModelSpec, TwoLayerNet, input_channels
@@ -81,28 +81,30 @@ class MalleabilityConfig:
     """One malleability experiment. `eps` is the headline value; `eps_sweep` adds more values.
 
     `adv_steps` is the number of PGD steps inside adversarial training (at `eps`); `attack_steps`
-    those of PGD and MIM when measuring (step size 2.5 eps / steps, MIM momentum 1.0).
+    those of PGD and MIM when measuring (step size 2.5 eps / steps, MIM momentum 1.0). The fields with `H.shared`
+    are the data and architecture block every experiment config declares alike
+    (`empirics.fieldhelp.ExperimentFields`).
     """
 
-    dataset: str = "mnist"
-    task: str = "10class"
-    classes: tuple[str, ...] | None = None
-    models: tuple[str, ...] = H.helped(("relu", "attn"), H.MODELS, flag="--model")
+    dataset: str = H.shared("dataset")
+    task: str = H.shared("task")
+    classes: tuple[str, ...] | None = H.shared("classes")
+    models: tuple[str, ...] = H.shared("models")
     attacks: tuple[str, ...] = H.helped(PAPER_ATTACKS, "comma-separated: fgsm, pgd, mim (random noise of the same eps "
                                         "always runs as the baseline)", flag="--attack")
     eps: float = H.helped(0.3, "L-infinity budget in pixel units, in [0, 1] (default: %(default)s)")
     eps_sweep: tuple[float, ...] = H.helped((), "more eps values, e.g. 0.1,0.2,0.3,0.5")
     tau: float = H.helped(0.1, "fraction of training points selected by |influence|, in (0, 1]")
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = H.shared("seeds")
     interventions: tuple[str, ...] = H.helped(INTERVENTIONS, "comma-separated: transformed (headline), curated, "
                                               "adversarial", flag="--intervention")
-    width: int = H.helped(1024, H.WIDTH)
-    n_train: int = H.helped(500, H.N_TRAIN)
-    n_test: int = H.helped(200, H.N_TEST)
-    sample: str = "balanced"
-    data_seed: int = 0
-    per_seed_data: bool = True
-    train: TrainConfig = field(default_factory=TrainConfig)
+    width: int = H.shared("width")
+    n_train: int = H.shared("n_train")
+    n_test: int = H.shared("n_test")
+    sample: str = H.shared("sample")
+    data_seed: int = H.shared("data_seed")
+    per_seed_data: bool = H.shared("per_seed_data")
+    train: TrainConfig = H.shared("train")
     seed_baseline: bool = False
     adv_train: bool = H.helped(False, "also train with PGD (at --eps) and compare flip rates before and after")
     adv_max_epochs: int | None = None
@@ -113,14 +115,14 @@ class MalleabilityConfig:
     ridge: float | None = H.helped(None, "absolute KRR ridge (default: relative, below)")
     ridge_rel: float = H.helped(RIDGE_REL_DEFAULT, "ridge = RIDGE_REL * trace(K_m) / n when --ridge is not given "
                                 "(default: %(default)s)")
-    parameterization: str = H.helped("ntk", H.PARAMETERIZATION)
-    attn_layers: int = H.helped(1, H.ATTN_LAYERS)
-    attn_rank: int | None = H.helped(None, H.ATTN_RANK)
-    attn_centre: bool = H.centre_field()
-    preprocess: str = H.preprocess_field()
-    data_dir: str | None = None
-    data_source: str = "auto"
-    device: str = "auto"
+    parameterization: str = H.shared("parameterization")
+    attn_layers: int = H.shared("attn_layers")
+    attn_rank: int | None = H.shared("attn_rank")
+    attn_centre: bool = H.shared("attn_centre")
+    preprocess: str = H.shared("preprocess")
+    data_dir: str | None = H.shared("data_dir")
+    data_source: str = H.shared("data_source")
+    device: str = H.shared("device")
 
     def __post_init__(self) -> None:
         for a in self.attacks:
@@ -177,12 +179,6 @@ def top_by_abs(total: np.ndarray, k: int) -> np.ndarray:
     return np.sort(order[:k])
 
 
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    if len(a) < 2 or np.all(a == a[0]) or np.all(b == b[0]):
-        return float("nan")
-    return float(stats.spearmanr(a, b).statistic)
-
-
 def compare(old: InfluenceResult, new: InfluenceResult, sel: np.ndarray,
             keep_examples: bool = True) -> dict[str, Any]:
     """Flip rate over `sel`, Spearman rho over all points and over `sel`, pair flip rate, records.
@@ -194,8 +190,8 @@ def compare(old: InfluenceResult, new: InfluenceResult, sel: np.ndarray,
     pair = np.sign(old.per_test[sel]) != np.sign(new.per_test[sel])
     out: dict[str, Any] = {
         "flip_rate": float(flipped.mean()),
-        "rho_all": _spearman(o, n),
-        "rho_top": _spearman(o[sel], n[sel]),
+        "rho_all": spearman(o, n),
+        "rho_top": spearman(o[sel], n[sel]),
         "pair_flip_rate": float(pair.mean()),
         "n_selected": int(len(sel)),
         "kernel_test_loss": new.test_loss,
@@ -263,7 +259,7 @@ def measure_model(model: TwoLayerNet, t: Tensors, cfg: MalleabilityConfig, seed:
                 "kernel_test_loss": new.test_loss, "kernel_test_acc": new.test_acc,
                 "test_loss_change": new.test_loss - clean.test_loss,
                 "test_acc_change": round(new.test_acc - clean.test_acc, 12),
-                "rho_remaining": _spearman(clean.total[keep], new.total),
+                "rho_remaining": spearman(clean.total[keep], new.total),
                 "flip_rate_remaining": float(np.mean(np.sign(clean.total[keep]) != np.sign(new.total))),
             })
     return res
@@ -280,7 +276,7 @@ def seed_baseline(model: TwoLayerNet, other: TwoLayerNet, t: Tensors, cfg: Malle
     b = influence_scores(other, t.x_train, t.y_train, t.x_test, t.y_test, cfg.ridge, cfg.ridge_rel)
     sel = top_by_abs(a.total, n_top(cfg.tau, t.x_train.shape[0]))
     flipped = np.sign(a.total[sel]) != np.sign(b.total[sel])
-    return {"flip_rate": float(flipped.mean()), "flipped": flipped.tolist(), "rho_all": _spearman(a.total, b.total)}
+    return {"flip_rate": float(flipped.mean()), "flipped": flipped.tolist(), "rho_all": spearman(a.total, b.total)}
 
 
 #: Offset of the initialisation seed of the second network in the seed-to-seed baseline.

@@ -45,6 +45,7 @@ from empirics.datasets import (
     DATASETS,
     SAMPLES,
     TASKS,
+    DataProvenance,
     Dataset,
     check_choice,
     file_sha256,
@@ -470,36 +471,21 @@ def load_user_dataset(path: str | Path, *, n_train: int, n_test: int, task: str 
         for f in part.files:
             prov_files[str(f)] = {"path": str(f), "name": f.name, "bytes": f.stat().st_size, "sha256": file_sha256(f)}
     kind, location = parts["train"].kind, parts["train"].location
-    provenance: dict[str, Any] = {
-        "dataset": str(path),
-        "task": task,
-        "source": kind,
-        "user_data": True,
-        "note": USER_NOTE,
-        "label": f"user data ({kind}): {location}",
-        "jpeg_reencoding": False,
-        "location": str(location),
-        "files": list(prov_files.values()),
-        **({"files_note": "an image folder's files are recorded as train_/test_selected_files_manifest_sha256: "
-                          "the sha256 of one line 'name<TAB>sha256' per selected file"} if kind == "image-folder"
-           else {}),
-        **extras,
-        "canonical_order": parts["train"].order,
-        "sample": sample,
-        "seed": seed,
-        "n_train": n_train,
-        "n_test": n_test,
-        "classes": kept_names,
-        "class_labels": list(keep),
-        "all_classes": names,
-        "train_indices_sha256": out["train_indices_sha256"],
-        "test_indices_sha256": out["test_indices_sha256"],
-        "index_space": "positions in the full split, canonical order",
-        "image_shape": list(image_shape or ()),
-        "pixels": PIXELS,
-    }
+    provenance = DataProvenance(
+        dataset=str(path), task=task, source=kind, label=f"user data ({kind}): {location}", jpeg_reencoding=False,
+        location=str(location), files=list(prov_files.values()), canonical_order=parts["train"].order,
+        sample=sample, seed=seed, n_train=n_train, n_test=n_test, classes=kept_names,
+        train_indices_sha256=out["train_indices_sha256"], test_indices_sha256=out["test_indices_sha256"],
+        index_space="positions in the full split, canonical order", pixels=PIXELS,
+        after={"source": {"user_data": True, "note": USER_NOTE},
+               "files": {**({"files_note": "an image folder's files are recorded as train_/test_selected_files_"
+                                           "manifest_sha256: the sha256 of one line 'name<TAB>sha256' per selected "
+                                           "file"} if kind == "image-folder" else {}),
+                         **extras},
+               "classes": {"class_labels": list(keep), "all_classes": names},
+               "index_space": {"image_shape": list(image_shape or ())}})
     return Dataset(str(path), task, out["x_train"], out["y_train"], out["x_test"], out["y_test"],
-                   tuple(image_shape or ()), kept_names, provenance)
+                   tuple(image_shape or ()), kept_names, provenance.to_dict())
 
 
 def load_data(dataset: str, *, n_train: int, n_test: int, task: str = "10class", sample: str = "balanced",

@@ -30,8 +30,6 @@ ALLOWED_UNTESTED: dict[str, str] = {
     "reports.text": "the terminal and claims.md tables of `verify claims`, in tests/verify/test_claims.py",
     "theory._validate": "the input checks of every theory function, in tests/theory/test_validate.py",
     "empirics.progress": "the stderr progress lines, read with NTKM_PROGRESS=1 in tests/verify/test_executors.py",
-    "empirics.fieldhelp": "help strings only; tests/verify/test_commands_options.py checks every generated option has "
-                          "one and that its default equals its field's",
 }
 
 

@@ -8,6 +8,7 @@ here in the original format (including a Python-2 style pickle as the published 
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -635,3 +636,37 @@ def test_verify_data_info(shared_data: Path, capsys: pytest.CaptureFixture[str])
     assert "found: MNIST" in out and D.JPEG_LABEL in out and "bundled sample: 600 train" in out
     assert main(["data", "download"]) == 2
     assert "needs --dataset" in capsys.readouterr().err
+
+
+def _provenance(**after: dict) -> D.DataProvenance:
+    return D.DataProvenance(dataset="d", task="10class", source="npz", label="L", jpeg_reencoding=False, location="/x",
+                            files=[], canonical_order="o", sample="first", seed=0, n_train=2, n_test=1,
+                            classes=["a", "b"], train_indices_sha256="t", test_indices_sha256="u", after=after)
+
+
+def test_data_provenance_puts_each_loaders_keys_after_their_anchor() -> None:
+    core = [f.name for f in dataclasses.fields(D.DataProvenance) if f.name != "after"]
+    assert list(_provenance().to_dict()) == core
+    keys = list(_provenance(source={"s1": 1, "s2": 2}, pixels={"p": 3}).to_dict())
+    assert keys == [*core[:3], "s1", "s2", *core[3:], "p"]
+    with pytest.raises(ValueError, match="not one of its keys"):
+        _provenance(nowhere={"k": 1})
+    with pytest.raises(ValueError, match="repeats its keys"):
+        _provenance(files={"seed": 1})
+
+
+def test_every_loader_writes_one_provenance_record(tmp_path: Path) -> None:
+    """The bundled sample, a data set found on disk and a user data set all record `DataProvenance`: its keys in its
+    field order, with what only that loader knows in between."""
+    from empirics.userdata import load_user_dataset
+
+    _write_cifar_batches(tmp_path / "cifar-10-batches-py")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "u.npz", x_train=rng.random((8, 4)), y_train=np.arange(8) % 2, x_test=rng.random((4, 4)),
+             y_test=np.arange(4) % 2)
+    core = [f.name for f in dataclasses.fields(D.DataProvenance) if f.name != "after"]
+    for ds in (D.load_dataset("mnist", n_train=20, n_test=10, source="bundled"),
+               D.load_dataset("cifar10", n_train=20, n_test=10, data_dir=tmp_path),
+               load_user_dataset(tmp_path / "u.npz", n_train=8, n_test=4)):
+        assert [k for k in ds.provenance if k in core] == core, ds.provenance["source"]
+        assert ds.provenance["train_indices_sha256"] and ds.provenance["n_train"] == ds.n_train

@@ -4,12 +4,13 @@ coverage: tests/benchmarks/test_coverage.py)."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from empirics.intervals import difference, fieller, loglog_slope, t_interval, tost_ratio
+from empirics.intervals import difference, fieller, loglog_slope, spearman, t_interval, tost_ratio
 
 
 def test_t_interval_by_hand_and_per_seed_values_kept():
@@ -106,3 +107,21 @@ def test_tost_size_on_the_margin_by_brute_force():
 def test_loglog_slope_of_a_power_law():
     assert loglog_slope([16, 64, 256], [2 * w ** -0.5 for w in (16, 64, 256)]) == pytest.approx(-0.5)
     assert math.isnan(loglog_slope([16, 64], [1.0, -1.0]))
+
+
+def test_spearman_agrees_with_scipy_and_is_nan_where_undefined():
+    """The one Spearman helper (malleability, the audit): scipy's rho on ordinary data (ties included), NaN without
+    a warning for a constant input or fewer than two points."""
+    rng = np.random.default_rng(5)
+    for _ in range(5):
+        a, b = rng.standard_normal(40), rng.standard_normal(40)
+        b[:10] = a[:10] * 3  # some agreement
+        assert spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic, abs=1e-12)
+    ties = np.array([1.0, 1.0, 2.0, 3.0, 3.0])
+    assert spearman(ties, np.arange(5.0)) == pytest.approx(stats.spearmanr(ties, np.arange(5.0)).statistic)
+    assert spearman(np.arange(6.0), -np.arange(6.0)) == pytest.approx(-1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert math.isnan(spearman(np.ones(5), np.arange(5.0)))
+        assert math.isnan(spearman(np.arange(5.0), np.full(5, 2.0)))
+        assert math.isnan(spearman(np.array([1.0]), np.array([2.0])))

@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
 
 from empirics.attacks import ATTACKS, AttackConfig, attack
 from empirics.audit_ntk import JacobianFeatures, ModelJacobian, ProjectedJacobian
@@ -37,6 +36,7 @@ from empirics.audit_structured import ProjectedStructured
 from empirics.common import Tensors
 from empirics.gauss_newton import ef_grams_mean, ef_influence, gn_influence_mean, loss_residuals
 from empirics.influence import InfluenceResult, influence_from_kernels, model_kernels
+from empirics.intervals import spearman
 from empirics.landscape import power_iteration, scale_aware
 from empirics.losses import loss_fn, predict_labels, targets
 from empirics.malleability import compare, n_top, top_by_abs
@@ -116,12 +116,6 @@ class GenericKernels:
 
 
 # --- measurements --------------------------------------------------------------------------------
-
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    if len(a) < 2 or np.all(a == a[0]) or np.all(b == b[0]):
-        return float("nan")
-    return float(stats.spearmanr(a, b).statistic)
 
 
 def ntk_spectrum(K: np.ndarray) -> dict[str, Any]:
@@ -350,7 +344,7 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig) -> tuple[dict[st
         "train_acc": acc_tr, "test_acc": acc_te,
         "kernel_test_acc": clean.test_acc, "kernel_test_loss": clean.test_loss, "ridge": lam,
         "influence_total": clean.total.tolist(), "gn_total": gn.tolist(),
-        "rho_ntk_gn": _spearman(clean.total, gn),
+        "rho_ntk_gn": spearman(clean.total, gn),
         "sign_agreement_ntk_gn": float(np.mean(np.sign(clean.total) == np.sign(gn))),
         "positive_fraction": float(np.mean(clean.total > 0)),
         "selected": sel.tolist(), "n_selected": int(k),

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from scipy import stats
 
 from empirics.audit_ntk import ModelJacobian, ProjectedJacobian, Projection
 from empirics.audit_structured import ProjectedStructured, StructuredJacobian
 from empirics.common import Tensors
 from empirics.influence import influence_from_kernels
+from empirics.intervals import spearman
 from empirics.losses import targets
 from empirics.progress import log
 from ntkm.errors import UserInputError
@@ -107,8 +107,7 @@ def projection_error(exact: ModelJacobian | StructuredJacobian, proj: ProjectedJ
     kp, kpt = kp_all[:m, :m], kp_all[m:, :m]
     ie = influence_from_kernels(ke, ket, Y[sub], Yt[subt], yt[subt], ridge=None, ridge_rel=ridge_rel)
     ip = influence_from_kernels(kp, kpt, Y[sub], Yt[subt], yt[subt], ridge=None, ridge_rel=ridge_rel)
-    rho = float(stats.spearmanr(ie.total, ip.total).statistic) if np.ptp(ie.total) > 0 else float("nan")
     return {"n": int(m), "n_test": int(mt), "kernel_rel_error": _rel(kp, ke), "test_kernel_rel_error": _rel(kpt, ket),
-            "influence_spearman": rho, "wall_s": time.perf_counter() - tic,
+            "influence_spearman": spearman(ie.total, ip.total), "wall_s": time.perf_counter() - tic,
             "what": "relative Frobenius error of the kernel entries, and Spearman correlation of NTK leave-one-out "
                     f"influence, projected against exact, on {m} training and {mt} test points (seeded subsample)"}
