@@ -164,9 +164,9 @@ def kernel_work(name: str, cfg: Mapping[str, Any], prim: Primitives) -> float:
     if name.startswith(("influence-retrain", "influence-control")):  # one study: `verify.experiments.retrain_unit`
         n = cfg["n_train"] + cfg["n_test"]
         return prim.kernel(784, n, cfg["width"]) + prim.solve_at(n)
-    if name.startswith("flip-retrain"):  # the clean kernel and one per perturbed set
+    if name.startswith("flip-retrain"):  # the clean kernel and one per perturbed set, at the data set's d
         n = cfg["n_train"] + cfg["n_test"]
-        return 3 * (prim.kernel(784, n, cfg["width"]) + prim.solve_at(n))
+        return 3 * (prim.kernel(d, n, cfg["width"]) + prim.solve_at(n))
     if name.startswith("kappa") or name.startswith("premise"):
         return sum(prim.eig(n) for n in cfg.get("ns", cfg.get("premise_ns", [])))
     return 0.0

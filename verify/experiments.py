@@ -94,12 +94,15 @@ def retrain_flip_unit(train: dict[str, Any], **kwargs: Any) -> RetrainFlipRecord
                                                 **config_kwargs(kwargs)))
 
 
-def units_for(preset_name: str, data_dir: str | None = None, device: str | None = None) -> dict[str, Unit]:
-    """Every unit the claims registry may need, keyed by unit name. Units that train networks exist once per
-    condition, claims protocol x the preset's input preprocessings, named `base@protocol` (raw pixels, whose config
-    is as before the axis) or `base@protocol+preprocess` (with `preprocess` in its config; see
+def units_for(preset_name: str, data_dir: str | None = None, device: str | None = None,
+              every_set: bool = False) -> dict[str, Unit]:
+    """Every unit the claims registry may need at this preset, keyed by unit name. Units that train networks exist
+    once per condition, claims protocol x the preset's input preprocessings, named `base@protocol` (raw pixels, whose
+    config is as before the axis) or `base@protocol+preprocess` (with `preprocess` in its config; see
     `verify.claims.units.condition`). `device` (cpu, cuda),
-    when given, goes into the config of every unit that trains networks (and so into its cache key)."""
+    when given, goes into the config of every unit that trains networks (and so into its cache key). The
+    retrain-based flip units exist for the data sets and tasks the preset runs (`retrain_flip_sets`; `every_set`:
+    for all of them, at this preset's sizes; `not_run_units` names the others)."""
     from empirics.distance import DistanceRecord
     from empirics.influence import RetrainRecord
     from empirics.landscape import LandscapeRecord
@@ -111,7 +114,7 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     from verify.claims.kappa import kappa_extra_units
     from verify.claims.landscape import landscape_unit_configs
     from verify.claims.malleability import malleability_unit_configs
-    from verify.claims.retrain_flip import flip_retrain_unit_configs
+    from verify.claims.retrain_flip import RETRAIN_FLIP_SETS, flip_retrain_unit_configs
     from verify.claims.variants import variant_unit_configs
 
     p = preset(preset_name)
@@ -137,7 +140,8 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     empirical.update({k: (v, landscape_unit, LandscapeRecord) for k, v in landscape_unit_configs(p, data_dir).items()})
     empirical.update({k: (v, retrain_unit, RetrainRecord) for k, v in retrain_unit_configs(p, data_dir).items()})
     empirical.update({k: (v, retrain_flip_unit, RetrainFlipRecord)
-                      for k, v in flip_retrain_unit_configs(p, data_dir).items()})
+                      for k, v in flip_retrain_unit_configs(p, data_dir,
+                                                            RETRAIN_FLIP_SETS if every_set else None).items()})
     kinds = {"distance": distance, "malleability": malleability}
     empirical.update({k: (v, *kinds[kind]) for k, (kind, v) in variant_unit_configs(p, data_dir).items()})
     for protocol in p.get("protocols", PROTOCOLS):
@@ -148,3 +152,39 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
                 units[name] = Unit(name, {**cfg, "train": train, **({"preprocess": pre} if pre != "raw" else {}),
                                           **({"device": device} if device else {})}, fn, record)
     return units
+
+
+def _about(seconds: float) -> str:
+    """'about 24 min' (hours from 90 minutes, seconds under a minute)."""
+    if seconds >= 5400:
+        return f"about {seconds / 3600:.1f} h"
+    return f"about {round(seconds / 60)} min" if seconds >= 60 else f"about {max(1, round(seconds))} s"
+
+
+def not_run_units(preset_name: str, data_dir: str | None = None, device: str | None = None) -> dict[str, str]:
+    """The units of the registry that preset `preset_name` does not run (the retrain-based flip rows of the data sets
+    and tasks outside its `retrain_flip_sets`), each with the reason its row gives: the presets that run it and what
+    its row's units (both networks, one condition) would cost here, at this preset's sizes, by the cost model
+    (`verify.costs.CALIBRATED`, seconds of one core)."""
+    from verify import costs
+    from verify.claims.base import PROTOCOLS
+    from verify.claims.retrain_flip import RETRAIN_FLIP_SETS, retrain_flip_sets, set_units
+    from verify.presets import PRESET_NAMES, PRESETS
+
+    p = preset(preset_name)
+    every = units_for(preset_name, data_dir, device, every_set=True)
+    out: dict[str, str] = {}
+    for key in RETRAIN_FLIP_SETS:
+        if key in retrain_flip_sets(p):
+            continue
+        where = [n for n in PRESET_NAMES if key in retrain_flip_sets(PRESETS[n])]
+        runs = "runs at " + " and ".join(where) if where else "no preset runs it"
+        for protocol in p.get("protocols", PROTOCOLS):
+            for pre in p["preprocessings"]:
+                row = [names.at(u, protocol, pre) for u in set_units(key)]
+                est = costs.plan([(u, every[u].config) for u in row])
+                seconds = sum(c.total_s for c in est.values())
+                reason = (f"not run at preset {preset_name} ({runs}; {_about(seconds)} of one core here by the cost "
+                          "model)")
+                out.update(dict.fromkeys(row, reason))
+    return out

@@ -4,7 +4,8 @@ Each unit is shown with what sizes its numbers (seeds, widths, n, epochs, protoc
 config has one), whether the cache already holds it (with `--resume`), and its estimated seconds from the cost
 model (`verify.costs`, networks shared within a group counted once, as the local executor runs them). The totals
 are the estimated time one unit after another and the estimated wall time with the run's `--jobs` workers
-(groups taken longest first).
+(groups taken longest first). Units the claims read that the preset does not run (`not_run`, from
+`verify.experiments.not_run_units`) are listed after the totals with the reason their rows give.
 """
 
 from __future__ import annotations
@@ -91,4 +92,8 @@ def text(plan: Mapping[str, Any]) -> str:
     lines.append(f"{len(plan['units'])} units: {plan['to_compute']} to compute, {plan['cached']} cached; estimated "
                  f"{_duration(plan['estimated_total_s'])} one after another, {_duration(plan['estimated_wall_s'])} "
                  f"wall with --jobs {plan['jobs']} ({plan['groups']} groups of units sharing networks)")
+    by_reason: dict[str, list[str]] = {}
+    for unit, why in plan.get("not_run", {}).items():  # units the claims read that this preset does not run
+        by_reason.setdefault(why, []).append(unit)
+    lines += [f"{', '.join(us)}: {why} (their rows say 'not measurable here')" for why, us in by_reason.items()]
     return "\n".join(lines)

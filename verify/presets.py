@@ -55,6 +55,9 @@ class PresetSizes(TypedDict):
     binary_kappa_ns: NotRequired[tuple[int, ...]]
     #: Retrain seeds of the retrain-based flip units (`verify.claims.retrain_flip`), where not 3.
     retrain_seeds: NotRequired[int]
+    #: The data sets and tasks (`DATASET:TASK`) whose retrain-based flip rows run, where not MNIST 10 classes alone
+    #: (`verify.claims.retrain_flip.RETRAIN_FLIP_SETS`); the rows of the others say they were not run here.
+    retrain_flip_sets: NotRequired[tuple[str, ...]]
 
 
 _QUICK: PresetSizes = {
@@ -78,13 +81,15 @@ PRESETS: dict[str, PresetSizes] = {
     "quick": _QUICK,
     "axes": {**_QUICK, "preprocessings": ("raw", "unit")},
     "full": {**_QUICK, "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper"), "ntk_gd_mse": True,
-             "adv_max_epochs": 100, "retrain_seeds": 10},
+             "adv_max_epochs": 100, "retrain_seeds": 10,
+             "retrain_flip_sets": ("mnist:10class", "mnist:binary", "cifar10:10class")},
     "paper": {
         "n_train": 5000, "n_test": 1000, "widths": (16, 64, 256, 1024, 4096), "seeds": tuple(range(10)), "epochs": 1000,
         "paper_epochs": 500, "mall_width": 4096, "mall_n_train": 5000, "mall_n_test": 1000, "attack_steps": 40,
         "adv_max_epochs": 100, "landscape_points": 41, "landscape_grid": 21, "hessian_iters": 50,
         "hutchinson_samples": 30, "kappa_ns": (50, 100, 200, 500, 1000, 2000, 5000, 10000), "n_train_by_dataset": {},
         "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper"), "ntk_gd_mse": True, "retrain_seeds": 10,
+        "retrain_flip_sets": ("mnist:10class", "mnist:binary", "cifar10:10class"),
     },
 }
 #: What each preset key means (printed in the README's preset table).
@@ -106,6 +111,9 @@ PRESET_KEYS = {
     "retrain_seeds": "retrain seeds of the retrain-based flip rows (each point's actual effect is measured under every "
                      "seed, so that its seed-to-seed noise is known): 3 unless given (their cost grows linearly; "
                      "README, Presets)",
+    "retrain_flip_sets": "data sets and tasks whose retrain-based flip rows run (MNIST 10 classes unless given; full "
+                         "and paper add binary MNIST and CIFAR-10): a row whose units a preset does not run says so, "
+                         "with their estimated cost, as 'not measurable here'",
     "ntk_gd_mse": "whether the NTK-distance sweeps also train every network under gd-mse (the co-primary estimand of "
                   "the NTK rows); off at quick for its time budget, on at full and paper",
 }

@@ -157,3 +157,19 @@ def test_study_effects_are_those_of_retraining_one_network_at_a_time(model):
     i = r.selected[0]
     expected = loss_after(np.setdiff1d(np.arange(30), [i])) - loss_after(np.arange(30))
     assert r.effects["clean"]["training"][0][1] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.claim("flip-retrain-binary-mnist", "flip-retrain-cifar10")
+@pytest.mark.parametrize(("dataset", "task", "model"), [("mnist", "binary", "attn"), ("cifar10", "10class", "relu")])
+def test_the_study_runs_on_binary_mnist_and_cifar10(dataset, task, model):
+    """The units of the rows of binary MNIST (3-vs-8, one +-1 output) and CIFAR-10 (d = 3072) run the same study:
+    the record has the design's shapes, on the data set and task asked for."""
+    cfg = RetrainFlipConfig(model=model, dataset=dataset, task=task, n_train=30, n_test=20, width=16, epochs=3,
+                            tau=0.1, attack_steps=2, seeds=(0, 1), device="cpu", preprocess="unit")
+    r = retrain_flip_study(cfg)
+    k = n_top(cfg.tau, cfg.n_train)
+    assert (r.config["dataset"], r.config["task"]) == (dataset, task)
+    assert len(r.selected) == k and len(r.gates) == 3 * 2 * (k + 1)
+    assert all(np.array(r.effects[s]["training"]).shape == (k, 2) for s in ("clean", "attack", "random"))
+    assert r.loss == ("squared error" if task == "binary" else "cross-entropy")

@@ -7,7 +7,7 @@ import gzip
 import json
 from pathlib import Path
 
-from verify.claims import PROTOCOLS, all_claims, protocol_units, units
+from verify.claims import PROTOCOLS, all_claims, optional_units, protocol_units, units
 from verify.experiments import units_for
 
 BASELINE = Path(__file__).resolve().parents[1] / "data" / "smoke-claims-43279c4.json.gz"
@@ -33,10 +33,12 @@ def test_names():
     assert units.at(units.landscape("mnist"), "paper") == "landscape:mnist@paper"
     assert units.influence_retrain("attn") == "influence-retrain:attn"
     assert units.flip_retrain("attn") == "flip-retrain:attn"
+    assert units.flip_retrain("attn", "mnist", "10class") == "flip-retrain:attn"  # MNIST keeps its first name
+    assert units.flip_retrain("relu", "cifar10", "10class") == "flip-retrain:cifar10:10class:relu"
 
 
 def test_every_claim_reads_units_that_exist():
     known = set(units_for("full"))
     for c in all_claims():
         for p in PROTOCOLS if c.empirical else (None,):
-            assert set(protocol_units(c, p)) <= known, c.id
+            assert set(protocol_units(c, p)) | set(optional_units(c, p)) <= known, c.id

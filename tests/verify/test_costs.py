@@ -91,3 +91,18 @@ def test_groups_are_transitive_and_keep_the_run_order():
                                                ([], 2, 0)])
 def test_makespan_of_workers_taking_the_next_task(tasks, jobs, wall):
     assert costs.makespan(tasks, jobs) == wall
+
+
+def test_retrain_flip_units_are_priced_at_their_data_sets_input_dimension():
+    """The kernels of a retrain-based flip unit are priced at its data set's d (CIFAR-10: 3072), like its epochs."""
+    units = units_for("full")
+    mnist = units["flip-retrain:attn@proper"].config
+    cifar = units["flip-retrain:cifar10:10class:attn@proper"].config
+    assert {k: v for k, v in cifar.items() if k not in ("dataset", "train")} == \
+        {k: v for k, v in mnist.items() if k not in ("dataset", "train")}
+    prim = costs.CALIBRATED
+    n = cifar["n_train"] + cifar["n_test"]
+    assert costs.kernel_work("flip-retrain:cifar10:10class:attn@proper", cifar, prim) == pytest.approx(
+        3 * (prim.kernel(3072, n, cifar["width"]) + prim.solve_at(n)))
+    assert costs.unit_seconds("flip-retrain:cifar10:10class:attn@proper", cifar, prim).total_s > \
+        2 * costs.unit_seconds("flip-retrain:attn@proper", mnist, prim).total_s

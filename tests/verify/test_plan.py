@@ -85,3 +85,30 @@ def test_json_without_plan_is_one_line(tmp_path: Path, capsys):
                                           ([], "")])
 def test_seed_ranges(values, text):
     assert _ranges(values) == text
+
+
+@pytest.mark.claim("flip-retrain-binary-mnist", "flip-retrain-cifar10")
+def test_quick_plans_no_new_retrain_flip_unit_and_names_the_rows_it_does_not_run(capsys):
+    """The retrain-based flip rows of binary MNIST and CIFAR-10 (D25) add no unit to quick (its half-hour budget):
+    its plan computes MNIST 10 classes' two units as before and lists the others as not run, with the reason their
+    rows give; full computes all of them, each with an estimate (CIFAR-10's inputs are 4x wider: dearer)."""
+    assert main(["claims", "--preset", "quick", "--plan", "--json", "-", "--jobs", "2"]) == 0
+    quick = json.loads(capsys.readouterr().out)
+    flips = [r["unit"] for r in quick["units"] if r["unit"].startswith("flip-retrain")]
+    assert flips == ["flip-retrain:relu@proper+unit", "flip-retrain:attn@proper+unit"]
+    assert [r["unit"] for r in quick["units"]] == [u for u in units_for("quick") if u in {r["unit"] for r in
+                                                                                          quick["units"]}]
+    assert sorted(quick["not_run"]) == sorted(f"flip-retrain:{s}:{m}@proper+unit" for s in ("mnist:binary",
+                                                                                            "cifar10:10class")
+                                              for m in ("relu", "attn"))
+    assert all(why.startswith("not run at preset quick (runs at full and paper; about ")
+               for why in quick["not_run"].values())
+    assert main(["claims", "--preset", "full", "--plan", "--only", "flip-retrain-mnist,flip-retrain-binary-mnist,"
+                 "flip-retrain-cifar10", "--json", "-"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    est = {r["unit"]: r["estimated_s"] for r in full["units"]}
+    assert len(est) == 3 * 2 * 4 and "not_run" not in full and all(s > 0 for s in est.values())
+    for cond in ("paper", "proper+unit"):
+        assert est[f"flip-retrain:cifar10:10class:attn@{cond}"] > est[f"flip-retrain:attn@{cond}"]
+        assert est[f"flip-retrain:mnist:binary:attn@{cond}"] == pytest.approx(est[f"flip-retrain:attn@{cond}"],
+                                                                              rel=0.05)

@@ -23,6 +23,7 @@ from verify.claims.base import (
     Outcome,
     Results,
     Verdict,
+    not_run_reason,
     unavailable,
 )
 
@@ -62,23 +63,38 @@ def protocol_units(claim: Claim, protocol: str | None, preprocess: str = "raw") 
     return own + claim.fixed_units
 
 
+def optional_units(claim: Claim, protocol: str | None, preprocess: str = "raw") -> tuple[str, ...]:
+    """The optional units a claim reads under `protocol` and `preprocess` where the run has them."""
+    return tuple(units.at(u, protocol, preprocess) for u in claim.optional_units) if claim.empirical and protocol \
+        else claim.optional_units
+
+
 def claim_units(claim: Claim, preprocessings: Iterable[str] = ("raw",),
                 protocols: Iterable[str] = PROTOCOLS) -> tuple[str, ...]:
-    """Every unit a claim needs: its units under each condition (empirical claims), or as written."""
+    """Every unit a claim needs: its units under each condition (empirical claims), or as written; then its optional
+    units, which a run computes where its preset has them (`verify.experiments.units_for`)."""
     if not claim.empirical:
-        return claim.units + claim.fixed_units
-    return tuple(dict.fromkeys(u for p, pre in conditions(preprocessings, protocols)
-                               for u in protocol_units(claim, p, pre)))
+        return claim.units + claim.fixed_units + claim.optional_units
+    conds = conditions(preprocessings, protocols)
+    return tuple(dict.fromkeys([*(u for p, pre in conds for u in protocol_units(claim, p, pre)),
+                                *(u for p, pre in conds for u in optional_units(claim, p, pre))]))
 
 
 def evaluate_claim(claim: Claim, results: Results, protocol: str | None = None, preprocess: str = "raw") -> Outcome:
     """Run the claim's rule (on the units of condition `protocol` x `preprocess` for an empirical claim); a missing
-    unit gives "not measurable here" with the reason."""
+    unit gives "not measurable here" with the reason, and a unit the preset does not run says so in the row
+    (`base.not_run`). Optional units are passed to the rule where `results` has them."""
     names = protocol_units(claim, protocol, preprocess)
+    skipped = not_run_reason(results, names)
+    if skipped:
+        return Outcome(f"not measurable here: {skipped}", NA, skipped)
     why = unavailable(results, names)
     if why:
         return Outcome("-", NA, why)
     view = {base: results[full] for base, full in zip(claim.units, names[:len(claim.units)], strict=True)}
+    view.update({base: results[full]
+                 for base, full in zip(claim.optional_units, optional_units(claim, protocol, preprocess), strict=True)
+                 if full in results})
     return claim.evaluate({**results, **view})
 
 

@@ -72,7 +72,9 @@ class Outcome:
 class Claim:
     """One claim of the paper. `empirical` claims are evaluated once per protocol (see `PROTOCOLS`),
     with `units` resolved to that protocol's units; `fixed_units` are read as named under every condition (a unit
-    whose condition is part of its design, such as the influence positive control)."""
+    whose condition is part of its design, such as the influence positive control); `optional_units` are resolved
+    like `units` and read where the run has them, their absence no reason for "not measurable here" (a retrain-based
+    flip row of the claim's own data set that a preset does not run)."""
 
     id: str
     source: str
@@ -85,6 +87,26 @@ class Claim:
     group: str = "theory"
     empirical: bool = False
     fixed_units: tuple[str, ...] = ()
+    optional_units: tuple[str, ...] = ()
+
+
+#: The key of a unit result that stands for a unit the preset does not run (`not_run`).
+NOT_RUN = "not_run_at_preset"
+
+
+def not_run(reason: str) -> dict[str, Any]:
+    """The result that stands for a unit the preset does not run, saying why (`unavailable` reads it like a unit
+    whose data is missing; `verify.claims.evaluate_claim` puts the reason in the row)."""
+    return {"unavailable": reason, NOT_RUN: True}
+
+
+def not_run_reason(results: Results, units: Iterable[str]) -> str | None:
+    """The reason the first of `units` that the preset does not run was not run (`not_run`), or None."""
+    for u in units:
+        r = results.get(u)
+        if isinstance(r, dict) and r.get(NOT_RUN):
+            return str(r["unavailable"])
+    return None
 
 
 def unavailable(results: Results, units: Iterable[str]) -> str | None:

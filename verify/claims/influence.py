@@ -14,7 +14,7 @@ from empirics.vocab import PAPER_MODELS, model_name
 from reports.text import fmt
 from verify.claims import units
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results
-from verify.claims.retrain_flip import FLIP_RETRAIN_UNITS, retrain_flip_verdict
+from verify.claims.retrain_flip import FLIP_RETRAIN_UNITS, retrain_flip_verdict, set_units
 from verify.presets import PresetSizes
 
 MODELS = PAPER_MODELS
@@ -139,30 +139,54 @@ VALIDITY_RULE = ("Influence validity (D23): the flip rates and rankings are NTK 
                  "stand: they judge the paper's own instrument.")
 
 
-def influence_validity(results: Results, flip: bool = False) -> dict[str, Any]:
+#: The flip-rate claims whose own data set and task have a retrain-based flip row besides MNIST 10 classes: the
+#: validity rule reads that row where its units ran in the claim's condition, flip-retrain-mnist where they did not
+#: (D25). Every other flip-rate claim reads flip-retrain-mnist.
+OWN_FLIP_ROWS = {"flip-binary-mnist": ("mnist:binary", "flip-retrain-binary-mnist"),
+                 "flip-cifar10": ("cifar10:10class", "flip-retrain-cifar10")}
+
+
+def own_row_rule(claim_id: str) -> str:
+    """The sentence the validity rule of flip-rate claim `claim_id` gains for its own data set's retrain-based flip
+    row ('' for a claim without one)."""
+    if claim_id not in OWN_FLIP_ROWS:
+        return ""
+    row = OWN_FLIP_ROWS[claim_id][1]
+    return (f"For this claim the retrain-based flip row is {row}, its own data set's, where its units ran in the same "
+            "condition (presets full and paper), and flip-retrain-mnist where they did not (D25).")
+
+
+def influence_validity(results: Results, flip: bool = False, own: str | None = None) -> dict[str, Any]:
     """The checks `VALIDITY_RULE` reads, from `results` as one condition's claim sees them: the verdicts of the
     positive control, of the in-condition retrain check and (for a flip-rate claim, `flip`) of the retrain-based flip
-    row, and whether the instrument counts as validated."""
+    row, and whether the instrument counts as validated. `own`: the set (`DATASET:TASK`) of the claim's own
+    retrain-based flip row, read instead of MNIST 10 classes' where its units are in `results` (then named under
+    `flip_retrain_row`)."""
     control = results.get(units.INFLUENCE_CONTROL)
     c = control_outcome(control).verdict if isinstance(control, RetrainRecord) else NA
     regime = _retrain_claim()(results).verdict if all(isinstance(results.get(u), RetrainRecord)
                                                        for u in RETRAIN_UNITS) else NA
-    out = {"control": c.value, "in_condition": regime.value, "broken": c == NOT}
+    out: dict[str, Any] = {"control": c.value, "in_condition": regime.value, "broken": c == NOT}
     by_retrain = False
     if flip:
-        out["flip_retrain"] = retrain_flip_verdict(results) or NA.value
+        mine = retrain_flip_verdict(results, own) if own else None
+        if mine is not None:
+            out["flip_retrain_row"] = next(row for key, row in OWN_FLIP_ROWS.values() if key == own)
+        out["flip_retrain"] = mine or retrain_flip_verdict(results) or NA.value
         by_retrain = out["flip_retrain"] == HOLDS.value
     return {**out, "validated": (c == HOLDS and regime == HOLDS) or by_retrain}
 
 
-def validity_gated(out: Outcome, results: Results, flip: bool = False) -> Outcome:
+def validity_gated(out: Outcome, results: Results, flip: bool = False, own: str | None = None) -> Outcome:
     """`out` under `VALIDITY_RULE`: a 'holds' not validated becomes 'partly', any measured verdict becomes 'not
     measurable here' when the positive control fails; the checks go into its numbers and condition. `flip`: a
-    flip-rate claim, which the retrain-based flip row can also validate."""
+    flip-rate claim, which the retrain-based flip row can also validate (`own`: the set of its own data set's row,
+    `influence_validity`)."""
     if out.verdict == NA:
         return out
-    v = influence_validity(results, flip)
-    retrain = f", retrain-based flip row {v['flip_retrain']}" if flip else ""
+    v = influence_validity(results, flip, own)
+    row = f" {v['flip_retrain_row']}" if "flip_retrain_row" in v else ""
+    retrain = f", retrain-based flip row{row} {v['flip_retrain']}" if flip else ""
     note = (f"influence validity: positive control {v['control']}, retrain check in this condition "
             f"{v['in_condition']}{retrain} -> {'validated' if v['validated'] else 'not validated'} for the trained "
             "network")
@@ -179,16 +203,20 @@ def validity_gated(out: Outcome, results: Results, flip: bool = False) -> Outcom
 
 def gated(claim: Claim) -> Claim:
     """`claim` judged under `VALIDITY_RULE`: its rule text extended, the retrain check of each condition (and, for a
-    flip-rate claim, the retrain-based flip units) and the positive control added to its units."""
+    flip-rate claim, the retrain-based flip units of MNIST 10 classes, and those of its own data set as optional
+    units, `OWN_FLIP_ROWS`) and the positive control added to its units."""
     flip = claim.id.startswith("flip-")
     checks = RETRAIN_UNITS + (FLIP_RETRAIN_UNITS if flip else ())
+    own = OWN_FLIP_ROWS[claim.id][0] if flip and claim.id in OWN_FLIP_ROWS else None
+    extra = own_row_rule(claim.id) if flip else ""
 
     def evaluate(results: Results) -> Outcome:
-        return validity_gated(claim.evaluate(results), results, flip)
+        return validity_gated(claim.evaluate(results), results, flip, own)
 
-    return replace(claim, rule=f"{claim.rule} {VALIDITY_RULE}", evaluate=evaluate,
+    return replace(claim, rule=f"{claim.rule} {VALIDITY_RULE}" + (f" {extra}" if extra else ""), evaluate=evaluate,
                    units=claim.units + tuple(u for u in checks if u not in claim.units),
-                   fixed_units=claim.fixed_units + (units.INFLUENCE_CONTROL,))
+                   fixed_units=claim.fixed_units + (units.INFLUENCE_CONTROL,),
+                   optional_units=claim.optional_units + (set_units(own) if own else ()))
 
 
 INFLUENCE_CLAIMS = [

@@ -1,6 +1,8 @@
 """Retrain-based flip rates (`empirics.retrain_flip`): does the attack flip what the trained network actually relies
 on, measured by retraining, rather than what its kernel machine's leave-one-out formula says? The rule is fixed here
-before the first run (D24)."""
+before the first run (D24), one row per data set and task (MNIST 10 classes, D24; binary MNIST and CIFAR-10, D25).
+A preset runs the rows it names (`retrain_flip_sets`; MNIST 10 classes alone unless it says otherwise); the others
+are "not measurable here", saying that they were not run at that preset (`verify.experiments.not_run_units`)."""
 
 from __future__ import annotations
 
@@ -15,20 +17,59 @@ from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, Claim, Outc
 from verify.presets import PresetSizes
 
 MODELS = PAPER_MODELS
-#: The retrain-based flip units, one per paper model (resolved per condition like every empirical unit).
-FLIP_RETRAIN_UNITS = tuple(units.flip_retrain(m) for m in MODELS)
+#: The data sets and tasks (`DATASET:TASK`) with a retrain-based flip row, in the table's order.
+RETRAIN_FLIP_SETS = ("mnist:10class", "mnist:binary", "cifar10:10class")
+#: The rows a preset runs when it does not name them (`verify.presets.PresetSizes.retrain_flip_sets`).
+DEFAULT_RETRAIN_FLIP_SETS = ("mnist:10class",)
+#: How the rule and the protocol text name each set.
+SET_LABELS = {"mnist:10class": "MNIST (10 classes)", "mnist:binary": "MNIST 3-vs-8 (binary)",
+              "cifar10:10class": "CIFAR-10 (10 classes)"}
 
 
-def flip_retrain_unit_configs(p: PresetSizes, data_dir: str | None) -> dict[str, dict[str, Any]]:
-    """`RetrainFlipConfig` keyword arguments (without the protocol) for each network: MNIST 10 classes, n = 100 (below
-    the batch of 128, so the protocols train full-batch), the top 10 % by |influence|, PGD at eps 0.3, the preset's
-    malleability width and its retrain seeds (`retrain_seeds`, 3 unless the preset says otherwise)."""
+def split_set(key: str) -> tuple[str, str]:
+    """'cifar10:10class' -> ('cifar10', '10class')."""
+    ds, task = key.split(":")
+    return ds, task
+
+
+def set_units(key: str) -> tuple[str, ...]:
+    """The retrain-based flip units of one set, one per paper model (resolved per condition like every empirical
+    unit)."""
+    return tuple(units.flip_retrain(m, *split_set(key)) for m in MODELS)
+
+
+#: The retrain-based flip units of MNIST 10 classes, one per paper model (the row every preset runs).
+FLIP_RETRAIN_UNITS = set_units("mnist:10class")
+
+
+def retrain_flip_sets(p: PresetSizes) -> tuple[str, ...]:
+    """The sets whose retrain-based flip rows preset `p` runs (`retrain_flip_sets`, else MNIST 10 classes), in the
+    order of `RETRAIN_FLIP_SETS`."""
+    wanted = p.get("retrain_flip_sets", DEFAULT_RETRAIN_FLIP_SETS)
+    return tuple(k for k in RETRAIN_FLIP_SETS if k in wanted)
+
+
+def flip_retrain_unit_configs(p: PresetSizes, data_dir: str | None,
+                              sets: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
+    """`RetrainFlipConfig` keyword arguments (without the protocol) for each network of each set the preset runs
+    (`sets`: these instead): n = 100 (below the batch of 128, so the protocols train full-batch), the top 10 % by
+    |influence|, PGD at eps 0.3, the preset's malleability width and its retrain seeds (`retrain_seeds`, 3 unless
+    the preset says otherwise); the same design on every data set and task."""
     small = p["n_train"] <= 100
-    return {units.flip_retrain(m): {"model": m, "dataset": "mnist", "task": "10class", "n_train": 40 if small else 100,
-                                    "n_test": 40 if small else 100, "width": p["mall_width"], "tau": 0.1, "eps": 0.3,
-                                    "attack": "pgd", "attack_steps": p["attack_steps"],
-                                    "seeds": list(range(p.get("retrain_seeds", 3))), "data_dir": data_dir}
-            for m in MODELS}
+    out = {}
+    for key in retrain_flip_sets(p) if sets is None else sets:
+        ds, task = split_set(key)
+        out.update({units.flip_retrain(m, ds, task): {
+            "model": m, "dataset": ds, "task": task, "n_train": 40 if small else 100, "n_test": 40 if small else 100,
+            "width": p["mall_width"], "tau": 0.1, "eps": 0.3, "attack": "pgd", "attack_steps": p["attack_steps"],
+            "seeds": list(range(p.get("retrain_seeds", 3))), "data_dir": data_dir} for m in MODELS})
+    return out
+
+
+def flip_retrain_rule(key: str) -> str:
+    """The rule of set `key`'s row: `FLIP_RETRAIN_RULE` on that data set and task."""
+    rule = FLIP_RETRAIN_RULE.replace(SET_LABELS["mnist:10class"], SET_LABELS[key], 1)
+    return rule if key == "mnist:10class" else rule.replace("(D24)", "(D24; this data set's row: D25)")
 
 
 FLIP_RETRAIN_RULE = (
@@ -78,7 +119,9 @@ def _gate_failures(r: RetrainFlipRecord) -> str:
 def flip_retrain_outcome(rs: dict[str, RetrainFlipRecord]) -> Outcome:
     """`FLIP_RETRAIN_RULE` on the two networks' records (keyed by model kind)."""
     cfg = rs["attn"].config
-    protocol = (f"MNIST 10 classes, n_train={cfg['n_train']}, n_test={cfg['n_test']}, width {cfg['width']}, protocol "
+    label = {("mnist", "binary"): "MNIST 3-vs-8", ("cifar10", "10class"): "CIFAR-10 10 classes"}.get(
+        (cfg.get("dataset", "mnist"), cfg.get("task", "10class")), "MNIST 10 classes")
+    protocol = (f"{label}, n_train={cfg['n_train']}, n_test={cfg['n_test']}, width {cfg['width']}, protocol "
                 f"{cfg['protocol']} (up to {cfg['epochs']} epochs), {cfg['preprocess']} inputs, top {cfg['tau']:g} by "
                 f"|influence| perturbed by {cfg['attack'].upper()} ({cfg['attack_steps']} steps, eps {cfg['eps']:g}); "
                 f"{len(cfg['seeds'])} retrain seeds; effects on the test {rs['attn'].loss}")
@@ -111,25 +154,34 @@ def flip_retrain_outcome(rs: dict[str, RetrainFlipRecord]) -> Outcome:
                              f"{100 * baseline:.0f} % and 2L-ReLU's {100 * relu_rate:.0f} %")
 
 
-def _evaluate() -> Callable[[Results], Outcome]:
+def _evaluate(key: str = "mnist:10class") -> Callable[[Results], Outcome]:
     def evaluate(results: Results) -> Outcome:
-        return flip_retrain_outcome({m: results[u] for m, u in zip(MODELS, FLIP_RETRAIN_UNITS, strict=True)})
+        return flip_retrain_outcome({m: results[u] for m, u in zip(MODELS, set_units(key), strict=True)})
 
     return evaluate
 
 
-def retrain_flip_verdict(results: Results) -> str | None:
-    """The retrain-based flip row's verdict in one condition's results (None when its units did not run there)."""
-    if not all(isinstance(results.get(u), RetrainFlipRecord) for u in FLIP_RETRAIN_UNITS):
+def retrain_flip_verdict(results: Results, key: str = "mnist:10class") -> str | None:
+    """The verdict of set `key`'s retrain-based flip row in one condition's results (None when its units did not run
+    there)."""
+    if not all(isinstance(results.get(u), RetrainFlipRecord) for u in set_units(key)):
         return None
-    return _evaluate()(results).verdict.value
+    return _evaluate(key)(results).verdict.value
+
+
+_STATEMENT = ("A small adversarial perturbation of the most influential training points flips the sign of their "
+              "actual effect on the retrained MLP-Attn network more often than noise and than for 2L-ReLU")
+_PAPER = "the paper's flip rates are NTK leave-one-out influence of a kernel machine; not measured by retraining"
+
+
+def _row(claim_id: str, key: str, statement: str) -> Claim:
+    """The retrain-based flip row `claim_id` (written out at the call) of set `key`."""
+    return Claim(claim_id, "Method (retrain-based flip rate)", statement, paper=_PAPER, rule=flip_retrain_rule(key),
+                 units=set_units(key), evaluate=_evaluate(key), group="malleability", empirical=True)
 
 
 RETRAIN_FLIP_CLAIMS = [
-    Claim("flip-retrain-mnist", "Method (retrain-based flip rate)",
-          "A small adversarial perturbation of the most influential training points flips the sign of their actual "
-          "effect on the retrained MLP-Attn network more often than noise and than for 2L-ReLU",
-          paper="the paper's flip rates are NTK leave-one-out influence of a kernel machine; not measured by "
-                "retraining", rule=FLIP_RETRAIN_RULE, units=FLIP_RETRAIN_UNITS, evaluate=_evaluate(),
-          group="malleability", empirical=True),
+    _row("flip-retrain-mnist", "mnist:10class", _STATEMENT),
+    _row("flip-retrain-binary-mnist", "mnist:binary", f"MNIST 3-vs-8: {_STATEMENT[0].lower()}{_STATEMENT[1:]}"),
+    _row("flip-retrain-cifar10", "cifar10:10class", f"CIFAR-10: {_STATEMENT[0].lower()}{_STATEMENT[1:]}"),
 ]

@@ -50,9 +50,12 @@ def influence_retrain(model: str) -> str:
     return f"influence-retrain:{model}"
 
 
-def flip_retrain(model: str) -> str:
-    """The retrain-based flip study of one network (`empirics.retrain_flip`)."""
-    return f"flip-retrain:{model}"
+def flip_retrain(model: str, dataset: str = "mnist", task: str = "10class") -> str:
+    """The retrain-based flip study of one network (`empirics.retrain_flip`) on one data set and task: MNIST 10
+    classes keeps its first name, `flip-retrain:MODEL` (and so its cache files), the others are
+    `flip-retrain:DATASET:TASK:MODEL`."""
+    return f"flip-retrain:{model}" if (dataset, task) == ("mnist", "10class") else \
+        f"flip-retrain:{dataset}:{task}:{model}"
 
 
 #: The positive control of the influence instrument: one fixed condition (gd-mse on unit-norm inputs), not one per

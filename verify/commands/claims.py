@@ -16,11 +16,12 @@ from empirics.records import device_info, git_state, library_versions
 from ntkm.codec import write_json
 from ntkm.errors import UserInputError
 from verify.claims import VERDICTS, all_claims, claim_row, claim_units, conditions
+from verify.claims.base import not_run
 from verify.claims.units import condition
 from verify.commands._common import emit_json, json_target
 from verify.commands.options import EXECUTOR, PRESET, DataOptions, Param, options
 from verify.executors import ExecutorConfig, default_jobs, executor_from_args, run_units
-from verify.experiments import units_for
+from verify.experiments import not_run_units, units_for
 from verify.outputs import check_members
 from verify.preregistration import preregistration
 from verify.presets import preset
@@ -95,16 +96,20 @@ def run(args: argparse.Namespace) -> int:
     units = units_for(args.preset, args.data_dir, args.device)
     pres = tuple(preset(args.preset)["preprocessings"])
     protos = tuple(preset(args.preset)["protocols"])
-    needed = sorted({u for c in claims for u in claim_units(c, pres, protos)}, key=list(units).index)
+    wanted = {u for c in claims for u in claim_units(c, pres, protos)}
+    skipped = {u: why for u, why in not_run_units(args.preset, args.data_dir, args.device).items() if u in wanted}
+    needed = sorted(wanted - skipped.keys(), key=list(units).index)
     if args.plan:
-        return show_plan(args, claims, pres, [units[n] for n in needed], cache if args.resume else None, executor.jobs)
+        return show_plan(args, claims, pres, [units[n] for n in needed], cache if args.resume else None, executor.jobs,
+                         skipped)
     if not args.resume:
         drop_cache_entries(cache.folder)
     t0 = time.perf_counter()
     git = git_state()  # the code that runs is the code checked out now
     prereg = preregistration(args.preset)  # before any unit: a malformed docs/DEVIATIONS.md stops the run here
     ran = run_units([units[n] for n in needed], cache, log, executor)
-    results: dict[str, Any] = {name: res.payload for name, (res, _) in ran.items()}
+    results: dict[str, Any] = {**{u: not_run(why) for u, why in skipped.items()},
+                               **{name: res.payload for name, (res, _) in ran.items()}}
     unit_meta: dict[str, Any] = {name: {"cached": cached, "wall_s": res.unit_wall_s, "config": res.unit_config}
                                  for name, (res, cached) in ran.items()}
     rows = [claim_row(c, results, pres, protos) for c in claims]
@@ -174,8 +179,9 @@ def with_jobs(ex: ExecutorConfig, jobs: int | None) -> ExecutorConfig:
 
 
 def show_plan(args: argparse.Namespace, claims: list[Any], pres: tuple[str, ...], units: list[Any],
-              cache: Cache | None, jobs: int) -> int:
-    """`--plan`: the table on stdout (unless the JSON goes there) and the JSON record with --json."""
+              cache: Cache | None, jobs: int, skipped: dict[str, str] | None = None) -> int:
+    """`--plan`: the table on stdout (unless the JSON goes there) and the JSON record with --json. `skipped`: the
+    units the claims read that the preset does not run, with the reason (`not_run` in the record, where any)."""
     from verify import plan
 
     needed_by: dict[str, list[str]] = {}
@@ -185,7 +191,7 @@ def show_plan(args: argparse.Namespace, claims: list[Any], pres: tuple[str, ...]
             if c.id not in needed_by[u]:
                 needed_by[u].append(c.id)
     record = {"preset": args.preset, "only": args.only, "resume": bool(args.resume),
-              **plan.build(units, cache, jobs, needed_by)}
+              **plan.build(units, cache, jobs, needed_by), **({"not_run": skipped} if skipped else {})}
     if args.json != "-":
         print(plan.text(record))
     emit_json(args.json, record)
