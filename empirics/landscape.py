@@ -82,7 +82,7 @@ class LandscapeConfig:
     dataset: str = H.shared("dataset")
     task: str = H.shared("task")
     classes: tuple[str, ...] | None = H.shared("classes")
-    models: tuple[str, ...] = H.shared("models", help="comma-separated: relu, attn")
+    models: tuple[str, ...] = H.shared("models")
     width: int = H.shared("width")
     seeds: tuple[int, ...] = H.shared("seeds")
     n_train: int = H.shared("n_train")

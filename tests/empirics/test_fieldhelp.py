@@ -16,8 +16,9 @@ from empirics.landscape import LandscapeConfig
 from empirics.malleability import MalleabilityConfig
 
 CONFIGS = (DistanceConfig, MalleabilityConfig, LandscapeConfig)
-#: Where a config's command line says more or less than the block: (config, field) -> its own help text.
-OWN_HELP = {(LandscapeConfig, "models"): "comma-separated: relu, attn"}
+#: Where a config's command line says more or less than the block: (config, field) -> its own help text (none today:
+#: the landscape's own "relu, attn" was stale, it takes every kind that trains W alone and refuses the rest).
+OWN_HELP: dict[tuple[type, str], str] = {}
 #: Each config's fields in order: the key order of `asdict(cfg)`, which the records and claims.json store. The
 #: shared fields sit among each config's own ones, which is why the block is a table and not a base class.
 ORDER = {
