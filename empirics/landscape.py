@@ -52,8 +52,8 @@ from empirics.common import (
 )
 from empirics.distance import KERNEL_PREDICTOR_ACC, kernel_predictor_accuracy
 from empirics.intervals import t_interval
+from empirics.kinds import PAPER_PAIR, kinds_where
 from empirics.kinds import kind as kind_of
-from empirics.kinds import kinds_where
 from empirics.losses import loss_fn, predict_labels
 from empirics.models import ModelSpec, TwoLayerNet, input_channels
 from empirics.records import device_info, library_versions
@@ -567,10 +567,11 @@ def landscape_verdict(result: dict[str, Any]) -> LandscapeJudgement:
     from empirics.protocols import GATE_TEXT
 
     models = result.get("models", {})
-    if "relu" not in models or "attn" not in models:
-        return LandscapeJudgement(LandscapeVerdict.NA.value, reason="needs both relu and attn")
-    relu = {r["seed"]: r for r in models["relu"]["runs"]}
-    attn = {r["seed"]: r for r in models["attn"]["runs"]}
+    treated, control = PAPER_PAIR
+    if control not in models or treated not in models:
+        return LandscapeJudgement(LandscapeVerdict.NA.value, reason=f"needs both {control} and {treated}")
+    relu = {r["seed"]: r for r in models[control]["runs"]}
+    attn = {r["seed"]: r for r in models[treated]["runs"]}
     seeds = sorted(set(relu) & set(attn))
     caveats = landscape_caveats(result)
     failed = [f"{r['model']} seed {r['seed']}: {r['gate']['reason']}" for r in (*relu.values(), *attn.values())
@@ -625,9 +626,10 @@ def landscape_caveats(result: dict[str, Any], min_train_acc: float = 0.5, max_co
             out.append(f"{kind}: the lowest training loss along the init-to-trained line lies past the trained "
                        f"weights for seeds {past} (a minimum all the same unless it is lower by more than "
                        f"{MINIMUM_TOL:.0%} of the initial loss)")
-    if "relu" in models and "attn" in models:
-        relu = {r["seed"]: r for r in models["relu"]["runs"]}
-        attn = {r["seed"]: r for r in models["attn"]["runs"]}
+    treated, control = PAPER_PAIR
+    if control in models and treated in models:
+        relu = {r["seed"]: r for r in models[control]["runs"]}
+        attn = {r["seed"]: r for r in models[treated]["runs"]}
         seeds = sorted(set(relu) & set(attn))
         fr = float(np.mean([relu[s]["feature_norm2"] for s in seeds])) if seeds else float("nan")
         fa = float(np.mean([attn[s]["feature_norm2"] for s in seeds])) if seeds else float("nan")

@@ -31,8 +31,8 @@ import numpy as np
 
 from empirics.common import spread
 from empirics.intervals import FIELLER_METHOD, LEVEL, T_METHOD, difference, fieller, t_interval
-from empirics.kinds import kind
-from empirics.vocab import PAPER_ATTACKS, Attack, Model, model_name
+from empirics.kinds import PAPER_PAIR, kind
+from empirics.vocab import PAPER_ATTACKS, Attack, model_name
 from ntkm.codec import Record, encode, optional
 from theory.paper import PAPER_ADV, PAPER_FLIP
 
@@ -49,8 +49,6 @@ SEED_METHOD = T_METHOD
 
 #: The two kinds a comparison reads, (treated, control): differences are treated - control, ratios treated / control.
 Pair = tuple[str, str]
-#: The paper's comparison, MLP-Attn against 2L-ReLU (what `summarise` compares unless given another pair).
-PAPER_PAIR: Pair = (Model.ATTN.value, Model.RELU.value)
 
 
 def paper_ratio_range(dataset: str, task: str) -> tuple[float, float] | None:

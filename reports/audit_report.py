@@ -14,6 +14,10 @@ from typing import Any
 from reports.render import image_data_uri, render_html
 from reports.text import eps_label
 
+#: The record's keys of the paper's two reference networks, (treated, control): `verify.audit` writes them from
+#: `empirics.kinds.PAPER_PAIR` (reports reads plain records and imports no experiment code).
+REFERENCE_KEYS = ("attn", "relu")
+
 
 def _flat_rows(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
     """Nested dicts as (dotted key, text) rows for the appendix tables."""
@@ -51,10 +55,11 @@ def report_context(result: dict[str, Any], figures: dict[str, str], realistic_re
         f"{_pct(user['worst_flip_rate'])} of them (worst attack: {worst}); random noise of the same size flips "
         f"{_pct(b['mean'])} ± {_pct(b['std'])}.",
     ]
-    if "relu" in models and "attn" in models:
+    treated, control = REFERENCE_KEYS
+    if control in models and treated in models:
         summary.append("On the same data the paper's reference networks flip "
-                       f"{_pct(models['relu']['worst_flip_rate'])} (2L-ReLU) and "
-                       f"{_pct(models['attn']['worst_flip_rate'])} (MLP-Attn).")
+                       f"{_pct(models[control]['worst_flip_rate'])} (2L-ReLU) and "
+                       f"{_pct(models[treated]['worst_flip_rate'])} (MLP-Attn).")
     else:
         summary.append(f"No reference networks were trained (--no-reference); the paper-reported scale "
                        f"{_pct(risk['relu_reference'])} (2L-ReLU) and {_pct(risk['attn_reference'])} (MLP-Attn) "

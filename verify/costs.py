@@ -83,7 +83,7 @@ def _net_key(cfg: Mapping[str, Any], kind: str, n: int, m: int, seed: int, epoch
     """What makes two units' networks the same training: data subset, model (the attention options only for the
     attention models), width, seed, training config."""
     tr = cfg.get("train", {})
-    model = (kind,) if kind == "relu" else (kind, bool(cfg.get("attn_centre", False)))
+    model = (kind, bool(cfg.get("attn_centre", False))) if KINDS[kind].has_context else (kind,)
     return (cfg.get("dataset", "mnist"), cfg.get("task", "10class"), n, cfg.get("n_test"), cfg.get("preprocess"),
             seed, *model, m, tr.get("protocol"), epochs, adv, cfg.get("device"))
 
@@ -218,6 +218,11 @@ CONSTANT_NAMES = ("step", "flop", "step_plateau_relu", "flop_plateau_relu", "ste
 QKV_DIM = 64
 
 
+def _family(kind: str) -> str:
+    """The constants a kind's training is priced with: the plain head's (`relu`) or an attention model's (`attn`)."""
+    return "attn" if KINDS[kind].has_context else "relu"
+
+
 def flops(kind: str, d: int, n: int, m: int) -> tuple[float, float]:
     """Multiply-adds of a forward pass per example and per batch: the hidden layer and the head; MLP-Attn's
     context product per example (d x d, or through the n training inputs where that is cheaper,
@@ -251,9 +256,8 @@ class Analytic:
         steps = math.ceil(n / BATCH)
         per_example, per_batch = flops(kind, d, n, m)
         if regime != "full" and steps == 1:
-            return (n * per_example + per_batch) * self.c.get(f"flop_fullbatch_{'relu' if kind == 'relu' else 'attn'}",
-                                                              0.0)
-        suffix = "" if regime == "full" else "_plateau_relu" if kind == "relu" else "_plateau_attn"
+            return (n * per_example + per_batch) * self.c.get(f"flop_fullbatch_{_family(kind)}", 0.0)
+        suffix = "" if regime == "full" else f"_plateau_{_family(kind)}"
         return steps * self.c[f"step{suffix}"] + (n * per_example + steps * per_batch) * self.c[f"flop{suffix}"]
 
     def kernel(self, d: int, n: int, m: int) -> float:

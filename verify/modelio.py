@@ -460,13 +460,15 @@ def _load_spec(weights: Path, spec: str | Path | None) -> tuple[dict[str, Any], 
 
 
 def _build_suite(tensors: dict[str, torch.Tensor], spec: dict[str, Any], path: Path) -> nn.Module:
+    from empirics.kinds import kind as kind_of
     from empirics.models import ModelSpec, build_model
 
     try:
         ms = ModelSpec(**spec)
     except TypeError as exc:
         raise UserInputError(f"spec for {path} has unknown or missing fields ({_first_line(exc)})") from None
-    dummy = torch.ones(1, ms.d) if ms.kind == "attn" or ms.preprocess != "raw" else None  # buffers come from the file
+    dummy = (torch.ones(1, ms.d) if kind_of(ms.kind).attention_options or ms.preprocess != "raw"
+             else None)  # buffers come from the file
     model = build_model(ms, dummy)
     try:
         model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)

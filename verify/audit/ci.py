@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from empirics.intervals import wilson
+from empirics.kinds import PAPER_PAIR
 from ntkm.codec import decode
 from ntkm.errors import UserInputError
 from ntkm.io import parse_json
@@ -188,13 +189,14 @@ def summary_markdown(rec: dict[str, Any]) -> str:
     rows = [("worst-case flip rate", f"{_pct(user['worst_flip_rate'])} ({user['worst_attack'].upper()}; 95 % "
              f"interval {_pct(lo)} to {_pct(hi)}, {k} attacked points)"),
             ("random noise of the same size", f"{_pct(user['baseline']['mean'])} ± {_pct(user['baseline']['std'])}")]
-    for key in ("relu", "attn"):
+    treated, control = PAPER_PAIR
+    for key in (control, treated):
         if key in models:
             m = models[key]
             gate = "" if m.get("gate", {}).get("passed", True) else ", below the adequacy gate: left out"
             rows.append((f"{m['label']} reference", f"{_pct(m['worst_flip_rate'])} (test accuracy "
                          f"{m['test_acc']:.2f}{gate})"))
-    if "relu" not in models:
+    if control not in models:
         rows.append(("references", f"paper-reported {_pct(risk['relu_reference'])} (2L-ReLU) / "
                      f"{_pct(risk['attn_reference'])} (MLP-Attn)"))
     rows.append(("your model's test accuracy", f"{user['test_acc']:.2f}"))

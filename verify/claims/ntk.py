@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from empirics.distance import GD_METRIC, DistanceRecord, slope_interval
+from empirics.kinds import PAPER_PAIR
 from empirics.protocols import GATE_TEXT
 from empirics.vocab import DATASETS, dataset_label
 from reports.text import fmt
@@ -81,7 +82,8 @@ def ntk_claim(ds: str, kind: str, claimed: str, unit: str | None = None) -> Call
     def evaluate(results: Results) -> Outcome:
         res: DistanceRecord = results[unit or units.ntk_distance(ds)]
         block = res.models[kind]
-        other_kind = "attn" if kind == "relu" else "relu"
+        treated, control = PAPER_PAIR
+        other_kind = treated if kind == control else control
         other = res.models.get(other_kind)
         cfg = res.config
         tcfg = cfg["train"]
