@@ -6,9 +6,8 @@ overhead and the Python loop dominate at the narrow widths. Jobs that agree on e
 scalars (n, width, head dimension, outputs, batch size, optimiser, decay, learning rate, weight decay, loss, epochs
 and recording cadence) form a group, trained as one stacked computation: `W` as an (S, m, d) tensor, batched matrix
 products with the gradient written out (the head is two products and a ReLU), and Adam applied to the whole stack
-in torch's fused Adam / AdamW kernel, the one `empirics.train.train` steps each network with (docs/DEVIATIONS.md
-D25; elementwise, so the update of each slice is the update its own optimiser would make); full-batch GD with the
-operations of torch's `SGD`. Each network keeps its own semantics: its features and data
+with the scalars of `torch.optim.Adam` / `AdamW` / `SGD` (same operations in the same order, elementwise, so the
+update of each slice is the update torch would make). Each network keeps its own semantics: its features and data
 subset, its generator and per-epoch batch order (`torch.randperm` from `torch.Generator().manual_seed(cfg.seed)`),
 its Adam moments, its learning rate (full-batch GD with `lr_from_ntk` steps each slice with its own), its loss
 history and plateau stopping: a network that stops leaves the stack (no more updates or steps) and its record is
@@ -184,7 +183,7 @@ class _Stack:
                 setattr(self, name, t.index_select(0, sel))
 
 
-def _train_group(nets: list[_Net], label: str) -> bool:
+def _train_group(nets: list[_Net], label: str, fused_adam: bool = False) -> bool:
     """Train the networks of one group together (see the module docstring); records are filled in place.
 
     False (nothing trained) when the stacked head does not reproduce each model's own `head` exactly: the model
@@ -218,7 +217,7 @@ def _train_group(nets: list[_Net], label: str) -> bool:
                 g_h = torch.bmm(_loss_grad(per_ex, out, yb) / st.scale, st.A.mT).where(h > 0, 0.0)
                 grad = torch.bmm(g_h.mT, xb)
                 step += 1
-                _update(st, grad, step)
+                (_update_fused if fused_adam and cfg0.optimizer == "adam" else _update)(st, grad, step)
             last = epoch == cfg0.epochs
             for net in st.nets:
                 net.rec.epochs_run = epoch
@@ -254,9 +253,7 @@ def _train_group(nets: list[_Net], label: str) -> bool:
 
 
 def _update(st: _Stack, grad: torch.Tensor, step: int) -> None:
-    """One optimiser step on the stack: torch's SGD operations for full-batch GD (each network its own rate), and for
-    Adam / AdamW torch's fused kernel on the whole stack, the kernel `empirics.train.train` steps each network with
-    (`torch.optim.Adam(fused=True)`; elementwise, so each slice gets the update its own optimiser would make)."""
+    """One optimiser step on the stack, with the operations of torch's single-tensor Adam / AdamW / SGD."""
     cfg = st.nets[0].cfg
     wd = cfg.weight_decay
     if cfg.optimizer == "gd":
@@ -265,9 +262,28 @@ def _update(st: _Stack, grad: torch.Tensor, step: int) -> None:
         for j, net in enumerate(st.nets):
             st.W[j].add_(grad[j], alpha=-net.lr)
         return
+    lr = st.nets[0].lr
+    if wd != 0:
+        if cfg.decay == "decoupled":
+            st.W.mul_(1 - lr * wd)
+        else:
+            grad = grad.add(st.W, alpha=wd)
+    st.m1.lerp_(grad, 1 - BETA1)
+    st.m2.mul_(BETA2).addcmul_(grad, grad, value=1 - BETA2)
+    step_size = lr / (1 - BETA1**step)
+    denom = (st.m2.sqrt() / (1 - BETA2**step) ** 0.5).add_(EPS)
+    st.W.addcdiv_(st.m1, denom, value=-step_size)
+
+
+def _update_fused(st: _Stack, grad: torch.Tensor, step: int) -> None:
+    """One Adam / AdamW step on the whole stack in torch's fused kernel (`torch.optim.Adam(fused=True)`'s): one pass
+    over W, the gradient and the two moments instead of about eight. Not bit-equal to the single-tensor
+    operations of `_update` (it rounds its intermediate terms differently, ~1 float32 ulp per step), so it is an
+    option measured by `benchmarks.engine`, not what the claims train with."""
+    cfg = st.nets[0].cfg
     adam = torch._fused_adamw_ if cfg.decay == "decoupled" else torch._fused_adam_
     adam([st.W], [grad], [st.m1], [st.m2], [], [torch.tensor(float(step))], lr=st.nets[0].lr, beta1=BETA1,
-         beta2=BETA2, weight_decay=wd, eps=EPS, amsgrad=False, maximize=False)
+         beta2=BETA2, weight_decay=cfg.weight_decay, eps=EPS, amsgrad=False, maximize=False)
 
 
 def _finish(net: _Net, wall_s: float) -> TrainRecord:
@@ -300,11 +316,12 @@ def fallbacks(jobs: Sequence[Sequence[Any]]) -> list[tuple[int, str]]:
     return [(i, r) for i, job in enumerate(jobs) if (r := fallback_reason(job)) is not None]
 
 
-def train_many(jobs: Sequence[Sequence[Any]], label: str = "engine") -> list[TrainRecord]:
+def train_many(jobs: Sequence[Sequence[Any]], label: str = "engine", fused_adam: bool = False) -> list[TrainRecord]:
     """Train every job (the arguments of `empirics.train.train`, label optional) in place; the records in order.
 
     Supported jobs are grouped and trained stacked; the rest go through `train` one by one. A record's `wall_s` is
-    its group's training time divided by the group's size (the networks were trained together).
+    its group's training time divided by the group's size (the networks were trained together). `fused_adam`
+    steps Adam in torch's fused kernel (`_update_fused`: faster, equal to float32 rounding, not bit-equal).
     """
     records: list[TrainRecord | None] = [None] * len(jobs)
     fallback = {i for i, _ in fallbacks(jobs)}
@@ -318,7 +335,7 @@ def train_many(jobs: Sequence[Sequence[Any]], label: str = "engine") -> list[Tra
         for chunk in _chunks(group):
             t0 = time.perf_counter()
             m = chunk[0].model.spec.width
-            if not _train_group(chunk, f"{label} {len(chunk)} x m={m}"):
+            if not _train_group(chunk, f"{label} {len(chunk)} x m={m}", fused_adam):
                 for net in chunk:
                     records[net.index] = train(*jobs[net.index])
                 continue

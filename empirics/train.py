@@ -151,14 +151,6 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((predict_labels(model(x)) == y).float().mean()) if len(y) else float("nan")
 
 
-def fused_adam_ok(params: list[torch.Tensor]) -> bool:
-    """Whether torch's fused Adam/AdamW kernel takes these parameters (floating point on CPU or CUDA). The suite's
-    trainings step Adam with it (docs/DEVIATIONS.md D25): one pass over a parameter, its gradient and the two
-    moments instead of about eight single-tensor operations, the same update up to float32 rounding; the batched
-    engine (`empirics.engine`) steps its stacks with the same kernel, so the two paths stay equal."""
-    return bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-
-
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
           x_test: torch.Tensor | None = None, y_test: torch.Tensor | None = None,
           label: str = "training") -> TrainRecord:
@@ -183,7 +175,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
         lr = cfg.lr * gd_learning_rate(model, x)
     if cfg.optimizer == "adam":
         opt_cls = torch.optim.AdamW if cfg.decay == "decoupled" else torch.optim.Adam
-        opt = opt_cls(params, lr=lr, weight_decay=cfg.weight_decay, fused=fused_adam_ok(params))
+        opt = opt_cls(params, lr=lr, weight_decay=cfg.weight_decay)
         batch = cfg.batch_size
     else:
         opt = torch.optim.SGD(params, lr=lr, weight_decay=cfg.weight_decay)

@@ -11,7 +11,6 @@ import pytest
 import torch
 from tolerances import F32_ACCUMULATED, F32_REORDER, F32_ROUNDING
 
-from empirics import train as train_module
 from empirics.common import dataset_tensors
 from empirics.datasets import load_dataset
 from empirics.engine import SUPPORTED_FIELDS, fallback_reason, fallbacks, gemm_flops, train_many
@@ -241,31 +240,20 @@ def test_retraining_study_is_the_same_with_its_refits_trained_together(model, mo
 
 
 @pytest.mark.parametrize("protocol", ["paper", "width-consistent", "decoupled"])
-def test_fused_adam_agrees_with_the_single_tensor_adam_it_replaced(subsets, protocol, monkeypatch):
-    """Both paths step Adam in torch's fused kernel (D25). Against the single-tensor operations they replaced (the
-    loop with `fused=False`), the networks agree to float32 rounding accumulated over the window, in norm (a 1-ulp
-    difference of one step moves single entries of a ReLU network further: measured up to 4e-4 on entries of size
-    1), and stop at the same epochs."""
+def test_fused_adam_option_equals_the_loop_with_torchs_fused_adam(subsets, protocol, monkeypatch):
+    """`train_many(..., fused_adam=True)` steps the stack in torch's fused Adam/AdamW kernel: the loop whose
+    optimisers are `torch.optim.Adam(fused=True)` gives the same networks (to float32 reordering), and the
+    single-tensor loop the same to float32 rounding accumulated over the window (in norm: a 1-ulp difference of
+    one step moves single entries of a ReLU network further, measured up to 4e-4 absolute on entries of size 1)."""
     jobs = _jobs(subsets, protocol, epochs=20)
-    ours = _copy(jobs)
-    got = train_many(ours)
-    assert all(p.grad is None for j in ours for p in j[0].parameters())
-    monkeypatch.setattr(train_module, "fused_adam_ok", lambda params: False)
-    single = [train(*j) for j in jobs]
-    for a, b in zip(jobs, ours, strict=True):
-        assert float((a[0].W - b[0].W).detach().norm() / a[0].W.detach().norm()) < F32_ACCUMULATED
-    assert [r.epochs_run for r in single] == [r.epochs_run for r in got]
-
-
-def test_the_loop_steps_adam_in_the_fused_kernel(subsets, monkeypatch):
-    """`train` builds its Adam / AdamW with `fused=True` (what the engine's update reproduces)."""
-    seen = []
-    real = torch.optim.Adam.__init__
-
-    def spy(self, params, **kw):
-        seen.append(kw.get("fused"))
-        real(self, params, **kw)
-
-    monkeypatch.setattr(torch.optim.Adam, "__init__", spy)
-    train(*_jobs(subsets, "paper", widths=(16,), epochs=1)[0])
-    assert seen == [True]
+    fused_ours, plain = _copy(jobs), _copy(jobs)
+    got = train_many(fused_ours, fused_adam=True)
+    loop_plain = [train(*j) for j in plain]
+    for cls in (torch.optim.Adam, torch.optim.AdamW):
+        monkeypatch.setattr(torch.optim, cls.__name__, type(cls.__name__, (cls,), {
+            "__init__": lambda self, params, _c=cls, **kw: _c.__init__(self, params, fused=True, **kw)}))
+    loop_fused = [train(*j) for j in jobs]
+    _assert_same(jobs, loop_fused, fused_ours, got)
+    for a, b in zip(plain, fused_ours, strict=True):
+        assert float((a[0].W - b[0].W).norm() / a[0].W.norm()) < F32_ACCUMULATED
+    assert [r.epochs_run for r in loop_plain] == [r.epochs_run for r in got]
