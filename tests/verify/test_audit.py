@@ -456,7 +456,7 @@ def test_model_gate_against_chance_and_the_majority_label(acc, labels, out_dim, 
 
 
 def test_sharpness_by_finite_differences_matches_double_backward():
-    from verify.audit.measure import top_hessian
+    from verify.audit.sharpness import top_hessian
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3)).double()

@@ -1,11 +1,11 @@
-"""`verify.audit.measure.hessian_subset`: the sharpness subsample rule (all points for small models, a seeded
+"""`verify.audit.sharpness.hessian_subset`: the sharpness subsample rule (all points for small models, a seeded
 subsample of HESSIAN_VALUES / parameters for large ones, `--hessian-points` when given)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from verify.audit.measure import HESSIAN_MIN_POINTS, HESSIAN_VALUES, hessian_subset
+from verify.audit.sharpness import HESSIAN_MIN_POINTS, HESSIAN_VALUES, hessian_subset
 
 
 def test_small_models_keep_every_point():
