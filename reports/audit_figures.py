@@ -92,6 +92,7 @@ def influence_panels(result: dict[str, Any], path: str | Path) -> Path:
     user = result["models"]["user"]
     total = np.asarray(user["influence_total"], dtype=float)
     gn = np.asarray(user["gn_total"], dtype=float)
+    before = np.asarray(user.get("estimator_total", user["influence_total"]), dtype=float)
     worst = user["worst_attack"]
     after = np.asarray(user["attacks"][worst]["new_total"], dtype=float)
     sel = np.asarray(user["selected"], dtype=int)
@@ -106,14 +107,14 @@ def influence_panels(result: dict[str, Any], path: str | Path) -> Path:
     ax.set_ylabel("Gauss-Newton influence")
     ax.set_title(f"(a) two influence estimates, Spearman {user['rho_ntk_gn']:.2f}", fontsize=8.5)
     ax = axes[1]
-    rest = np.setdiff1d(np.arange(len(total)), sel)
-    ax.scatter(total[rest], after[rest], s=5, color="#aaaaaa", lw=0, label="other points")
-    ax.scatter(total[sel][~flipped], after[sel][~flipped], s=9, color="#1f77b4", lw=0, label="top, same sign")
-    ax.scatter(total[sel][flipped], after[sel][flipped], s=12, color="#d62728", lw=0, label="top, sign flipped")
-    _signed_log_axes(ax, total, after)
+    rest = np.setdiff1d(np.arange(len(before)), sel)
+    ax.scatter(before[rest], after[rest], s=5, color="#aaaaaa", lw=0, label="other points")
+    ax.scatter(before[sel][~flipped], after[sel][~flipped], s=9, color="#1f77b4", lw=0, label="top, same sign")
+    ax.scatter(before[sel][flipped], after[sel][flipped], s=12, color="#d62728", lw=0, label="top, sign flipped")
+    _signed_log_axes(ax, before, after)
     ax.axhline(0, color="#999", lw=0.6)
     ax.axvline(0, color="#999", lw=0.6)
-    ax.set_xlabel("influence before")
+    ax.set_xlabel(f"{user.get('estimator_label', 'NTK leave-one-out')} influence before")
     ax.set_ylabel(f"influence after {ATTACK_LABELS.get(worst, worst)}")
     ax.set_title(f"(b) before vs after {ATTACK_LABELS.get(worst, worst)}, rho {user['worst_rho_all']:.2f}",
                  fontsize=8.5)
@@ -139,7 +140,7 @@ def levers(result: dict[str, Any], path: str | Path, per_row: int = 6) -> Path:
     shape = result["data"]["image_shape"]
     worst = ATTACK_LABELS.get(result["models"]["user"]["worst_attack"], "attack")
     if not shape or len(shape) != 3 or not items:
-        return _lever_bars(items, path)
+        return _lever_bars(items, path, result["models"]["user"].get("estimator_label", "NTK leave-one-out"))
     blocks = math.ceil(len(items) / per_row)
     fig, axes = plt.subplots(2 * blocks, per_row, figsize=(7.2, 2.55 * blocks), squeeze=False)
     for ax in axes.ravel():
@@ -158,7 +159,7 @@ def levers(result: dict[str, Any], path: str | Path, per_row: int = 6) -> Path:
     return save_figure(fig, path)
 
 
-def _lever_bars(items: list[dict[str, Any]], path: str | Path) -> Path:
+def _lever_bars(items: list[dict[str, Any]], path: str | Path, estimator: str = "NTK leave-one-out") -> Path:
     fig, ax = plt.subplots(figsize=(7.0, 0.25 * max(4, len(items)) + 0.8))
     labels = [f"#{it['index']} ({it['class']})" for it in items]
     vals = [it["influence"] for it in items]
@@ -167,7 +168,7 @@ def _lever_bars(items: list[dict[str, Any]], path: str | Path) -> Path:
     ax.set_yticks(np.arange(len(items)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.axvline(0, color="#999", lw=0.6)
-    ax.set_xlabel("NTK leave-one-out influence (red: sign flipped by an attack)")
+    ax.set_xlabel(f"{estimator} influence (red: sign flipped by an attack)")
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -268,7 +269,7 @@ def validity(panel: dict[str, Any], path: str | Path) -> Path:
                    label=f"{'top' if arm == 'top' else 'random'} {r['k']} left out")
     noise = panel["noise"]["sd"]
     ax.axhspan(-2 * noise, 2 * noise, color="#bbbbbb", alpha=0.35, lw=0, label="re-fit noise (±2 sd)")
-    ax.set_xlabel("predicted change (NTK influence, squared error)")
+    ax.set_xlabel(f"predicted change ({panel.get('lead_label', 'NTK leave-one-out')} influence)")
     ax.set_ylabel("actual change after re-fit\n(mean test loss)")
     ax.legend(fontsize=6, frameon=False)
     ax = axes[1]

@@ -51,13 +51,13 @@ def report_context(result: dict[str, Any], figures: dict[str, str], realistic_re
     summary = [
         f"Perturbing the {k} training examples with the largest influence ({_pct(cfg['tau'])} of "
         f"{result['data']['n_train']}) by at most ±{eps_label(cfg['eps'])} per pixel flipped the sign of the "
-        "influence of "
+        f"influence ({user.get('estimator_label', 'NTK leave-one-out')}) of "
         f"{_pct(user['worst_flip_rate'])} of them (worst attack: {worst}); random noise of the same size flips "
         f"{_pct(b['mean'])} ± {_pct(b['std'])}.",
     ]
     treated, control = REFERENCE_KEYS
     if control in models and treated in models:
-        summary.append("On the same data the paper's reference networks flip "
+        summary.append("On the same data, ranked by the same estimator, the paper's reference networks flip "
                        f"{_pct(models[control]['worst_flip_rate'])} (2L-ReLU) and "
                        f"{_pct(models[treated]['worst_flip_rate'])} (MLP-Attn).")
     else:
@@ -75,8 +75,9 @@ def report_context(result: dict[str, Any], figures: dict[str, str], realistic_re
         summary.append(f"Influence is {str(val['verdict']).upper()} for this model when checked against re-fitting it "
                        f"({val.get('reason', '')}).")
         if val["verdict"] != "trustworthy":
-            summary.append("So the flip rates above describe how malleable the kernel predictor's ranking is; they are "
-                           "not a validated prediction of what re-fitting your model on altered data would do.")
+            summary.append(f"So the flip rates above describe how malleable the ranking by "
+                           f"{user.get('estimator_label', 'NTK leave-one-out')} influence is; they are not a validated "
+                           "prediction of what re-fitting your model on altered data would do.")
     bud = panels.get("budget", {})
     if bud.get("by_eps"):
         summary.append(f"Breaking budget (the attack first exceeds random noise): {bud['breaking_label']}.")
@@ -131,7 +132,7 @@ def lds_rows(val: dict[str, Any]) -> list[dict[str, Any]]:
     scores = val.get("lds") or {}
     best = val.get("best")
     order = ([best] if best in scores else []) + [k for k in scores if k != best]
-    rows = [{"label": {"ntk": "NTK leave-one-out", "gn": "Gauss-Newton"}.get(k, k), **scores[k]} for k in order]
+    rows = [{"label": k, **scores[k], "lead": k == val.get("lead")} for k in order]
     return rows + [{"label": k, **r, "unscored": True} for k, r in (val.get("unscored") or {}).items()]
 
 

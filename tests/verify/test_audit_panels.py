@@ -98,8 +98,9 @@ def _influences(net: nn.Module, x, y, xt, yt, out_dim):
     return jac, inf, gn, acc
 
 
-@pytest.mark.parametrize("fit, verdict", [("ridge_fit", "trustworthy"), ("chaotic_fit", "fragile")])
-def test_validity_verdict_follows_whether_influence_can_predict_the_fit(fit, verdict, mnist, tmp_path):
+def _binary_fit(mnist, tmp_path, fit: str) -> tuple[Refitter, Tensors, object, np.ndarray, tuple, AuditConfig]:
+    """A binary MNIST problem re-fitted by one of `FITS`: the re-fitter, the data, the saved fit's NTK and
+    Gauss-Newton influence and accuracies, and the validity panel's settings."""
     path = Path(tmp_path) / "fits.py"
     path.write_text(FITS)
     x, y = _binary(mnist.x_train, mnist.y_train, 80)
@@ -108,8 +109,14 @@ def test_validity_verdict_follows_whether_influence_can_predict_the_fit(fit, ver
     with refit.fitted(x, y, 0) as saved:
         _, inf, gn, acc = _influences(saved, x, y, xt, yt, 1)
     cfg = AuditConfig("model", "train", tau=0.1, lds_subsets=12, lds_fraction=0.1, refit_seeds=3, seed=0)
+    return refit, Tensors(x, y, xt, yt, 1), inf, gn, acc, cfg
+
+
+@pytest.mark.parametrize("fit, verdict", [("ridge_fit", "trustworthy"), ("chaotic_fit", "fragile")])
+def test_validity_verdict_follows_whether_influence_can_predict_the_fit(fit, verdict, mnist, tmp_path):
+    refit, data, inf, gn, acc, cfg = _binary_fit(mnist, tmp_path, fit)
     est = Estimates(inf.per_test, gn, {"again": inf.per_test.copy(), "negated": -inf.per_test})
-    v = validity_panel(refit, Tensors(x, y, xt, yt, 1), est, acc, cfg)
+    v = validity_panel(refit, data, est, acc, cfg)
     assert v["control"]["passed"], v["control"]
     for key in ("value", "lo", "hi", "fraction", "fraction_lo", "fraction_hi"):  # scored on the same re-fits
         assert v["lds"]["again"][key] == v["lds"]["ntk"][key]
@@ -121,6 +128,26 @@ def test_validity_verdict_follows_whether_influence_can_predict_the_fit(fit, ver
         assert v["lds"]["ntk"]["lo"] > 0.5 and v["lds"]["ntk"]["fraction_lo"] >= v["fraction_min"]
     else:
         assert v["lds"]["ntk"]["lo"] < 0.2 and v["lds"]["ntk"]["fraction_hi"] < v["fraction_min"]
+
+
+
+def test_lead_estimator_is_the_best_validating_of_the_audits_own(mnist, tmp_path):
+    """With NTK influence negated (useless) and Gauss-Newton the good one, the panel leads with Gauss-Newton: the
+    verdict and the lever removal are about it; a library estimator as good as it is scored but never the lead (its
+    scores cannot be recomputed on perturbed sets)."""
+    refit, data, inf, _, acc, cfg = _binary_fit(mnist, tmp_path, "ridge_fit")
+    good = inf.per_test
+    est = Estimates(-good, 0.5 * good, {"ef": -0.5 * good, "library": good + 1e-3 * np.sign(good)})
+    v = validity_panel(refit, data, est, acc, cfg)
+    assert v["lead"] == "gn" and v["lead_label"] == "Gauss-Newton"
+    assert v["verdict"] == "trustworthy" and "Gauss-Newton" in v["reason"], v["reason"]
+    k = v["removal"]["top"]["k"]
+    top = np.argsort(-good.sum(axis=1), kind="stable")[:k]
+    assert v["removal"]["top"]["predicted"] == pytest.approx(0.5 * good[top].sum() / len(data.x_test))
+    assert v["lds"]["ntk"]["value"] == pytest.approx(-v["lds"]["gn"]["value"])
+    assert v["lds"]["library"]["validated"]
+    flipped = validity_panel(refit, data, Estimates(good, -good, {"ef": -good}), acc, cfg)
+    assert flipped["lead"] == "ntk"
 
 
 def _mlp(x: torch.Tensor, y: torch.Tensor) -> nn.Module:
@@ -200,13 +227,13 @@ def test_re_fits_that_diverge_make_validity_not_measurable():
     reps = np.stack([pred + rng.normal(size=pred.shape), pred + rng.normal(size=pred.shape)])
     scores, ceiling = score_estimators({"ntk": pred}, reps, n_boot=50)
     gate = {"passed": True, "reason": "passed"}
-    finite, _ = _verdict(gate, scores, ceiling, True)
+    finite, _ = _verdict(gate, scores, ceiling, (True, "ntk"))
     assert finite != NOT_MEASURABLE
-    verdict, why = _verdict(gate, scores, ceiling, True, nonfinite=3)
+    verdict, why = _verdict(gate, scores, ceiling, (True, "ntk"), nonfinite=3)
     assert verdict == NOT_MEASURABLE and "3 re-fitted test loss(es) are NaN or infinite" in why
     reps[0, 0, 0] = np.nan
     scores, ceiling = score_estimators({"ntk": np.full_like(pred, np.nan)}, reps, n_boot=50)
-    assert _verdict(gate, scores, ceiling, True)[0] == NOT_MEASURABLE
+    assert _verdict(gate, scores, ceiling, (True, "ntk"))[0] == NOT_MEASURABLE
 
 
 def test_warm_start_control_that_teaches_an_untrained_model_fails(mnist):

@@ -203,14 +203,16 @@ def summary_markdown(rec: dict[str, Any]) -> str:
     panels = rec.get("panels", {})
     val = panels.get("validity", {})
     if val.get("verdict"):
-        lds = val.get("lds", {}).get("ntk")
+        lead = val.get("lead", "ntk")
+        lds = val.get("lds", {}).get(lead)
         ceil = val.get("ceiling", {})
         of_ceiling = (f"; {lds['fraction']:.2f} [{lds['fraction_lo']:.2f}, {lds['fraction_hi']:.2f}] of the noise "
                       f"ceiling {ceil['value']:.2f}") if lds and "fraction" in lds and ceil else ""
-        extra = f" (LDS {lds['value']:.2f} [{lds['lo']:.2f}, {lds['hi']:.2f}]{of_ceiling})" if lds else ""
+        extra = (f" ({lds.get('label', lead)}, the lead estimator: LDS {lds['value']:.2f} [{lds['lo']:.2f}, "
+                 f"{lds['hi']:.2f}]{of_ceiling})") if lds else ""
         rows.append(("influence against re-fits", f"{val['verdict']}{extra}"))
         best = val.get("lds", {}).get(val.get("best"))
-        if best and val.get("best") != "ntk" and "fraction" in best:
+        if best and val.get("best") != lead and "fraction" in best:
             rows.append(("best estimator against re-fits", f"{best.get('label', val['best'])}: LDS {best['value']:.2f} "
                          f"[{best['lo']:.2f}, {best['hi']:.2f}]; {best['fraction']:.2f} [{best['fraction_lo']:.2f}, "
                          f"{best['fraction_hi']:.2f}] of the ceiling"))
@@ -266,9 +268,11 @@ def _quantities(rec: dict[str, Any]) -> dict[str, tuple[Any, float, float] | str
     val = panels.get("validity", {})
     if val.get("verdict"):
         q["validity verdict"] = str(val["verdict"])
-        lds = val.get("lds", {}).get("ntk")
+        lead = val.get("lead", "ntk")
+        lds = val.get("lds", {}).get(lead)
         if isinstance(lds, dict):
-            q["validity: LDS (NTK influence)"] = (lds["value"], lds["lo"], lds["hi"])
+            q["validity: LDS (NTK influence)" if lead == "ntk" else
+              f"validity: LDS ({lds.get('label', lead)}, the lead estimator)"] = (lds["value"], lds["lo"], lds["hi"])
     bud = panels.get("budget", {})
     if bud.get("breaking_label"):
         q["breaking budget"] = str(bud["breaking_label"])

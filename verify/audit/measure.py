@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -138,22 +138,71 @@ def _seed(base: int, name: str, k: int = 0) -> int:
     return 1_000_003 * base + 10_007 * ATTACKS.index(name) + k
 
 
+#: The estimators the flip-rate protocol can rank by, with their labels: each is recomputed on a perturbed training set
+#: from the kernel rows of the perturbed points and the model's loss residuals there. The attribution libraries'
+#: scores are validated beside them but would need their factors fitted again for every perturbed set, so they do not
+#: drive the flip rates.
+FLIP_ESTIMATORS = {"ntk": "NTK leave-one-out", "gn": "Gauss-Newton", "ef": "empirical Fisher (exact, dual)"}
+
 #: `probe(chosen, attack, eps, seed)`: attack the training points `chosen` and return the comparison of influence
 #: before and after (`empirics.malleability.compare`) with the influence on the perturbed set.
 Probe = Callable[[np.ndarray, str, float, int], tuple[dict[str, Any], InfluenceResult]]
 
 
 @dataclass(frozen=True)
+class Estimated:
+    """One network's kernel and its influence estimates on the clean data (`estimate_network`): the kernels, the
+    targets, NTK leave-one-out influence (`clean`, whose predictions and losses every estimator's result shares), each
+    estimator's per-test influence (training x test points, by `FLIP_ESTIMATORS` name), the loss residuals and ridges
+    the Gauss-Newton and empirical-Fisher solves use, the model's accuracies, and the seconds and peak memory of each
+    step."""
+
+    K: np.ndarray
+    Kst: np.ndarray
+    Y: np.ndarray
+    Yt: np.ndarray
+    clean: InfluenceResult
+    per_test: dict[str, np.ndarray]
+    r_train: np.ndarray
+    r_test: np.ndarray
+    ef_ridge: float
+    accuracy: tuple[float, float]
+    seconds: dict[str, float]
+    times: dict[str, float]
+    peak: dict[str, float]
+
+    def result(self, name: str) -> InfluenceResult:
+        """The clean influence of estimator `name` (NTK leave-one-out's predictions and losses)."""
+        if name == "ntk":
+            return self.clean
+        per = self.per_test[name]
+        return replace(self.clean, per_test=per, total=per.sum(axis=1))
+
+    def perturbed(self, name: str, K2: np.ndarray, Kst2: np.ndarray, yt: np.ndarray,
+                  r_train: Callable[[], np.ndarray]) -> InfluenceResult:
+        """Estimator `name`'s influence on a perturbed training set with kernels `K2`, `Kst2` and (for Gauss-Newton
+        and empirical Fisher) loss residuals `r_train()`, at the clean data's ridges."""
+        new = influence_from_kernels(K2, Kst2, self.Y, self.Yt, yt, ridge=self.clean.ridge)
+        if name == "ntk":
+            return new
+        r2 = r_train()
+        if name == "gn":
+            per = gn_influence_mean(K2, Kst2, r2, self.r_test, self.clean.ridge)
+        else:
+            per = ef_influence(*ef_grams_mean(K2, Kst2, r2, self.r_test), self.ef_ridge)
+        return replace(new, per_test=per, total=per.sum(axis=1))
+
+
+@dataclass(frozen=True)
 class NetworkContext:
     """What the budget curves and the re-fit panels need of one measured network beyond its JSON record: the
-    probe that attacks any chosen points, the clean influence, the per-test Gauss-Newton and empirical-Fisher
-    influence, and the seconds each estimator took."""
+    probe that attacks any chosen points, the clean influence of the estimator the flip rates rank by
+    (`estimator`), and the estimates it came from."""
 
     probe: Probe
     clean: InfluenceResult
-    gn_per_test: np.ndarray
-    ef_per_test: np.ndarray
-    estimator_seconds: dict[str, float]
+    estimator: str
+    estimated: Estimated
 
 
 @dataclass(frozen=True)
@@ -168,10 +217,9 @@ class Network:
     width: int
 
 
-def measure_network(net: Network, t: Tensors, cfg: AuditConfig) -> tuple[dict[str, Any], NetworkContext]:
-    """Every audit measurement for one network (see the module docstring) on the data `t`: its JSON-ready record,
-    and the context the panels work from."""
-    label, model, provider, n_params, width = net.label, net.model, net.provider, net.n_params, net.width
+def estimate_network(net: Network, t: Tensors, cfg: AuditConfig) -> Estimated:
+    """The empirical NTK of `net` on the data `t` and the three influence estimates from it (module docstring)."""
+    label, model, provider = net.label, net.model, net.provider
     times: dict[str, float] = {}
     peak: dict[str, float] = {}
     x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
@@ -198,20 +246,53 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig) -> tuple[dict[st
     ef_ridge = EF_RIDGE_REL * float(np.trace(S)) / len(S)
     ef_per_test = ef_influence(S, St, ef_ridge) if ef_ridge > 0 else np.full_like(gn_per_test, np.nan)
     est_s["ef"] = times["kernel"] + time.perf_counter() - tic_ef
-    gn = gn_per_test.sum(axis=1)
     times["influence"] = time.perf_counter() - tic
     peak["influence"] = peak_rss_gib()
+    with torch.no_grad():
+        acc = (float((predict_labels(out_tr) == y).double().mean()),
+               float((predict_labels(out_te) == yt).double().mean()))
+    return Estimated(K, Kst, Y, Yt, clean, {"ntk": clean.per_test, "gn": gn_per_test, "ef": ef_per_test}, r_tr, r_te,
+                     ef_ridge, acc, est_s, times, peak)
+
+
+def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str = "ntk",
+                    est: Estimated | None = None) -> tuple[dict[str, Any], NetworkContext]:
+    """Every audit measurement for one network (see the module docstring) on the data `t`, the flip rates ranking by
+    `estimator` (a `FLIP_ESTIMATORS` name; the audit passes the one its validity panel found best): its JSON-ready
+    record, and the context the panels work from. `est`: the network's estimates when already made."""
+    if estimator not in FLIP_ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; one of {', '.join(FLIP_ESTIMATORS)}")
+    est = est if est is not None else estimate_network(net, t, cfg)
+    label, model, provider, n_params, width = net.label, net.model, net.provider, net.n_params, net.width
+    times, peak = dict(est.times), dict(est.peak)
+    x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
+    yt_np = yt.numpy()
+    ntk = est.clean
+    clean = est.result(estimator)
+    gn = est.per_test["gn"].sum(axis=1)
     n = len(x)
     k = n_top(cfg.tau, n)
     sel = top_by_abs(clean.total, k)
+    whole = isinstance(provider, SuiteKernels)
 
     def probe(chosen: np.ndarray, name: str, eps: float, seed: int) -> tuple[dict[str, Any], InfluenceResult,
                                                                         torch.Tensor]:
         ct = torch.as_tensor(chosen)
         x_adv = attack(model, x[ct], y[ct], AttackConfig(name, eps, steps=cfg.steps, seed=seed))
         x_new = x.index_copy(0, ct, x_adv)
-        K2, Kst2 = provider.perturbed(x_new, chosen, K, Kst, xt)
-        new = influence_from_kernels(K2, Kst2, Y, Yt, yt.numpy(), ridge=lam)
+        K2, Kst2 = provider.perturbed(x_new, chosen, est.K, est.Kst, xt)
+
+        def residuals() -> np.ndarray:
+            """The loss residuals on the perturbed set: all recomputed for the suite's networks (MLP-Attn's
+            context moves every output), only the perturbed points' for a user model."""
+            with torch.no_grad():
+                if whole:
+                    return loss_residuals(model(x_new), y)
+                r2 = est.r_train.copy()
+                r2[chosen] = loss_residuals(model(x_adv), y[ct])
+                return r2
+
+        new = est.perturbed(estimator, K2, Kst2, yt_np, residuals)
         m = compare(clean, new, chosen)
         m["max_abs_perturbation"] = float((x_new - x).abs().max())
         return m, new, x_adv
@@ -223,7 +304,8 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig) -> tuple[dict[st
     attacks: dict[str, Any] = {}
     adv_pixels: dict[str, torch.Tensor] = {}
     for name in cfg.attacks:
-        log(f"audit: {label}: {name.upper()} on the top {k} points, eps={eps_label(cfg.eps)}")
+        log(f"audit: {label}: {name.upper()} on the top {k} points by {FLIP_ESTIMATORS[estimator]} influence, "
+            f"eps={eps_label(cfg.eps)}")
         m, new, x_adv = trial(name, _seed(cfg.seed, name))
         m["new_total"] = new.total.tolist()
         attacks[name] = m
@@ -245,16 +327,16 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig) -> tuple[dict[st
     times["sharpness"] = time.perf_counter() - tic
     peak["sharpness"] = peak_rss_gib()
     worst = max(cfg.attacks, key=lambda a: attacks[a]["flip_rate"])
-    with torch.no_grad():
-        acc_tr = float((predict_labels(out_tr) == y).double().mean())
-        acc_te = float((predict_labels(out_te) == yt).double().mean())
+    acc_tr, acc_te = est.accuracy
     record = {
         "label": label, "parameters": int(n_params), "width": int(width), "kernel_method": provider.method,
         "train_acc": acc_tr, "test_acc": acc_te,
-        "kernel_test_acc": clean.test_acc, "kernel_test_loss": clean.test_loss, "ridge": lam,
-        "influence_total": clean.total.tolist(), "gn_total": gn.tolist(),
-        "rho_ntk_gn": spearman(clean.total, gn),
-        "sign_agreement_ntk_gn": float(np.mean(np.sign(clean.total) == np.sign(gn))),
+        "kernel_test_acc": ntk.test_acc, "kernel_test_loss": ntk.test_loss, "ridge": ntk.ridge,
+        "estimator": estimator, "estimator_label": FLIP_ESTIMATORS[estimator],
+        "estimator_total": clean.total.tolist(),
+        "influence_total": ntk.total.tolist(), "gn_total": gn.tolist(),
+        "rho_ntk_gn": spearman(ntk.total, gn),
+        "sign_agreement_ntk_gn": float(np.mean(np.sign(ntk.total) == np.sign(gn))),
         "positive_fraction": float(np.mean(clean.total > 0)),
         "selected": sel.tolist(), "n_selected": int(k),
         "attacks": attacks,
@@ -264,8 +346,8 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig) -> tuple[dict[st
                      "rho_all_mean": float(np.nanmean([b["rho_all"] for b in base]))},
         "worst_attack": worst, "worst_flip_rate": float(attacks[worst]["flip_rate"]),
         "worst_rho_all": float(attacks[worst]["rho_all"]),
-        "ntk": ntk_spectrum(K),
+        "ntk": ntk_spectrum(est.K),
         "sharpness": sharp,
         "timings": times, "peak_rss_gib_after": peak,
     }
-    return record, NetworkContext(lambda c, a, e, s: probe(c, a, e, s)[:2], clean, gn_per_test, ef_per_test, est_s)
+    return record, NetworkContext(lambda c, a, e, s: probe(c, a, e, s)[:2], clean, estimator, est)

@@ -7,21 +7,23 @@ settings in `verify.audit.config`, the measurements on one network in `verify.au
 
 1. Load the model safely (`verify.modelio`) and the training / test data; bind the model to the data's
    input shape; validate labels against the model's outputs.
-2. For the user's model, and for the paper's two reference networks (2L-ReLU and MLP-Attn, width
-   `ref_width`, trained by the suite on the same data, `--no-reference` skips them), measure the empirical
-   NTK, NTK and Gauss-Newton influence, the flip-rate protocol against a random-noise baseline, and
-   sharpness (`verify.audit.measure.measure_network`); and the kernel-regime diagnostics: kappa of the
-   data Gram matrix and of the empirical NTK, the v1 / v2 width bounds of Thm 4.7, each model's width
-   (its widest layer) and parameter count.
-3. The risk level (`verify.audit.risk`; issued only for a model that beats chance on the test data and whose
-   influence the validity panel finds trustworthy, else "not measurable" or "not validated"), the lever
-   examples (the top-|influence| training points, with which attacks flipped them), and the report
-   (`reports/templates/audit.html`).
-4. The panels (`--skip` leaves any out): budget curves (`verify.audit.budget`); and, re-fitting the user's
-   model (`verify.audit.refit`: warm start from the saved weights, or the user's `--train-fn`), the
-   validity panel (`verify.audit.validity`), the outcome table and the planted-poison self-test
-   (`verify.audit.outcome`). The references are trained with the width-consistent protocol to a plateau
-   and judged by the adequacy gate (`empirics.protocols`); one below the gate is left out of the scale.
+2. Your model's empirical NTK and three influence estimates from it: NTK leave-one-out, Gauss-Newton and
+   empirical Fisher (`verify.audit.measure.estimate_network`).
+3. The validity panel (`verify.audit.validity`; re-fitting your model, `verify.audit.refit`: warm start from the
+   saved weights, or your `--train-fn`): the three and the attribution libraries scored against re-fits; the one
+   of the three that validates best is the *lead estimator* (NTK leave-one-out when the panel does not run).
+4. For your model, and for the paper's two reference networks (2L-ReLU and MLP-Attn, width `ref_width`, trained by
+   the suite on the same data with the width-consistent protocol to a plateau and judged by the adequacy gate,
+   `empirics.protocols`; one below the gate is left out of the scale; `--no-reference` skips them): the flip-rate
+   protocol ranking by the lead estimator against a random-noise baseline, and sharpness
+   (`verify.audit.measure.measure_network`); and the kernel-regime diagnostics: kappa of the data Gram matrix and of
+   the empirical NTK, the v1 / v2 width bounds of Thm 4.7, each model's width (its widest layer) and parameter count.
+5. The other panels (`--skip` leaves any out), from the lead estimator's influence: budget curves
+   (`verify.audit.budget`), the outcome table and the planted-poison self-test (`verify.audit.outcome`).
+6. The risk level (`verify.audit.risk`; issued only for a model that beats chance on the test data and whose
+   lead estimator the validity panel finds trustworthy, else "not measurable" or "not validated"), the lever
+   examples (the top-|influence| training points by the lead estimator, with which attacks flipped them), and the
+   report (`reports/templates/audit.html`).
 """
 
 from __future__ import annotations
@@ -53,7 +55,16 @@ from theory.conditioning import condition_numbers
 from verify.audit.budget import REALISTIC_REASON, budget_curves
 from verify.audit.ci import summary_markdown
 from verify.audit.config import DEFINITIONS, PANELS, SCHEMA_VERSION, SUMMARY_MARKER, AuditConfig
-from verify.audit.measure import PROJECTED, GenericKernels, Network, NetworkContext, SuiteKernels, measure_network
+from verify.audit.measure import (
+    PROJECTED,
+    Estimated,
+    GenericKernels,
+    Network,
+    NetworkContext,
+    SuiteKernels,
+    estimate_network,
+    measure_network,
+)
 from verify.audit.outcome import CurveGrid, outcome_curves, outcome_panel, poison_panel
 from verify.audit.projection import choose_projection, projected_kernel, projection_error
 from verify.audit.refit import RefitInputs, Refitter, load_train_fn, refit_adequacy
@@ -81,8 +92,10 @@ REF_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
 
 
 def _levers(user: dict[str, Any], split: Split, cfg: AuditConfig) -> list[dict[str, Any]]:
-    """The top-k training points by |NTK influence|, with the attacks that flipped their sign."""
-    total = np.asarray(user["influence_total"])
+    """The top-k training points by |influence| of the estimator the flip rates rank by, with the attacks that flipped
+    their sign, and their NTK leave-one-out and Gauss-Newton influence beside it."""
+    total = np.asarray(user["estimator_total"])
+    ntk = np.asarray(user["influence_total"])
     gn = np.asarray(user["gn_total"])
     sel = list(user["selected"])
     order = sorted(sel, key=lambda i: (-abs(total[i]), i))[: cfg.top_k]
@@ -95,7 +108,7 @@ def _levers(user: dict[str, Any], split: Split, cfg: AuditConfig) -> list[dict[s
         out.append({"index": int(i), "label": int(split.y[i]),
                     "class": split.classes[int(split.y[i])] if split.classes and split.y[i] < len(split.classes)
                     else str(int(split.y[i])),
-                    "influence": float(total[i]), "gn_influence": float(gn[i]),
+                    "influence": float(total[i]), "ntk_influence": float(ntk[i]), "gn_influence": float(gn[i]),
                     "role": "helpful" if total[i] > 0 else "harmful", "flipped_by": flipped,
                     "influence_after": after,
                     "pixels": split.x[i].round(4).tolist(),
@@ -184,32 +197,37 @@ class AuditRun:
     max_bytes: int
 
 
-def _panels(run: AuditRun, ctx: NetworkContext, user: dict[str, Any]) -> dict[str, Any]:
-    """The budget curves and the panels that re-fit the model (validity, outcome, planted poison)."""
-    cfg, st, t, model, provider, loaded = run.cfg, run.st, run.t, run.model, run.provider, run.loaded
-    input_shape, out_dim, max_bytes, fit_module = run.input_shape, run.t.out_dim, run.max_bytes, run.fit_module
+@dataclass
+class _Refits:
+    """The re-fit side of one audit: the panel entries so far (`out`) and the re-fitter, None when no panel re-fits
+    or the control re-fit was not adequate (then every re-fit panel already says why in `out`)."""
+
+    out: dict[str, Any]
+    refit: Refitter | None = None
+
+
+def _validate(run: AuditRun, est: Estimated) -> _Refits:
+    """The control re-fit and its adequacy, then the validity panel: the audit's three estimators of `est` and the
+    attribution libraries scored against re-fits, which names the estimator the flip rates will rank by."""
+    cfg, st, t, model, loaded = run.cfg, run.st, run.t, run.model, run.loaded
     out: dict[str, Any] = {"run": [p for p in PANELS if p in cfg.panels]}
-    clean: InfluenceResult = ctx.clean
-    x, xt = t.x_train, t.x_test
-    if "budget" in cfg.panels:
-        out["budget"] = st.run("budget curves", budget_curves, ctx.probe, clean, cfg)
     refit_panels = [p for p in ("validity", "outcome", "poison") if p in cfg.panels]
     if not refit_panels:
-        return out
+        return _Refits(out)
+    x, xt, input_shape = t.x_train, t.x_test, run.input_shape
     rcfg = cfg.refit_config()
-    refit = Refitter.for_module(fit_module, run.refit_net, rcfg, out_dim, input_shape)
+    refit = Refitter.for_module(run.fit_module, run.refit_net, rcfg, t.out_dim, input_shape)
     log(f"audit: control re-fit ({rcfg.describe()})")
     ctrl = st.run("re-fits", refit.control, x, t.y_train, cfg.seed, {"train": x, "test": xt})
-    saved_acc = (user["train_acc"], user["test_acc"])
-    gate = refit_adequacy(rcfg.kind, ctrl, t, saved_acc)
+    gate = refit_adequacy(rcfg.kind, ctrl, t, est.accuracy)
     out["refit"] = {"kind": rcfg.kind, "description": rcfg.describe(), "control": gate,
                     "user_code": bool(rcfg.train_fn)}
     if not gate["passed"]:
         for p in refit_panels:
             out[p] = {"verdict": NOT_MEASURABLE, "reason": f"the control re-fit is not adequate ({gate['reason']})"}
-        return out
+        return _Refits(out)
     if "validity" in cfg.panels:
-        graph = fit_module if isinstance(fit_module, torch.fx.GraphModule) else None
+        graph = run.fit_module if isinstance(run.fit_module, torch.fx.GraphModule) else None
         peers = {}
         if cfg.peers:
             log(f"audit: the attribution libraries' estimators ({', '.join(cfg.peers)})")
@@ -218,10 +236,30 @@ def _panels(run: AuditRun, ctx: NetworkContext, user: dict[str, Any]) -> dict[st
                              "batches") if loaded.static_batch else \
                 st.run("attribution libraries", peer_estimators, model, graph, t, cfg.peers, cfg.seed,
                        lambda g: FlatInput(g, input_shape))
-        others = {"ef": ctx.ef_per_test, **{k: r.pop("influence") for k, r in peers.items() if r["status"] == OK}}
-        est = Estimates(clean.per_test, ctx.gn_per_test, others)
-        out["validity"] = st.run("validity", validity_panel, refit, t, est, saved_acc, cfg)
-        estimator_rows(out["validity"], ctx.estimator_seconds, peers)
+        others = {"ef": est.per_test["ef"],
+                  **{k: r.pop("influence") for k, r in peers.items() if r["status"] == OK}}
+        estimates = Estimates(est.per_test["ntk"], est.per_test["gn"], others)
+        out["validity"] = st.run("validity", validity_panel, refit, t, estimates, est.accuracy, cfg)
+        estimator_rows(out["validity"], est.seconds, peers)
+    return _Refits(out, refit)
+
+
+def lead_of(panels: dict[str, Any]) -> str:
+    """The estimator the flip rates rank by: the validity panel's lead, else NTK leave-one-out (the paper's)."""
+    return (panels.get("validity") or {}).get("lead", "ntk")
+
+
+def _panels(run: AuditRun, ctx: NetworkContext, user: dict[str, Any], refits: _Refits) -> dict[str, Any]:
+    """The budget curves, and the outcome and planted-poison panels that re-fit the model, from the influence of the
+    estimator the flip rates rank by (`ctx`)."""
+    cfg, st, t, model, provider, loaded = run.cfg, run.st, run.t, run.model, run.provider, run.loaded
+    input_shape, max_bytes = run.input_shape, run.max_bytes
+    out, refit = refits.out, refits.refit
+    clean: InfluenceResult = ctx.clean
+    if "budget" in cfg.panels:
+        out["budget"] = st.run("budget curves", budget_curves, ctx.probe, clean, cfg)
+    if refit is None:
+        return out
     inp = RefitInputs(refit, model, t)
     if "budget" in cfg.panels and "outcome" in cfg.panels:
         out["budget"]["refit"] = st.run("outcome", outcome_curves, inp, clean.per_test, clean.total,
@@ -230,7 +268,7 @@ def _panels(run: AuditRun, ctx: NetworkContext, user: dict[str, Any]) -> dict[st
         out["outcome"] = st.run("outcome", outcome_panel, inp, clean.per_test, np.asarray(user["selected"]),
                                 user["worst_attack"], cfg)
     if "poison" in cfg.panels:
-        if rcfg.train_fn:
+        if refit.cfg.train_fn:
             proj = provider.jac.projection if isinstance(provider, GenericKernels) and isinstance(
                 provider.jac, PROJECTED) else None
 
@@ -291,8 +329,8 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         fit_module = loaded.module if graph is None else graph
         refit_net = model if graph is None else FlatInput(graph, input_shape, loaded.static_batch)
     models: dict[str, Any] = {}
-    models["user"], ctx = st.run("your model", measure_network,
-                                 Network("your model", model, provider, loaded.n_params, loaded.widest_layer()), t, cfg)
+    user_net = Network("your model", model, provider, loaded.n_params, loaded.widest_layer())
+    est = st.run("your model", estimate_network, user_net, t, cfg)
     projection: dict[str, Any] | None = None
     if isinstance(provider, GenericKernels) and isinstance(provider.jac, PROJECTED):
         p = provider.jac.projection
@@ -303,6 +341,10 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
                       "width": provider.jac.width if kron else p.dim}
     elif isinstance(provider, GenericKernels):
         projection = {"dim": 0, "kind": "exact", "reason": proj_reason}
+    run = AuditRun(cfg, st, t, model, refit_net, fit_module, provider, loaded, input_shape, max_bytes)
+    refits = _validate(run, est)
+    lead = lead_of(refits.out)
+    models["user"], ctx = st.run("your model", measure_network, user_net, t, cfg, lead, est)
     if cfg.reference:
         for kind in ("relu", "attn"):
             label = f"{REF_LABELS[kind]} (m={cfg.ref_width})"
@@ -313,7 +355,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
             tr.model.eval()
             net = Network(label, FlatInput(tr.model, (spec.d,)), SuiteKernels(tr.model), tr.model.W.numel(),
                           cfg.ref_width)
-            ref, _ = st.run(kind, measure_network, net, t, cfg)
+            ref, _ = st.run(kind, measure_network, net, t, cfg, lead)
             ref["training"] = {"protocol": PROPER, "max_epochs": cfg.ref_epochs, "epochs_run": tr.record.epochs_run,
                                "final_train_loss": tr.record.final_train_loss, "optimizer": "adam",
                                "lr": tr.record.lr, "weight_decay": 0.0, "batch_size": tcfg.batch_size,
@@ -321,8 +363,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
             ref["gate"] = tr.gate
             models[kind] = ref
     user = models["user"]
-    panels = _panels(AuditRun(cfg, st, t, model, refit_net, fit_module, provider, loaded, input_shape, max_bytes),
-                     ctx, user)
+    panels = _panels(run, ctx, user, refits)
     gate = model_gate(user["test_acc"], test.y, out_dim)
     risk = assess_risk(models, cfg.reference, cfg.eps, gate, panels.get("validity"))
     levers = _levers(user, train, cfg)

@@ -17,8 +17,9 @@ That level is issued only when it can be trusted (`assess_risk`, rules fixed bef
 - **not measurable** when a flip rate is NaN, or when the user's model fails `MODEL_GATE_RULE` (no better than
   chance on `--test`): the influence of a model that has learnt nothing says nothing about its training data;
 - **not validated** when the validity panel did not run (`--skip validity`) or its verdict is not trustworthy
-  (`verify.audit.validity`: the NTK influence behind the flip rates must reach `FRACTION_MIN` of the noise
-  ceiling of the re-fits, and removing the top levers must beat random removal); the record keeps the level the
+  (`verify.audit.validity`: the lead estimator, the one of the audit's three that validates best and that the flip
+  rates rank by, must reach `FRACTION_MIN` of the noise ceiling of the re-fits, and removing its top levers must beat
+  random removal); the record keeps the level the
   scale would give as `unvalidated_level`, the best LDS reached and what would help.
 """
 
@@ -99,13 +100,15 @@ def _not_validated(validity: dict[str, Any] | None) -> str:
         return "the validity panel was not run (--skip validity), so the influence behind the flip rates is unchecked"
     if validity.get("verdict") == TRUSTWORTHY:
         return ""
-    why = f"the influence behind the flip rates is {validity.get('verdict', 'unchecked')} against re-fits"
+    lead = ESTIMATOR_LABELS.get(validity.get("lead", "ntk"), "NTK leave-one-out")
+    why = f"the influence behind the flip rates ({lead}) is {validity.get('verdict', 'unchecked')} against re-fits"
     scores = validity.get("lds") or {}
     if not scores:
         return f"{why} ({validity.get('reason', '')})"
     best = validity.get("best") or max(scores, key=lambda k: scores[k]["value"])
     s, c = scores[best], validity.get("ceiling", {})
-    why += (f"; the best estimator, {ESTIMATOR_LABELS.get(best, best)}, reached LDS {s['value']:.2f} "
+    who = "it" if best == validity.get("lead", "ntk") else f"the best estimator, {ESTIMATOR_LABELS.get(best, best)},"
+    why += (f"; {who} reached LDS {s['value']:.2f} "
             f"[{s['lo']:.2f}, {s['hi']:.2f}], {s.get('fraction', math.nan):.2f} "
             f"[{s.get('fraction_lo', math.nan):.2f}, {s.get('fraction_hi', math.nan):.2f}] of the noise ceiling "
             f"{c.get('value', math.nan):.2f} (bar: the lower end at least {FRACTION_MIN:g})")
@@ -123,8 +126,8 @@ VALIDATION_HELP = ("What would help: more subsets (--lds-subsets) and repeats (-
 ADVICE = {
     NOT_VALIDATED: [
         "No risk level is issued: the influence that the flip rates rank did not predict what re-fitting your model "
-        "does well enough (see the validity panel), so a flip rate would describe the kernel predictor, not your "
-        "model.",
+        "does well enough (see the validity panel), so a flip rate would describe that estimator's ranking, not "
+        "your model.",
         VALIDATION_HELP,
     ],
     NOT_MEASURABLE: [
