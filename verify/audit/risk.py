@@ -184,6 +184,9 @@ def assess_risk(models: dict[str, Any], trained: bool, eps: float, gate: dict[st
                                    f"{'is' if len(risk['left_out']) == 1 else 'are'} left out of the scale")
     else:
         risk["references"] = "paper-reported values (no references trained)"
+        if user.get("estimator", "ntk") != "ntk":
+            risk["references"] += (f"; the paper ranked by NTK leave-one-out influence, your model's flip rates by "
+                                   f"{ESTIMATOR_LABELS.get(user['estimator'], user['estimator'])}")
         if abs(eps - 0.3) > 1e-9:
             risk["references"] += (f"; the paper measured them at eps 0.3, not at the eps {eps_label(eps)} "
                                    "used here")
