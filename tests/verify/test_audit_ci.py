@@ -138,6 +138,22 @@ def test_untrained_model_is_not_measurable_and_the_trained_one_follows_the_valid
     assert str(trained["level"]).upper() in summary
 
 
+def test_trained_audit_scores_the_libraries_beside_its_three_and_leads_with_one_of_its_own(records):
+    """Issue 29: the validity panel of a real audit lists the audit's three estimators and the libraries' (scored on
+    the same re-fits, against the same ceiling); the lead is one of the three and is what the flip rates ranked."""
+    pytest.importorskip("kronfluence")
+    pytest.importorskip("trak")
+    rec = records["rec_a"]
+    val = rec["panels"]["validity"]
+    libs = [k for k, s in val["lds"].items() if s.get("library")]
+    assert {"ntk", "gn", "ef"} <= set(val["lds"]) and len(libs) >= 1, val.get("unscored")
+    assert np.isfinite(val["ceiling"]["value"])
+    assert val["lead"] in ("ntk", "gn", "ef") and rec["models"]["user"]["estimator"] == val["lead"]
+    own = {k: val["lds"][k]["fraction_lo"] for k in ("ntk", "gn", "ef") if np.isfinite(val["lds"][k]["fraction_lo"])}
+    assert not own or own[val["lead"]] == max(own.values())
+    assert rec["levers"] and all("ntk_influence" in it for it in rec["levers"])
+
+
 def test_fail_on_rejects_an_unknown_level(records, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["audit", "--render", str(records["a"].with_suffix(".json")), "--out", str(tmp_path / "r.pdf"),
