@@ -456,13 +456,13 @@ def test_model_gate_against_chance_and_the_majority_label(acc, labels, out_dim, 
 
 
 def test_sharpness_by_finite_differences_matches_double_backward():
-    from verify.audit.sharpness import top_hessian
+    from verify.audit.sharpness import HvpOptions, top_hessian
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3)).double()
     x, y = torch.rand(40, 6, dtype=torch.float64), torch.randint(0, 3, (40,))
     exact = top_hessian(model, x, y, iters=60, seed=0)
-    fd = top_hessian(model, x, y, iters=60, seed=0, finite_differences=True)
+    fd = top_hessian(model, x, y, iters=60, seed=0, options=HvpOptions(finite_differences=True))
     assert exact["hvp"] == "double backward" and fd["hvp"].startswith("central")
     assert abs(fd["value"] - exact["value"]) <= 1e-4 * abs(exact["value"])
 

@@ -68,7 +68,8 @@ class AuditConfig:
     bound_eps: float = field(default=0.1, metadata={
         "help": "NTK accuracy eps in the v1 / ReLU width bounds (default: %(default)s)"})
     ridge_rel: float = RIDGE_REL_DEFAULT
-    max_memory_gb: float = field(default=2.0, metadata={"help": "memory budget for Jacobians (default: %(default)s)"})
+    max_memory_gb: float = field(default=2.0, metadata={
+        "help": "memory budget in GiB for Jacobians and the sharpness's Hessian products (default: %(default)s)"})
     data_dir: str | None = field(default=None, metadata={
         "help": "where the built-in data sets are found (default: automatic)"})
     panels: tuple[str, ...] = field(default=PANELS, metadata={"flag": "--skip",

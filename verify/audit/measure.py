@@ -44,7 +44,7 @@ from empirics.progress import log
 from empirics.records import peak_rss_gib
 from reports.text import eps_label
 from verify.audit.config import AuditConfig
-from verify.audit.sharpness import hessian_subset, top_hessian
+from verify.audit.sharpness import HvpOptions, hessian_subset, top_hessian
 from verify.modelio import FlatInput
 
 # --- kernels ---------------------------------------------------------------------------------------
@@ -322,7 +322,8 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str =
     hsub = hessian_subset(len(x), n_params, cfg.hessian_points, cfg.seed)
     log(f"audit: {label}: sharpness ({cfg.hessian_iters} Hessian-vector products on {len(hsub)} of {len(x)} points)")
     hs = torch.as_tensor(hsub)
-    sharp = top_hessian(model, x[hs], y[hs], cfg.hessian_iters, cfg.seed)
+    sharp = top_hessian(model, x[hs], y[hs], cfg.hessian_iters, cfg.seed,
+                        HvpOptions(max_bytes=int(cfg.max_memory_gb * 2**30)))
     sharp["points"], sharp["of"] = len(hsub), len(x)
     times["sharpness"] = time.perf_counter() - tic
     peak["sharpness"] = peak_rss_gib()
