@@ -155,7 +155,7 @@ def projection_note(proj: dict[str, Any] | None) -> str:
     if proj.get("structure") == "kronecker":
         what = (f"a Kronecker-structured random projection of its per-example gradients (weights projected to a "
                 f"target of {proj['dim']} dimensions, biases and batch-norm scales exact: {proj.get('width')} features "
-                f"per output; {proj['kind']}, seed {proj['seed']}; {proj['reason']})")
+                f"per output; {proj['kind']}, seed {proj['seed']}; {proj['reason']}){_allocation_note(proj)}")
     else:
         what = (f"a random projection of its per-example gradients to k = {proj['dim']} dimensions "
                 f"({proj['kind']}, seed {proj['seed']}; {proj['reason']})")
@@ -165,6 +165,18 @@ def projection_note(proj: dict[str, Any] | None) -> str:
             f"{_pct(e.get('test_kernel_rel_error', math.nan))} (test-train), relative Frobenius error, "
             f"and it ranks influence with Spearman rho {e.get('influence_spearman', math.nan):.2f} against the exact "
             "ranking: read every influence-based number with that in mind.")
+
+
+def _allocation_note(proj: dict[str, Any]) -> str:
+    """How the Kronecker projection shared its dimensions: by the pilot's measured shares, or equally."""
+    pilot = proj.get("pilot")
+    if proj.get("allocation_rule") != "share" or not pilot:
+        return ", the target shared equally among the projected weights"
+    rows = [a for a in proj.get("allocation", []) if not a["exact"]]
+    exact = sum((a["exact_out"] if a["exact_out"] < a["d_out"] else 0) + (a["exact_in"] if a["exact_in"] < a["d_in"]
+                else 0) for a in rows)
+    return (f", the target allocated by each weight's measured share of the kernel on a pilot of {pilot['points']} "
+            f"points with {exact} leading gradient directions kept exactly ({pilot['seconds']:.0f} s)")
 
 
 OUTCOME_LABELS = {"acc_change": "test accuracy change", "target_flip": "targeted predictions changed",

@@ -339,6 +339,9 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         projection = {"dim": p.dim, "kind": p.kind, "seed": p.seed, "reason": proj_reason, "error": err,
                       "structure": "kronecker" if kron else "dense",
                       "width": provider.jac.width if kron else p.dim}
+        if kron:
+            projection.update(allocation_rule=provider.jac.allocation_rule, pilot=provider.jac.pilot,
+                              allocation=provider.jac.allocation)
     elif isinstance(provider, GenericKernels):
         projection = {"dim": 0, "kind": "exact", "reason": proj_reason}
     run = AuditRun(cfg, st, t, model, refit_net, fit_module, provider, loaded, input_shape, max_bytes)

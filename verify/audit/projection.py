@@ -9,7 +9,9 @@ P parameters, are how model size enters.
 
 Which projection (`projected_kernel`): when every parameter sits in a linear, conv2d or batch-norm node of the model's
 FX graph (`empirics.audit_structured`), the Kronecker-structured projection of batched per-example gradients, target
-width `STRUCTURED_AUTO_DIM` by default (no dense R, no per-example Jacobian; minutes for a ResNet-18 on 1,000 images);
+width `STRUCTURED_AUTO_DIM` by default, shared among the weights by each one's measured share of the kernel on a
+seeded pilot with its leading gradient directions kept exactly (no dense R, no per-example Jacobian; minutes for a
+ResNet-18 on 1,000 images);
 otherwise the dense Gaussian / Rademacher projection of per-example Jacobians (`empirics.audit_ntk.ProjectedJacobian`).
 
 Error (`projection_error`): on a seeded subsample of `ERROR_TRAIN` training and `ERROR_TEST` test points, the
