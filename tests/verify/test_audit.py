@@ -441,6 +441,18 @@ def test_risk_level_is_issued_only_for_a_model_above_chance_with_trustworthy_inf
     assert r["level"] == NOT_MEASURABLE and r["reason"] == at_chance["reason"] and not r["validated"]
 
 
+def test_not_validated_reason_without_a_ceiling_says_why_instead_of_nan():
+    """Re-fits that do not agree with each other give a zero ceiling and no fraction (the README's ResNet-18): the
+    reason names the LDS reached and the validity panel's reason, never a NaN fraction."""
+    v = _fragile(0.05, 0.20)
+    v.update(verdict="inconclusive", reason="repeated re-fits do not agree", ceiling={"value": 0.0})
+    for s in v["lds"].values():
+        s.update(fraction=float("nan"), fraction_lo=float("nan"), fraction_hi=float("nan"), validated=False)
+    r = assess_risk({"user": _measured(0.15)}, False, 0.3, model_gate(0.9, np.arange(30) % 10, 10), v)
+    assert r["level"] == NOT_VALIDATED and "nan" not in r["reason"]
+    assert "LDS 0.20 [0.15, 0.25]" in r["reason"] and "repeated re-fits do not agree" in r["reason"]
+
+
 @pytest.mark.parametrize("acc, labels, out_dim, passed, why", [
     (0.30, np.arange(100) % 10, 10, True, ""),  # chance 0.10: above 0.19, Wilson lower end 0.22 > 0.10
     (0.20, np.arange(30) % 10, 10, False, "not significantly"),  # above 0.19, but [0.095, 0.37] holds 0.10

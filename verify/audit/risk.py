@@ -108,11 +108,12 @@ def _not_validated(validity: dict[str, Any] | None) -> str:
     best = validity.get("best") or max(scores, key=lambda k: scores[k]["value"])
     s, c = scores[best], validity.get("ceiling", {})
     who = "it" if best == validity.get("lead", "ntk") else f"the best estimator, {ESTIMATOR_LABELS.get(best, best)},"
-    why += (f"; {who} reached LDS {s['value']:.2f} "
-            f"[{s['lo']:.2f}, {s['hi']:.2f}], {s.get('fraction', math.nan):.2f} "
-            f"[{s.get('fraction_lo', math.nan):.2f}, {s.get('fraction_hi', math.nan):.2f}] of the noise ceiling "
-            f"{c.get('value', math.nan):.2f} (bar: the lower end at least {FRACTION_MIN:g})")
-    return why
+    why += f"; {who} reached LDS {s['value']:.2f} [{s['lo']:.2f}, {s['hi']:.2f}]"
+    if not math.isfinite(s.get("fraction", math.nan)):
+        return (f"{why}, which cannot be set against the noise ceiling {c.get('value', math.nan):.2f}: "
+                f"{validity.get('reason', 'the re-fits give no ground truth')}")
+    return (f"{why}, {s['fraction']:.2f} [{s.get('fraction_lo', math.nan):.2f}, {s.get('fraction_hi', math.nan):.2f}] "
+            f"of the noise ceiling {c.get('value', math.nan):.2f} (bar: the lower end at least {FRACTION_MIN:g})")
 
 
 VALIDATION_HELP = ("What would help: more subsets (--lds-subsets) and repeats (--lds-repeats) narrow the intervals "
