@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tolerances import F64_ALGORITHM
+from tolerances import F32_ROUNDING, F64_ALGORITHM
 from torch import nn
 
 from empirics.audit_ntk import ModelJacobian
@@ -83,7 +83,10 @@ def test_flip_rates_by_another_estimator_equal_a_full_recomputation(kind: str, e
     else:
         want = ef_influence(*ef_grams_mean(again.K, again.Kst, r2, est.r_test), est.ef_ridge)
     got = np.asarray(rec["attacks"]["pgd"]["new_total"])
-    assert np.allclose(got, want.sum(axis=1), rtol=F64_ALGORITHM, atol=F64_ALGORITHM * np.abs(want.sum(1)).max())
+    # The user model's kernel comes from float32 Jacobians: its perturbed rows, recomputed in another batch than the
+    # full recomputation's, differ by float32 roundings (about 2e-8 relative measured); the suite's model is float64.
+    tol = F32_ROUNDING if kind == "user" else F64_ALGORITHM
+    assert np.allclose(got, want.sum(axis=1), rtol=tol, atol=tol * np.abs(want.sum(1)).max())
     flipped = np.sign(np.asarray(rec["estimator_total"])[sel]) != np.sign(want.sum(axis=1)[sel])
     assert rec["attacks"]["pgd"]["flip_rate"] == pytest.approx(flipped.mean())
 
