@@ -7,9 +7,24 @@ network once, as one process running them in turn would), and the groups go to t
 the cost model (`verify.costs.longest_first`), each worker taking the next when it is free. A worker runs its
 units through the same `Cache.run`: the same per-unit lock, the same atomic cache entry the moment a unit
 finishes. A worker loads the code of theory/ and empirics/ when it starts; if that is not the code the run started
-with (the source changed since), it says so and keys its units by the code it runs. On SIGINT or SIGTERM the workers are
-ended (they ignore SIGINT themselves, so a Ctrl-C reaches only this process's handler) and the units in progress
-are lost; finished units stay cached for `--resume`.
+with (the source changed since), it says so and keys its units by the code it runs.
+
+The workers are `multiprocessing` processes ('spawn'), each with its own pipe: the driver gives a worker one group
+at a time, so it always knows which units each worker holds, and waits on the pipes and the processes' sentinels
+together, so a worker's death is seen as soon as its results are. Not `multiprocessing.Pool`: it replaces a dead worker
+and never reports the group that worker held (the run waited forever), and its terminate can block joining its
+handler threads and workers. Not `concurrent.futures.ProcessPoolExecutor`: it reports a dead worker
+(BrokenProcessPool) but neither which worker nor which task, ends every other worker's work with it, and its shutdown
+does not end running workers. On SIGINT or SIGTERM (the CLI's handler raises KeyboardInterrupt in the driver) every
+worker gets SIGTERM, any still running `END_GRACE_S` (3 s) later SIGKILL, and all are reaped before the command exits
+130 or 143 (the workers ignore SIGINT, so a Ctrl-C reaches only the driver's handler); the units in progress are
+lost, finished units stay cached for `--resume`. A worker that dies while running a group (killed by a signal, as
+by the out-of-memory killer's SIGKILL, or exiting) loses that group; the other workers go on with the remaining
+groups, and the run then stops with a one-line `UserInputError` naming the lost units and how their worker ended
+(finished units are cached; `--resume` continues). An exception raised in a worker (a unit's bad input,
+`UserInputError`) ends the other workers and is raised by the driver. A worker dies with the driver: on Linux the
+kernel kills it (SIGKILL) when the driver dies, however (prctl PR_SET_PDEATHSIG), so no worker goes on writing
+cache entries for a run that is gone.
 
 The Ray executor submits every unit that is not cached as one Ray task with the resources it needs
 (`cpus_per_unit` CPUs, and a GPU per unit when the device is cuda). A worker imports the installed suite,
@@ -33,10 +48,13 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import time
+import traceback
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +147,37 @@ def default_jobs(threads: int = 1) -> int:
 #: In a worker: the code version of what it loaded when it started.
 _LOADED: list[str] = []
 
+#: Seconds the workers have to exit once told to stop (the run finished), to end after SIGTERM (an interrupt, an
+#: error) before they get SIGKILL, and to be reaped after SIGKILL.
+STOP_GRACE_S = 10.0
+END_GRACE_S = 3.0
+KILL_WAIT_S = 5.0
+#: prctl(2) option of Linux: the signal a process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
 
-def _worker_init(threads: int) -> None:
-    """A worker: Ctrl-C goes to the driver (which ends the workers), SIGTERM ends it silently, torch uses
-    `threads` threads, progress bars are off (two workers' bars would overwrite each other's line); it loads every
-    module of theory/ and empirics/ now and records that code's version (`_run_group` keys its units by it)."""
+
+def _die_with_parent(parent: int | None) -> None:
+    """A worker: the kernel kills it (SIGKILL) when the driver dies, however the driver dies (Linux's
+    PR_SET_PDEATHSIG; a no-op elsewhere), and it exits at once if the driver died before that was set (its parent
+    is no longer `parent`). The kernel's parent is the thread that started the worker: `_run_groups`, which ends
+    its workers before it returns."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+def _worker_init(threads: int, parent: int | None = None) -> None:
+    """A worker: it dies with the driver (`parent`, `_die_with_parent`), Ctrl-C goes to the driver (which ends the
+    workers), SIGTERM ends it silently, torch uses `threads` threads, progress bars are off (two workers' bars would
+    overwrite each other's line); it loads every module of theory/ and empirics/ now and records that code's version
+    (`_run_group` keys its units by it)."""
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     import pkgutil
 
     import torch
@@ -142,8 +186,6 @@ def _worker_init(threads: int) -> None:
     import theory
     from verify.runner import code_version
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ["NTKM_PROGRESS_BARS"] = "0"
     torch.set_num_threads(max(1, threads))
     for pkg in (theory, empirics):
@@ -167,6 +209,188 @@ def _run_group(cache: Cache, group: list[Unit]) -> list[tuple[str, UnitResult, b
     for u in group:
         res, cached = cache.run(u, lambda msg: log(f"{msg}  [worker {tag}]"))
         out.append((u.name, res, cached))
+    return out
+
+
+def _worker_main(conn: Connection, cache: Cache, threads: int, parent: int) -> None:
+    """A worker process: set up (`_worker_init`) and say ("ready", None) on `conn`; then run each group the driver
+    sends and answer ("done", its results); None, or the driver gone, ends it. An exception is sent as ("error",
+    the exception, its traceback text) for the driver to raise."""
+    try:
+        _worker_init(threads, parent)
+        conn.send(("ready", None))
+        while True:
+            try:
+                group = conn.recv()
+            except EOFError:
+                return
+            if group is None:
+                return
+            conn.send(("done", _run_group(cache, group)))
+    except KeyboardInterrupt:  # a Ctrl-C before the worker ignores it: the driver had it too and ends the run
+        return
+    except Exception as exc:
+        text = "".join(traceback.format_exception(exc))
+        try:
+            conn.send(("error", exc, text))
+        except Exception:  # an exception that does not pickle: its type and message
+            with contextlib.suppress(OSError):
+                conn.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}"), text))
+
+
+class _RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker, attached to it as its cause."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.text}\"\"\""
+
+
+@dataclass
+class _Worker:
+    """The driver's view of one worker process: its end of the pipe, whether the worker has set up (`ready`), the
+    group it runs (None: idle), and whether the pipe is still open (`readable`: not at end-of-file)."""
+
+    tag: int
+    proc: Any
+    conn: Any
+    ready: bool = False
+    group: list[Unit] | None = None
+    readable: bool = True
+
+
+def _exit_reason(code: int | None) -> str:
+    """How a process ended, from its exit code (negative: the signal that killed it)."""
+    if code is None:
+        return "ended"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _end_workers(pool: list[_Worker], polite: bool) -> None:
+    """End every started worker and reap it: told to stop (`polite`, idle workers after a finished run) or not,
+    each step waits for those still running and moves on to a harsher one: SIGTERM, then after `END_GRACE_S` SIGKILL.
+    A signal that arrives meanwhile (the driver's handler raises KeyboardInterrupt) skips to the next step and is
+    raised once every worker has been ended."""
+    procs = [w.proc for w in pool if w.proc.pid is not None]
+    steps = (["stop"] if polite else []) + ["term", "kill"]
+    grace = {"stop": STOP_GRACE_S, "term": END_GRACE_S, "kill": KILL_WAIT_S}
+    interrupt: BaseException | None = None
+    for step in steps:
+        try:
+            for w in pool:
+                if w.proc.pid is None or not w.proc.is_alive():
+                    continue
+                if step == "stop":
+                    with contextlib.suppress(OSError, ValueError):
+                        w.conn.send(None)
+                elif step == "term":
+                    w.proc.terminate()
+                else:
+                    w.proc.kill()
+            deadline = time.monotonic() + grace[step]
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt as exc:
+            interrupt = exc
+            continue
+        if not any(p.is_alive() for p in procs):
+            break
+    for w in pool:
+        with contextlib.suppress(OSError):
+            w.conn.close()
+    if interrupt is not None:
+        raise interrupt
+
+
+def _receive(w: _Worker, out: dict[str, tuple[UnitResult, bool]], log: Log, total: int) -> None:
+    """Read one message of worker `w`: it is ready, or its group's results go into `out` (with a progress line), or
+    the exception it raised is raised here, with its traceback in the worker as the cause."""
+    try:
+        kind, body, *rest = w.conn.recv()
+    except (EOFError, OSError):
+        w.readable = False
+        return
+    except Exception as exc:  # a message that does not unpickle here
+        raise RuntimeError(f"worker {w.tag}: its message could not be read ({type(exc).__name__}: {exc})") from exc
+    if kind == "error":
+        if rest:
+            body.__cause__ = _RemoteTraceback(rest[0])
+        raise body
+    if kind == "ready":
+        w.ready = True
+        return
+    for name, res, cached in body:
+        out[name] = (res, cached)
+    w.group = None
+    log(f"[local]  {len(out)}/{total} unit(s) finished")
+
+
+def _run_groups(tasks: list[list[Unit]], cache: Cache, log: Log, jobs: int,
+                threads: int) -> dict[str, tuple[UnitResult, bool]]:
+    """(result, was_cached) of every unit of `tasks` (groups, in the order to start them), run in `jobs` worker
+    processes, each taking the next group when it is free; raises a worker's exception (ending the others), or,
+    once the others are done, a `UserInputError` naming the units of workers that died while running them."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = deque(tasks)
+    total = sum(len(g) for g in tasks)
+    out: dict[str, tuple[UnitResult, bool]] = {}
+    pool: list[_Worker] = []
+    lost: list[str] = []
+    finished = False
+    try:
+        for tag in range(1, jobs + 1):
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(there, cache, threads, os.getpid()),
+                               name=f"verify-worker-{tag}", daemon=True)
+            pool.append(_Worker(tag, proc, here))
+            proc.start()
+            there.close()
+        live = list(pool)
+        while live and (queue or any(w.group is not None for w in live)):
+            for w in live:
+                if queue and w.ready and w.group is None and w.readable:
+                    w.group = queue.popleft()
+                    try:
+                        w.conn.send(w.group)
+                    except OSError:  # it is ending: the group goes to another worker
+                        queue.appendleft(w.group)
+                        w.group, w.readable = None, False
+            ready = set(wait([w.conn for w in live if w.readable] + [w.proc.sentinel for w in live]))
+            for w in list(live):
+                if w.readable and w.conn in ready:
+                    _receive(w, out, log, total)
+                if w.proc.sentinel not in ready:
+                    continue
+                while w.readable and w.conn.poll():  # what it sent before it ended
+                    _receive(w, out, log, total)
+                live.remove(w)
+                w.proc.join(1.0)
+                why = _exit_reason(w.proc.exitcode)
+                if w.group is None:
+                    log(f"[local]  worker {w.tag} {why} while idle; {len(live)} worker(s) go on")
+                    continue
+                names = ", ".join(u.name for u in w.group)
+                log(f"[failed] worker {w.tag} {why} while running {names}; {len(live)} worker(s) go on")
+                lost.append(f"{names} (worker {w.tag}, {why})")
+                w.group = None
+        finished = True
+        if lost or queue:
+            left = sum(len(g) for g in queue)
+            raise UserInputError(
+                f"worker processes ended while running units, which are lost: {'; '.join(lost) or 'none'}"
+                + (f"; {left} unit(s) not started (no worker left)" if left else "")
+                + "; the finished units are cached: rerun with --resume to continue (a worker killed by SIGKILL is "
+                "often the out-of-memory killer: try fewer --jobs)")
+    finally:
+        _end_workers(pool, polite=finished)
     return out
 
 
@@ -199,14 +423,7 @@ def _run_parallel(units: list[Unit], cache: Cache, log: Log, jobs: int) -> dict[
 
     log(f"[local]  {len(todo)} unit(s) in {len(tasks)} group(s) of units sharing trained networks, on {workers} "
         "worker processes, longest first")
-    ctx = multiprocessing.get_context("spawn")
-    done = 0
-    with ctx.Pool(workers, initializer=_worker_init, initargs=(torch.get_num_threads(),)) as pool:
-        for finished in pool.imap_unordered(partial(_run_group, cache), tasks, chunksize=1):
-            for name, res, cached in finished:
-                out[name] = (res, cached)
-            done += len(finished)
-            log(f"[local]  {done}/{len(todo)} unit(s) finished")
+    out.update(_run_groups(tasks, cache, log, workers, torch.get_num_threads()))
     return {u.name: out[u.name] for u in units}
 
 
