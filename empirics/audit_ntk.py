@@ -188,6 +188,8 @@ class ModelJacobian:
             raise ValueError("the model has no trainable parameters")
         self._named = named
         self.dtype = named[0][1].dtype
+        #: where the parameters are: the probes, Jacobian features and kernels are made there
+        self.device = named[0][1].device
         self.layers: list[_Layer] = []
         self.out_dim = 0
         self.batched = False
@@ -221,7 +223,7 @@ class ModelJacobian:
     def _plan(self, factor: bool) -> None:
         cands = linear_candidates(self.graph) if factor else {}
         d = int(math.prod(self.input_shape))
-        probe = torch.linspace(0.1, 0.9, d, dtype=self.dtype)
+        probe = torch.linspace(0.1, 0.9, d, dtype=self.dtype, device=self.device)
         with torch.no_grad():
             out, seen = self._run(self._copies(probe), set(cands))
         self.out_dim = c = int(out.shape[1])
@@ -244,7 +246,7 @@ class ModelJacobian:
         """Do the factored nodes hold examples as (batch, S, d) blocks? Checked on a probe batch."""
         k = self.static_batch or 3
         gen = torch.Generator().manual_seed(0)
-        xs = torch.rand(k, d, generator=gen, dtype=self.dtype)
+        xs = torch.rand(k, d, generator=gen, dtype=self.dtype).to(self.device)  # the seeded CPU probe, moved
         watch = {lay.node for lay in self.layers}
         with torch.no_grad():
             _, seen = self._run(xs.reshape(k, *self.input_shape), watch)
@@ -286,12 +288,12 @@ class ModelJacobian:
         dt = out.dtype
         mats = []
         for g in grads:
-            flat = [torch.zeros(p.numel(), dtype=dt) if gi is None else gi.detach().reshape(-1)
+            flat = [torch.zeros(p.numel(), dtype=dt, device=out.device) if gi is None else gi.detach().reshape(-1)
                     for gi, p in zip(g[len(zs):], mat_params, strict=True)]
-            mats.append(torch.cat(flat) if flat else torch.zeros(0, dtype=dt))
+            mats.append(torch.cat(flat) if flat else torch.zeros(0, dtype=dt, device=out.device))
         lin = []
         for j, lay in enumerate(self.layers):
-            deltas = [torch.zeros(lay.rows, lay.d_out, dtype=dt) if g[j] is None
+            deltas = [torch.zeros(lay.rows, lay.d_out, dtype=dt, device=out.device) if g[j] is None
                       else g[j].detach().reshape(lay.rows, lay.d_out) for g in grads]
             lin.append((seen[lay.node][0].detach().reshape(1, lay.rows, lay.d_in), torch.stack(deltas)[None]))
         return JacobianFeatures(torch.stack(mats)[None], lin)
@@ -310,10 +312,10 @@ class ModelJacobian:
         lin = []
         for j, lay in enumerate(self.layers):
             a = seen[lay.node][0].detach().reshape(b, lay.rows, lay.d_in)[:n]
-            ds = [torch.zeros(b, lay.rows, lay.d_out, dtype=out.dtype) if g[j] is None
+            ds = [torch.zeros(b, lay.rows, lay.d_out, dtype=out.dtype, device=out.device) if g[j] is None
                   else g[j].detach().reshape(b, lay.rows, lay.d_out) for g in grads]
             lin.append((a, torch.stack(ds, dim=1)[:n]))
-        return JacobianFeatures(torch.zeros(n, self.out_dim, 0, dtype=out.dtype), lin)
+        return JacobianFeatures(torch.zeros(n, self.out_dim, 0, dtype=out.dtype, device=out.device), lin)
 
     def features(self, x: torch.Tensor, label: str = "jacobians") -> JacobianFeatures:
         """Jacobian features of the rows of `x` (n, d). One example at a time runs on one thread: the
@@ -336,7 +338,7 @@ class ModelJacobian:
     def gram(self, fa: JacobianFeatures, fb: JacobianFeatures) -> torch.Tensor:
         """`(1/c) sum_c J_c(a) J_c(b)^T` in float64, shape (len(fa), len(fb))."""
         na, nb = len(fa), len(fb)
-        k = torch.zeros(na, nb, dtype=torch.float64)
+        k = torch.zeros(na, nb, dtype=torch.float64, device=fa.mat.device)
         if self.p_mat:
             ma, mb = fa.mat.reshape(na, -1), fb.mat.reshape(nb, -1)
             if ma.shape[1] * (na + nb) <= (1 << 27):
@@ -357,7 +359,7 @@ class ModelJacobian:
             f2 = f1 if sym else self.features(x2)
             return self.gram(f1, f2)
         chunk = max(1, max_bytes // (2 * per))
-        out = torch.zeros(n1, n2, dtype=torch.float64)
+        out = torch.zeros(n1, n2, dtype=torch.float64, device=self.device)
         for i in range(0, n1, chunk):
             f1 = self.features(x1[i:i + chunk], label=f"jacobians {i}/{n1}")
             for j in range(0, n2, chunk):
@@ -379,7 +381,7 @@ def _factored_gram(aa: torch.Tensor, da: torch.Tensor, ab: torch.Tensor, db: tor
     if s == 1 and t == 1:
         ga = aa[:, 0] @ ab[:, 0].T
         return (ga + 1.0 if bias else ga) * (da.reshape(na, -1) @ db.reshape(nb, -1).T)
-    out = torch.empty(na, nb, dtype=aa.dtype)
+    out = torch.empty(na, nb, dtype=aa.dtype, device=aa.device)
     step = max(1, _PAIR_ELEMENTS // max(1, nb * s * t))
     for i in range(0, na, step):
         sl = slice(i, i + step)
@@ -413,13 +415,16 @@ class Projection:
         if self.dim < 1 or self.kind not in PROJECTION_KINDS:
             raise ValueError(f"projection needs dim >= 1 and kind in {PROJECTION_KINDS}")
 
-    def block(self, param: int, index: int, rows: int, cols: int) -> torch.Tensor:
-        """Rows `index * rows ...` of parameter `param`'s part of R, as (rows, cols, k) float32."""
+    def block(self, param: int, index: int, rows: int, cols: int,
+              device: torch.device | str | None = None) -> torch.Tensor:
+        """Rows `index * rows ...` of parameter `param`'s part of R, as (rows, cols, k) float32 on `device`: drawn on
+        the CPU by a seeded CPU generator (the same R on every device), then moved."""
         gen = torch.Generator().manual_seed((self.seed * 1_000_003 + param) * 1_000_033 + index)
         shape = (rows, cols, self.dim)
         if self.kind == "gaussian":
-            return torch.randn(shape, generator=gen) / math.sqrt(self.dim)
-        return (torch.randint(0, 2, shape, generator=gen, dtype=torch.int8).float() * 2 - 1) / math.sqrt(self.dim)
+            return (torch.randn(shape, generator=gen) / math.sqrt(self.dim)).to(device=device)
+        return ((torch.randint(0, 2, shape, generator=gen, dtype=torch.int8).float() * 2 - 1)
+                / math.sqrt(self.dim)).to(device=device)
 
 
 class ProjectedJacobian:
@@ -461,7 +466,7 @@ class ProjectedJacobian:
         key = (param, index)
         if key in self._cache:
             return self._cache[key]
-        r = self.projection.block(param, index, rows, cols)
+        r = self.projection.block(param, index, rows, cols, device=self.jac.device)
         if self._cached + r.numel() * 4 <= self.cache_bytes:
             self._cache[key] = r
             self._cached += r.numel() * 4
@@ -469,7 +474,7 @@ class ProjectedJacobian:
 
     def _project(self, f: JacobianFeatures) -> torch.Tensor:
         n, c, k = len(f), self.out_dim, self.projection.dim
-        out = torch.zeros(n, c, k, dtype=torch.float32)
+        out = torch.zeros(n, c, k, dtype=torch.float32, device=f.mat.device)
         pid, col = 0, 0
         for _, p in self.jac._mat:
             size = p.numel()
@@ -508,7 +513,8 @@ class ProjectedJacobian:
         step = max(1, self.batch_bytes // per)
         parts = [self._project(self.jac.features(x[i:i + step], label=f"{label} (projected) {i}/{len(x)}"))
                  for i in range(0, len(x), step)]
-        return JacobianFeatures(torch.cat(parts) if parts else torch.zeros(0, self.out_dim, self.projection.dim))
+        return JacobianFeatures(torch.cat(parts) if parts else torch.zeros(0, self.out_dim, self.projection.dim,
+                                                                          device=self.jac.device))
 
     def gram(self, fa: JacobianFeatures, fb: JacobianFeatures) -> torch.Tensor:
         """`(1/c) sum_c Phi_c(a) Phi_c(b)^T` in float64."""

@@ -161,9 +161,11 @@ class StructuredJacobian:
         params = trainable(graph)
         self._params = params
         self.dtype = next(iter(params.values())).dtype
+        #: where the parameters are: the probes, gradients, sketches and kernels are made there
+        self.device = next(iter(params.values())).device
         self.watch = {n.name for n in nodes}
         with torch.no_grad():
-            out, _ = self._run(torch.zeros(1, *self.input_shape, dtype=self.dtype), set())
+            out, _ = self._run(torch.zeros(1, *self.input_shape, dtype=self.dtype, device=self.device), set())
         self.out_dim = int(out.shape[1])
 
     @classmethod
@@ -203,7 +205,8 @@ class StructuredJacobian:
     def _separable(self) -> bool:
         """Do the structured nodes keep the examples of a batch apart? Checked on a probe batch of 3."""
         k = 3
-        xs = torch.rand(k, *self.input_shape, generator=torch.Generator().manual_seed(0), dtype=self.dtype)
+        xs = torch.rand(k, *self.input_shape, generator=torch.Generator().manual_seed(0),
+                        dtype=self.dtype).to(self.device)  # the seeded CPU probe, moved
         with torch.no_grad():
             _, seen = self._run(xs, self.watch)
             for j in range(k):
@@ -270,7 +273,7 @@ class StructuredJacobian:
         """Exact empirical NTK between rows of x1 and x2 (default x1), float64 (module docstring)."""
         x = x1 if x2 is None else torch.cat([x1, x2])
         n = len(x)
-        k = torch.zeros(n, n, dtype=torch.float64)
+        k = torch.zeros(n, n, dtype=torch.float64, device=self.device)
         input_grams: dict[str, torch.Tensor] = {}
         with Progress(self.out_dim, "exact structured kernel", enabled=self.progress) as bar:
             if n <= ONE_PASS_POINTS:
@@ -296,7 +299,7 @@ class StructuredJacobian:
                      input_grams: dict[str, torch.Tensor]) -> torch.Tensor:
         """One output's kernel (before the 1/c): the Gram matrices of every node's per-example gradients."""
         n = len(next(iter(a.values())))
-        k = torch.zeros(n, n, dtype=torch.float64)
+        k = torch.zeros(n, n, dtype=torch.float64, device=self.device)
         for nd in self.nodes:
             for g in self.small_grads(nd, a[nd.name], d[nd.name]):
                 k += g.double() @ g.double().T
@@ -320,7 +323,7 @@ class StructuredJacobian:
             return (input_grams[nd.name] * (r @ r.T).reshape(n, s, n, s)).sum(dim=(1, 3))
         per_channel = max(1, n * nd.d_in)
         step = max(1, min(nd.d_out, max(1, max_bytes // 4) // (8 * per_channel), _BLOCK_ELEMENTS // per_channel))
-        out = torch.zeros(n, n, dtype=torch.float64)
+        out = torch.zeros(n, n, dtype=torch.float64, device=pa.device)
         for lo in range(0, nd.d_out, step):
             g = torch.bmm(rd[:, :, lo:lo + step].transpose(1, 2), pa).reshape(n, -1)
             out += (g @ g.T).double()
@@ -330,23 +333,25 @@ class StructuredJacobian:
 # --- projection ------------------------------------------------------------------------------------------------
 
 
-def _gaussian(seed: int, layer: int, side: int, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """A seeded (rows, cols) matrix with entries N(0, 1/cols), so that E[R R^T] = I."""
+def _gaussian(key: tuple[int, int, int], rows: int, cols: int, dtype: torch.dtype,
+              device: torch.device | None = None) -> torch.Tensor:
+    """A seeded (rows, cols) matrix with entries N(0, 1/cols), so that E[R R^T] = I; `key` is (seed, layer, side).
+    Drawn on the CPU by a seeded CPU generator (the same matrix on every device), then moved to `device`."""
+    seed, layer, side = key
     gen = torch.Generator().manual_seed((seed * 1_000_003 + layer) * 1_009 + side)
-    return (torch.randn(rows, cols, generator=gen) / math.sqrt(cols)).to(dtype)
+    return (torch.randn(rows, cols, generator=gen) / math.sqrt(cols)).to(device=device, dtype=dtype)
 
 
 def _side_matrix(key: tuple[int, int, int], dim: int, k: int, lead: torch.Tensor | None,
-                 dtype: torch.dtype) -> torch.Tensor:
+                 dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
     """One side's R (dim, k): the r orthonormal columns `lead` kept exactly, then k - r seeded Gaussian columns
     projected off them, `R = [U, (I - U U^T) Z / sqrt(k - r)]`, so that `E[R R^T] = U U^T + (I - U U^T) = I`;
     `key` is (seed, layer, side) of the Gaussian draw."""
-    seed, layer, side = key
     r = 0 if lead is None else int(lead.shape[1])
     if r == 0:
-        return _gaussian(seed, layer, side, dim, k, dtype)
-    u = lead.to(torch.float64)
-    z = _gaussian(seed, layer, side, dim, k - r, torch.float64)
+        return _gaussian(key, dim, k, dtype, device)
+    u = lead.to(device=device, dtype=torch.float64)
+    z = _gaussian(key, dim, k - r, torch.float64, device)
     return torch.cat([u, z - u @ (u.T @ z)], dim=1).to(dtype)
 
 
@@ -534,20 +539,23 @@ def allocate(layers: Sequence[LayerModel], budget: int, directions: int = MAX_DI
     return out
 
 
-def _omega(seed: int, layer: int, side: int, dim: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """The pilot's sketch of one side: the identity when the side is no wider than the sketch (H is then measured
-    exactly), else seeded Gaussian columns."""
+def _omega(key: tuple[int, int, int], dim: int, cols: int, dtype: torch.dtype,
+           device: torch.device | None = None) -> torch.Tensor:
+    """The pilot's sketch of one side, on `device`: the identity when the side is no wider than the sketch (H is then
+    measured exactly), else seeded Gaussian columns (drawn by a seeded CPU generator, then moved); `key` is (seed,
+    layer, side)."""
+    seed, layer, side = key
     if dim <= cols:
-        return torch.eye(dim, dtype=dtype)
+        return torch.eye(dim, dtype=dtype, device=device)
     gen = torch.Generator().manual_seed(((seed * 1_000_003 + layer) * 1_009 + side) * 7 + 5)
-    return torch.randn(dim, cols, generator=gen).to(dtype)
+    return torch.randn(dim, cols, generator=gen).to(device=device, dtype=dtype)
 
 
 def _spectrum(y: torch.Tensor, omega: torch.Tensor, trace: float, dim: int) -> Spectrum:
     """Leading eigenpairs of a PSD operator H from `y = H omega` (exact when omega is the identity; else the
     pseudo-inverse Nystrom approximation `H ~ y (omega^T y)^+ y^T`, Halko, Martinsson & Tropp 2011)."""
     y, om = y.double(), omega.double()
-    if om.shape == (dim, dim) and bool((om == torch.eye(dim, dtype=om.dtype)).all()):
+    if om.shape == (dim, dim) and bool((om == torch.eye(dim, dtype=om.dtype, device=om.device)).all()):
         w, v = torch.linalg.eigh((y + y.T) / 2)
         w, v = w.flip(0), v.flip(1)
     else:
@@ -599,10 +607,10 @@ def pilot_spectra(jac: StructuredJacobian, x: torch.Tensor, projected: Sequence[
     for li, nd in enumerate(jac.nodes):
         if nd.name in names:
             p_o, p_i = min(sketch, nd.d_out), min(sketch, nd.d_in)
-            state[nd.name] = _Sketch(_omega(seed, li, 2, nd.d_out, p_o, jac.dtype),
-                                     _omega(seed, li, 3, nd.d_in, p_i, jac.dtype),
-                                     torch.zeros(nd.d_out, p_o, dtype=torch.float64),
-                                     torch.zeros(nd.d_in, p_i, dtype=torch.float64))
+            state[nd.name] = _Sketch(_omega((seed, li, 2), nd.d_out, p_o, jac.dtype, jac.device),
+                                     _omega((seed, li, 3), nd.d_in, p_i, jac.dtype, jac.device),
+                                     torch.zeros(nd.d_out, p_o, dtype=torch.float64, device=jac.device),
+                                     torch.zeros(nd.d_in, p_i, dtype=torch.float64, device=jac.device))
     with Progress(c, "projection pilot (share of the kernel)", enabled=progress) as bar:
         for _, a, d in jac.deltas(x):
             for nd in jac.nodes:
@@ -650,7 +658,7 @@ def _sketch_step(jac: StructuredJacobian, nd: _Node, a: torch.Tensor, d: torch.T
         if by_pos < by_g and len(pa) * s * s <= 4 * _PILOT_ELEMENTS:
             st.gp = pa @ pa.transpose(1, 2)
             st.pom = pa @ st.om_i
-            st.acc = torch.zeros(len(pa), s, st.om_i.shape[1], dtype=pa.dtype)
+            st.acc = torch.zeros(len(pa), s, st.om_i.shape[1], dtype=pa.dtype, device=pa.device)
     pa = st.pa
     if st.gp is not None and st.pom is not None and st.acc is not None:
         st.trace += float(torch.sum(st.gp * (rd @ rd.transpose(1, 2)), dtype=torch.float64))
@@ -752,14 +760,14 @@ class ProjectedStructured:
     def _draw(self, lead: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]]) -> None:
         """R of every projected weight from the seed (and the leading directions kept exactly), and the width."""
         self._r: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
-        seed, dt = self.projection.seed, self.dtype
+        seed, dt, dev = self.projection.seed, self.dtype, self.jac.device
         for i, nd in enumerate(self.jac.nodes):
             part = self.parts.get(nd.name)
             if part is None or part.exact:
                 continue
             u_o, u_i = lead.get(nd.name, (None, None))
-            r_out = None if part.k_out == nd.d_out else _side_matrix((seed, i, 0), nd.d_out, part.k_out, u_o, dt)
-            r_in = None if part.k_in == nd.d_in else _side_matrix((seed, i, 1), nd.d_in, part.k_in, u_i, dt)
+            r_out = None if part.k_out == nd.d_out else _side_matrix((seed, i, 0), nd.d_out, part.k_out, u_o, dt, dev)
+            r_in = None if part.k_in == nd.d_in else _side_matrix((seed, i, 1), nd.d_in, part.k_in, u_i, dt, dev)
             self._r[nd.name] = (r_out, r_in)
         self.width = sum(self._node_width(nd) for nd in self.jac.nodes)
 
@@ -772,8 +780,8 @@ class ProjectedStructured:
         m = min(self.pilot_points, len(x))
         rng = np.random.default_rng([int(self.projection.seed), 29])
         idx = np.sort(rng.choice(len(x), m, replace=False))
-        spectra, traces = pilot_spectra(self.jac, x[torch.as_tensor(idx)], self._big, self.projection.seed,
-                                        progress=self.progress)
+        pilot = x[torch.as_tensor(idx, device=x.device)]
+        spectra, traces = pilot_spectra(self.jac, pilot, self._big, self.projection.seed, progress=self.progress)
         layers = [LayerModel(nd.name, *spectra[nd.name]) for nd in self._big]
         parts = allocate(layers, self.budget, self.directions)
         lead: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
@@ -852,7 +860,7 @@ class ProjectedStructured:
     def _features(self, x: torch.Tensor) -> torch.Tensor:
         """(n, c, width) features of one batch."""
         n, c = len(x), self.out_dim
-        out = torch.empty(n, c, self.width, dtype=torch.float32)
+        out = torch.empty(n, c, self.width, dtype=torch.float32, device=self.jac.device)
         proj_in: dict[str, torch.Tensor] = {}
         for cc, a, d in self.jac.deltas(x):
             col = 0
@@ -879,7 +887,8 @@ class ProjectedStructured:
         runs the pilot on rows of `x` (`calibrate`) unless it has run."""
         if not self.calibrated and len(x):
             self.calibrate(x)
-        mat = torch.empty(len(x), self.out_dim, self.width, dtype=torch.float32)  # filled in place: no second copy
+        # filled in place: no second copy
+        mat = torch.empty(len(x), self.out_dim, self.width, dtype=torch.float32, device=self.jac.device)
         step = self.jac.batch_size
         with Progress(len(x), f"{label} (structured, projected)", enabled=self.progress) as bar:
             for i in range(0, len(x), step):

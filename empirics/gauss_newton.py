@@ -41,19 +41,26 @@ import torch
 from ntkm.errors import UserInputError
 
 
-def loss_residuals(out: torch.Tensor, y: torch.Tensor, loss: str = "auto") -> np.ndarray:
-    """`dL/df` per example (n, c) for the suite's training losses (float64, `empirics.losses.loss_fn`).
+def loss_residuals_torch(out: torch.Tensor, y: torch.Tensor, loss: str = "auto") -> torch.Tensor:
+    """`dL/df` per example (n, c) for the suite's training losses (float64, `empirics.losses.loss_fn`), on the device
+    of `out`: the labels `y` are moved there (they may be held on the CPU while the outputs come from a GPU model).
 
     c > 1: cross-entropy, `softmax(f) - onehot(y)` (`loss="mse"`: `0.5 ||f - onehot(y)||^2`, i.e. `f - onehot(y)`);
     c = 1: `0.5 (f - (2y - 1))^2`, i.e. `f - (2y - 1)`.
     """
     f = out.detach().to(torch.float64)
+    y = y.to(f.device)
     if f.shape[1] == 1:
-        return (f[:, 0] - (2.0 * y.to(torch.float64) - 1.0))[:, None].cpu().numpy()
+        return (f[:, 0] - (2.0 * y.to(torch.float64) - 1.0))[:, None]
     if loss == "mse":
-        return (f - torch.nn.functional.one_hot(y, f.shape[1]).to(torch.float64)).cpu().numpy()
+        return f - torch.nn.functional.one_hot(y, f.shape[1]).to(torch.float64)
     p = torch.softmax(f, dim=1)
-    return (p - torch.nn.functional.one_hot(y, f.shape[1]).to(torch.float64)).cpu().numpy()
+    return p - torch.nn.functional.one_hot(y, f.shape[1]).to(torch.float64)
+
+
+def loss_residuals(out: torch.Tensor, y: torch.Tensor, loss: str = "auto") -> np.ndarray:
+    """`loss_residuals_torch` as a numpy array (the residuals cross to the CPU here, for the numpy solves)."""
+    return loss_residuals_torch(out, y, loss).cpu().numpy()
 
 
 def _check(n: int, r_train: np.ndarray, r_test: np.ndarray, damping: float) -> None:

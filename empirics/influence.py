@@ -285,15 +285,15 @@ def retrain_study(cfg: RetrainConfig) -> dict[str, Any]:
     def test_loss(f: torch.Tensor) -> np.ndarray:
         return ((f - Yt) ** 2).sum(dim=(1, 2)).double().numpy()
 
-    f_full, W_full = fit(torch.ones(1, n))
+    f_full, W_full = fit(torch.ones(1, n, device=xtr.device))
     with torch.no_grad():
         net.W.copy_(W_full[0])
     infl = influence_scores(net, xtr, ytr, xte, yte, ridge=ridge)
     loss_full = float(test_loss(f_full)[0])
     order = np.argsort(infl.total)
     picks = order[np.unique(np.linspace(0, n - 1, min(cfg.n_remove, n)).round().astype(int))]
-    keep = torch.ones(len(picks), n)
-    keep[torch.arange(len(picks)), torch.as_tensor(picks)] = 0.0
+    keep = torch.ones(len(picks), n, device=xtr.device)
+    keep[torch.arange(len(picks), device=keep.device), torch.as_tensor(picks, device=keep.device)] = 0.0
     f_loo, _ = fit(keep)
     act = test_loss(f_loo) - loss_full
     pred = infl.total[picks]

@@ -129,6 +129,12 @@ def _normalise(h: torch.Tensor) -> torch.Tensor:
     return h / h.norm(dim=1, keepdim=True).clamp_min(1e-30)
 
 
+def reference_statistics(reference: torch.Tensor, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """`empirics.datasets.input_statistics` of the reference inputs, computed on the CPU in float64 (numpy): the one
+    step of building a network that leaves the inputs' device; `_register_preprocess` puts the result back there."""
+    return input_statistics(reference.detach().cpu().double().numpy(), channels)
+
+
 def _register_preprocess(module: nn.Module, spec: ModelSpec, reference: torch.Tensor | None,
                          dtype: torch.dtype) -> None:
     """The fixed input layer's statistics as buffers (none for raw), from the clean training inputs `reference`."""
@@ -137,9 +143,10 @@ def _register_preprocess(module: nn.Module, spec: ModelSpec, reference: torch.Te
     if reference is None:
         raise UserInputError(f"preprocess '{spec.preprocess}' needs the training inputs for its statistics; build "
                              "the model with x_train")
-    shift, scale = input_statistics(reference.detach().cpu().double().numpy(), spec.channels)
-    module.register_buffer("input_shift", torch.as_tensor(shift, dtype=dtype))
-    module.register_buffer("input_scale", torch.as_tensor(scale, dtype=dtype))
+    shift, scale = reference_statistics(reference, spec.channels)
+    # the statistics live where the reference inputs do (a model built from GPU inputs preprocesses them there)
+    module.register_buffer("input_shift", torch.as_tensor(shift, dtype=dtype, device=reference.device))
+    module.register_buffer("input_scale", torch.as_tensor(scale, dtype=dtype, device=reference.device))
 
 
 def apply_preprocess(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -257,7 +264,8 @@ class TwoLayerNet(_SuiteBase):
         _register_preprocess(self, spec, x_train if reference is None else reference, dtype)
         x_train = None if x_train is None else self.preprocess_inputs(x_train.to(dtype))
         if info.features == "softmax-attention":
-            ctx = x_train.to(dtype) if x_train is not None else torch.zeros(0, spec.d, dtype=dtype)
+            ctx = (x_train.to(dtype) if x_train is not None
+                   else torch.zeros(0, spec.d, dtype=dtype, device=self.W.device))
             self.register_buffer("context", ctx.clone())
         elif info.features == "linear-attention":
             if x_train is None:
@@ -267,7 +275,7 @@ class TwoLayerNet(_SuiteBase):
             if spec.attn_centre:
                 self.register_buffer("context_mean", x_train.to(dtype).mean(dim=0))
         else:
-            self.register_buffer("context", torch.zeros(0, dtype=dtype))
+            self.register_buffer("context", torch.zeros(0, dtype=dtype, device=self.W.device))
 
     def set_context(self, x_train: torch.Tensor) -> None:
         """Rebuild `C` from (possibly perturbed) training inputs (raw pixels; the input statistics stay fixed)."""
@@ -350,7 +358,8 @@ class QKVAttentionNet(_SuiteBase):
             setattr(self, name, nn.Parameter(w))
         _register_preprocess(self, spec, x_train if reference is None else reference, dtype)
         x_train = None if x_train is None else self.preprocess_inputs(x_train.to(dtype))
-        ctx = attention_context(x_train) if x_train is not None else torch.zeros(spec.d, spec.d, dtype=dtype)
+        ctx = (attention_context(x_train) if x_train is not None
+               else torch.zeros(spec.d, spec.d, dtype=dtype, device=self.W.device))
         self.register_buffer("context", ctx)
 
     @property

@@ -99,7 +99,7 @@ class GenericKernels:
 
     def perturbed(self, x_new: torch.Tensor, sel: np.ndarray, K: np.ndarray, Kst: np.ndarray,
                   xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        s = torch.as_tensor(sel)
+        s = torch.as_tensor(sel, device=x_new.device)
         if self._train is not None and self._test is not None:
             fp = self.jac.features(x_new[s], label="jacobians (perturbed)")
             rows = self.jac.gram(fp, self._train).numpy()
@@ -277,7 +277,7 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str =
 
     def probe(chosen: np.ndarray, name: str, eps: float, seed: int) -> tuple[dict[str, Any], InfluenceResult,
                                                                         torch.Tensor]:
-        ct = torch.as_tensor(chosen)
+        ct = torch.as_tensor(chosen, device=x.device)
         x_adv = attack(model, x[ct], y[ct], AttackConfig(name, eps, steps=cfg.steps, seed=seed))
         x_new = x.index_copy(0, ct, x_adv)
         K2, Kst2 = provider.perturbed(x_new, chosen, est.K, est.Kst, xt)
@@ -321,7 +321,7 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str =
     tic = time.perf_counter()
     hsub = hessian_subset(len(x), n_params, cfg.hessian_points, cfg.seed)
     log(f"audit: {label}: sharpness ({cfg.hessian_iters} Hessian-vector products on {len(hsub)} of {len(x)} points)")
-    hs = torch.as_tensor(hsub)
+    hs = torch.as_tensor(hsub, device=x.device)
     sharp = top_hessian(model, x[hs], y[hs], cfg.hessian_iters, cfg.seed,
                         HvpOptions(max_bytes=int(cfg.max_memory_gb * 2**30)))
     sharp["points"], sharp["of"] = len(hsub), len(x)

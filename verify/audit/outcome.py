@@ -122,7 +122,7 @@ def outcome_panel(inp: RefitInputs, per_test: np.ndarray, sel: np.ndarray, attac
     yt_np = yt.numpy()
     alt = {}
     for arm, idx in (("levers", sel), ("random", rand)):
-        it = torch.as_tensor(idx)
+        it = torch.as_tensor(idx, device=x.device)
         x_adv = attack(model, x[it], y[it], AttackConfig(attack_name, eps, steps=steps, seed=seed + 31))
         alt[arm] = x.index_copy(0, it, x_adv)
     log(f"audit: outcome: {seeds} seeds x (control, levers, random) re-fits at eps {eps:g}")
@@ -190,7 +190,7 @@ def outcome_curves(inp: RefitInputs, per_test: np.ndarray, total: np.ndarray, gr
         tgt = np.argsort(-np.abs(per_test[sel]).sum(axis=0), kind="stable")[:max(1, min(n_targets, len(xt)))]
         per_seed: dict[str, list[dict[str, float]]] = {"levers": [], "random": []}
         for arm, idx in (("levers", sel), ("random", rand)):
-            it = torch.as_tensor(idx)
+            it = torch.as_tensor(idx, device=x.device)
             x_adv = attack(model, x[it], y[it], AttackConfig(attack_name, e, steps=steps, seed=seed + 31))
             x_alt = x.index_copy(0, it, x_adv)
             for s, ctrl in enumerate(ctrls):
@@ -233,9 +233,10 @@ def poison_panel(inp: RefitInputs, kernels: Callable[[nn.Module], Any], cfg: Aud
     planted = np.sort(rng.choice(n, k, replace=False))
     flips, perturbed = planted[: k // 2], planted[k // 2:]
     yp = y.clone()
-    yp[torch.as_tensor(flips)] = torch.as_tensor((y.numpy()[flips] + rng.integers(1, classes, len(flips))) % classes)
+    flipped = (y.cpu().numpy()[flips] + rng.integers(1, classes, len(flips))) % classes  # drawn on the CPU
+    yp[torch.as_tensor(flips, device=yp.device)] = torch.as_tensor(flipped, device=yp.device)
     xp = x.clone()
-    ip = torch.as_tensor(perturbed)
+    ip = torch.as_tensor(perturbed, device=x.device)
     xp[ip] = attack(model, x[ip], y[ip], AttackConfig("pgd", eps, steps=steps, seed=seed + 3))
     log(f"audit: planted poison: {len(flips)} label flips + {len(perturbed)} perturbations (eps {eps:g}), re-fit")
     with refit.fitted(xp, yp, seed) as net:

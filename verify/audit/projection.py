@@ -101,7 +101,7 @@ def projection_error(exact: ModelJacobian | StructuredJacobian, proj: ProjectedJ
     sub = np.sort(rng.choice(len(x), m, replace=False))
     subt = np.sort(rng.choice(len(xt), mt, replace=False))
     log(f"audit: projection error against the exact kernel on {m} + {mt} points")
-    both = torch.cat([x[torch.as_tensor(sub)], xt[torch.as_tensor(subt)]])
+    both = torch.cat([x[torch.as_tensor(sub, device=x.device)], xt[torch.as_tensor(subt, device=xt.device)]])
     k_all = exact.kernel(both, max_bytes=max_bytes).numpy()
     ke, ket = k_all[:m, :m], k_all[m:, :m]
     f = proj.features(both)

@@ -164,7 +164,7 @@ class Refitter:
         n, b = len(x), self.cfg.batch_size
         with torch.enable_grad():
             for _ in range(self.cfg.epochs):
-                perm = torch.randperm(n, generator=gen)
+                perm = torch.randperm(n, generator=gen).to(x.device)  # seeded on the CPU, moved
                 for i in range(0, n, b):
                     idx = perm[i:i + b]
                     opt.zero_grad(set_to_none=True)

@@ -96,7 +96,7 @@ def _chunked_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, slic
     """The mean loss over all points: the per-point losses summed over the chunks (no graph, float64), over `n`."""
     n = len(x)
     with torch.no_grad():
-        total = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=x.device)
         for sl in slices:
             out = model(x[sl])
             total += loss_fn(out.shape[1])(out, y[sl]).double().sum()
@@ -131,7 +131,7 @@ def hessian_products(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, f
     params = [p for p in model.parameters() if p.requires_grad]
     sizes = [p.numel() for p in params]
     shapes = [p.shape for p in params]
-    like = torch.zeros(sum(sizes), dtype=params[0].dtype)
+    like = torch.zeros(sum(sizes), dtype=params[0].dtype, device=params[0].device)
     n = len(x)
 
     def split(v: torch.Tensor) -> list[torch.Tensor]:
@@ -159,7 +159,7 @@ def hessian_products(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, f
 
             def hvp(v: torch.Tensor) -> torch.Tensor:
                 hs = torch.autograd.grad(grads, params, grad_outputs=split(v), retain_graph=True, allow_unused=True)
-                return torch.cat([torch.zeros(k, dtype=v.dtype) if h is None else h.reshape(-1)
+                return torch.cat([torch.zeros(k, dtype=v.dtype, device=v.device) if h is None else h.reshape(-1)
                                   for h, k in zip(hs, sizes, strict=True)])
 
             hvp(like)

@@ -239,7 +239,7 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
         noise_means.append(float(per_example_loss(refit.control(x, y, seed + s, ev)["test"], yt_np, out_dim).mean()))
     rng = np.random.default_rng(seed + 104729)
     for i in rng.choice(n, noise_seeds, replace=False):
-        keep = torch.as_tensor(np.delete(np.arange(n), i))
+        keep = torch.as_tensor(np.delete(np.arange(n), i), device=x.device)
         out = refit.outputs(x[keep], y[keep], seed, {"test": xt})["test"]
         noise_means.append(float(per_example_loss(out, yt_np, out_dim).mean()))
     noise_sd = float(np.std(noise_means, ddof=1))
@@ -250,7 +250,7 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
     removed, reps = [], np.zeros((repeats, subsets, t))
     for m in range(subsets):
         rem = rng.choice(n, r, replace=False)
-        keep = torch.as_tensor(np.setdiff1d(np.arange(n), rem))
+        keep = torch.as_tensor(np.setdiff1d(np.arange(n), rem), device=x.device)
         for q in range(repeats):
             out = refit.outputs(x[keep], y[keep], seed + q, {"test": xt})["test"]
             reps[q, m] = per_example_loss(out, yt_np, out_dim) - bases[q]
@@ -269,7 +269,7 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
     log(f"audit: validity: leaving out the top {k} levers and {k} random points")
     removal = {}
     for arm, rem in (("top", order[:k]), ("random", rng.choice(n, k, replace=False))):
-        keep = torch.as_tensor(np.setdiff1d(np.arange(n), rem))
+        keep = torch.as_tensor(np.setdiff1d(np.arange(n), rem), device=x.device)
         out = refit.outputs(x[keep], y[keep], seed, {"test": xt})["test"]
         removal[arm] = {"k": int(k), "predicted": float(lead_per_test[rem].sum() / t),
                         "actual": float(per_example_loss(out, yt_np, out_dim).mean() - base_loss.mean())}
@@ -362,7 +362,7 @@ def _brittleness(refit: Refitter, data: Tensors, per_test: np.ndarray, ctrl_test
     log(f"audit: brittleness of test point {j}: up to {len(grid)} re-fits")
     found, tried = None, []
     for k in grid:
-        keep = torch.as_tensor(np.sort(order[k:]))
+        keep = torch.as_tensor(np.sort(order[k:]), device=x.device)
         out = refit.outputs(x[keep], y[keep], seed, {"t": xt[j:j + 1]})["t"]
         flipped = int(labels_of(out)[0]) != base
         tried.append({"k": int(k), "flipped": bool(flipped)})
@@ -374,7 +374,7 @@ def _brittleness(refit: Refitter, data: Tensors, per_test: np.ndarray, ctrl_test
     rand = []
     for _ in range(random_seeds):
         rem = rng.choice(n, k_rand, replace=False)
-        keep = torch.as_tensor(np.setdiff1d(np.arange(n), rem))
+        keep = torch.as_tensor(np.setdiff1d(np.arange(n), rem), device=x.device)
         out = refit.outputs(x[keep], y[keep], seed, {"t": xt[j:j + 1]})["t"]
         rand.append(int(labels_of(out)[0]) != base)
     return {"target": int(j), "label": int(yt[j]), "predicted": base, "k": found, "tried": tried,
