@@ -189,17 +189,28 @@ class UnitCost:
 def unit_seconds(name: str, cfg: Mapping[str, Any], prim: Primitives,
                  trained: set[tuple[Any, ...]] | None = None) -> UnitCost:
     """The estimated cost of one unit; the keys of the networks it trains are added to `trained`, and those
-    already there (trained by an earlier unit in the same process) cost nothing."""
+    already there (trained by an earlier unit in the same process) cost nothing. Under primitives that train
+    stacked (`stacked` true: a GPU, `empirics.engine.train_many` padded), the networks of a unit that share a data
+    set, n, epochs and regime train as one stack: they pay the per-step cost (`fixed_s`) once and their
+    arithmetic each."""
     train_s, reused = 0.0, 0
     nets = networks(name, cfg)
+    stacks: dict[tuple[Any, ...], float] = {}
     for net in nets:
         if trained is not None and net.key is not None:
             if net.key in trained:
                 reused += 1
                 continue
             trained.add(net.key)
-        train_s += net.epochs * net.factor * prim.epoch_s(net.kind, D.get(net.dataset, 784), net.n, net.m,
-                                                          net.regime)
+        d = D.get(net.dataset, 784)
+        epochs = net.epochs * net.factor
+        epoch = prim.epoch_s(net.kind, d, net.n, net.m, net.regime)
+        if getattr(prim, "stacked", False):
+            stack = (net.dataset, net.n, net.epochs, net.factor, net.regime)
+            fixed = prim.fixed_s(net.kind, net.n, net.regime)  # type: ignore[attr-defined]
+            epoch -= fixed if stack in stacks else 0.0
+            stacks[stack] = fixed
+        train_s += epochs * epoch
     other = kernel_work(name, cfg, prim) + prim.unit()
     if name.startswith("landscape"):
         d = D.get(cfg.get("dataset", "mnist"), 784)
@@ -251,6 +262,18 @@ class Analytic:
     n^3. A constant missing from `c` counts 0 (a calibration made before it existed)."""
 
     c: Mapping[str, float]
+    #: Whether the networks of a unit train as one stack (`unit_seconds`): the GPU prices.
+    stacked: bool = False
+    #: Where the constants come from (shown by `--plan`).
+    source: str = ""
+
+    def fixed_s(self, kind: str, n: int, regime: str) -> float:
+        """The part of an epoch that does not grow with the arithmetic: the per-step (launch) cost, which a stack of
+        networks pays once."""
+        steps = math.ceil(n / BATCH)
+        if regime != "full" and steps == 1:
+            return 0.0
+        return steps * self.c["step" if regime == "full" else f"step_plateau_{_family(kind)}"]
 
     def epoch_s(self, kind: str, d: int, n: int, m: int, regime: str) -> float:
         steps = math.ceil(n / BATCH)
@@ -289,7 +312,49 @@ CALIBRATED = Analytic({
     "solve": 1.34e-10,
     "eig": 0.0,
     "unit": 0.756,
-})
+}, source=CALIBRATION_SOURCE)
+
+#: The H200's prices before the device check measured them (`benchmarks.gpu_check` writes the measured ones to
+#: `results/gpu-check.json`, which `gpu_prices` prefers): from issue 39's H200 figures, an optimiser step ~1 ms
+#: whatever the width (launch-bound: an epoch of 40 steps at n = 5,000 took 0.037-0.052 s at every width), float32
+#: products at ~60 TFLOP/s (a step's three products per forward multiply-add: 1e-13 s), float64 kernels at ~30
+#: TFLOP/s, the solves and eigendecompositions on the host's CPU as on this one.
+GPU_MODELLED_SOURCE = "modelled from issue 39's H200 figures (1 ms per step, 60 TFLOP/s float32); not measured here"
+GPU_MODELLED = Analytic({
+    "step": 1e-3, "flop": 1e-13, "step_plateau_relu": 1e-3, "flop_plateau_relu": 1e-13, "step_plateau_attn": 1e-3,
+    "flop_plateau_attn": 1e-13, "flop_fullbatch_relu": 1e-13, "flop_fullbatch_attn": 1e-13, "kernel": 1e-13,
+    "solve": CALIBRATED.c["solve"], "eig": CALIBRATED.c["eig"], "unit": 2.0,
+}, stacked=True, source=GPU_MODELLED_SOURCE)
+#: Where the device check's record lives once a GPU was lent (committed by the session that ran it).
+GPU_RECORD = "results/gpu-check.json"
+
+
+def gpu_prices(root: Any = None) -> Analytic:
+    """The GPU's prices: the constants the device check measured (`GPU_RECORD`, its primitives section), else
+    `GPU_MODELLED`. A record that cannot be read or lacks a constant falls back to the modelled prices."""
+    import json
+    from pathlib import Path
+
+    path = Path(root or Path(__file__).resolve().parents[1]) / GPU_RECORD
+    try:
+        rec = json.loads(path.read_text())
+        sec = rec["sections"]["primitives"]
+        c = sec["result"]["constants"]
+        if sec.get("status") == "ok" and all(isinstance(c.get(k), (int, float)) for k in CONSTANT_NAMES):
+            env = rec["sections"].get("environment", {}).get("result", {})
+            return Analytic({k: float(c[k]) for k in CONSTANT_NAMES}, stacked=True,
+                            source=f"measured by benchmarks.gpu_check on {env.get('gpu', 'a GPU')}, "
+                                   f"{env.get('date_utc', '?')}, code version {env.get('code_version', '?')} "
+                                   f"({GPU_RECORD})")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return GPU_MODELLED
+
+
+def prices_for(device: str | None) -> Analytic:
+    """The cost model's prices for a run on `device`: the GPU's for cuda, else the 2-core CPU calibration."""
+    return gpu_prices() if str(device or "").startswith("cuda") else CALIBRATED
+
 
 
 def plan(units: Sequence[tuple[str, Mapping[str, Any]]], prim: Primitives = CALIBRATED) -> dict[str, UnitCost]:

@@ -174,11 +174,17 @@ def not_run_units(preset_name: str, data_dir: str | None = None, device: str | N
     p = preset(preset_name)
     every = units_for(preset_name, data_dir, device, every_set=True)
     out: dict[str, str] = {}
+    if "runs" in p:  # a preset of selected units (gpu): every other unit is not run, and says where it runs
+        for name in every:
+            if name.split("@")[0] not in p["runs"]:
+                out[name] = (f"not run at preset {preset_name} (its units are the decisive GPU experiments; this row "
+                             "runs at quick, full and paper)")
     for key in RETRAIN_FLIP_SETS:
         if key in retrain_flip_sets(p):
             continue
         where = [n for n in PRESET_NAMES if key in retrain_flip_sets(PRESETS[n])]
-        runs = "runs at " + " and ".join(where) if where else "no preset runs it"
+        runs = f"runs at {', '.join(where[:-1])} and {where[-1]}" if len(where) > 1 else (
+            f"runs at {where[0]}" if where else "no preset runs it")
         for protocol in p.get("protocols", PROTOCOLS):
             for pre in p["preprocessings"]:
                 row = [names.at(u, protocol, pre) for u in set_units(key)]

@@ -4,7 +4,9 @@ Each unit is shown with what sizes its numbers (seeds, widths, n, epochs, protoc
 config has one), whether the cache already holds it (with `--resume`), and its estimated seconds from the cost
 model (`verify.costs`, networks shared within a group counted once, as the local executor runs them). The totals
 are the estimated time one unit after another and the estimated wall time with the run's `--jobs` workers
-(groups taken longest first). Units the claims read that the preset does not run (`not_run`, from
+(groups taken longest first). On a GPU (`--device cuda`, `verify.costs.gpu_prices`) the units are priced with the
+GPU's constants, each unit's networks trained as one stack, and the wall time is the total: the workers share
+one device. Units the claims read that the preset does not run (`not_run`, from
 `verify.experiments.not_run_units`) are listed after the totals with the reason their rows give.
 """
 
@@ -65,10 +67,13 @@ def build(units: Sequence[Unit], cache: Cache | None, jobs: int, needed_by: Mapp
                        networks_reused=c.reused)
         rows.append(row)
     total = sum(c.total_s for c in est.values())
+    workers = 1 if getattr(prim, "stacked", False) else jobs  # one GPU: the workers share it
     return {"units": rows, "to_compute": len(todo), "cached": len(cached), "jobs": jobs,
-            "estimated_total_s": total, "estimated_wall_s": costs.makespan([s for _, s in grouped], jobs),
+            "estimated_total_s": total, "estimated_wall_s": costs.makespan([s for _, s in grouped], workers),
             "groups": len(grouped),
-            "cost_model": {"constants": dict(getattr(prim, "c", {})), "source": costs.CALIBRATION_SOURCE}}
+            "cost_model": {"constants": dict(getattr(prim, "c", {})),
+                           "source": getattr(prim, "source", "") or costs.CALIBRATION_SOURCE,
+                           "stacked": bool(getattr(prim, "stacked", False))}}
 
 
 def _duration(s: float) -> str:
@@ -91,7 +96,9 @@ def text(plan: Mapping[str, Any]) -> str:
                      f"{widths[:14]:<14} {c.get('preprocess', '-'):<7} {est:>9}")
     lines.append(f"{len(plan['units'])} units: {plan['to_compute']} to compute, {plan['cached']} cached; estimated "
                  f"{_duration(plan['estimated_total_s'])} one after another, {_duration(plan['estimated_wall_s'])} "
-                 f"wall with --jobs {plan['jobs']} ({plan['groups']} groups of units sharing networks)")
+                 f"wall with --jobs {plan['jobs']} ({plan['groups']} groups of units sharing networks)"
+                 + ("; priced for one GPU, each unit's networks trained as one stack (cost model: "
+                    f"{plan['cost_model']['source']})" if plan.get("cost_model", {}).get("stacked") else ""))
     by_reason: dict[str, list[str]] = {}
     for unit, why in plan.get("not_run", {}).items():  # units the claims read that this preset does not run
         by_reason.setdefault(why, []).append(unit)

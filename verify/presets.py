@@ -10,6 +10,11 @@
 - `full`: quick's sizes and seeds under every condition (paper and proper protocols x raw and standardised
   unit-norm inputs) and with the gd-mse estimand of the NTK rows: hours on a 2-core CPU (README, Presets).
 - `paper`: the paper's reported scale (500 epochs, widths to 4096, larger n); meant for a GPU.
+- `gpu`: the decisive experiments at the paper's scale, for one GPU: the NTK-distance sweeps (paper protocol and its
+  gd-mse twins) at widths 16-4,096, n = 5,000 and 10 seeds on both data sets, the 10-class and binary flip units at
+  n = 5,000, and the retrain-based flip rows, on raw and unit-norm inputs; every other row says it was not run at
+  this preset (`runs`). Priced by `verify claims --preset gpu --plan` with the GPU's measured constants; longer
+  than one lent session, it runs in parts: `--resume` continues from the cache (`benchmarks.gpu_check`).
 
 Every experiment reads its sizes from here, so one table documents the scale of every number.
 """
@@ -20,7 +25,7 @@ from typing import NotRequired, TypedDict
 
 from ntkm.errors import UserInputError
 
-PRESET_NAMES = ("smoke", "quick", "axes", "full", "paper")
+PRESET_NAMES = ("smoke", "quick", "axes", "full", "paper", "gpu")
 
 
 class PresetSizes(TypedDict):
@@ -58,6 +63,9 @@ class PresetSizes(TypedDict):
     #: The data sets and tasks (`DATASET:TASK`) whose retrain-based flip rows run, where not MNIST 10 classes alone
     #: (`verify.claims.retrain_flip.RETRAIN_FLIP_SETS`); the rows of the others say they were not run here.
     retrain_flip_sets: NotRequired[tuple[str, ...]]
+    #: The units (base names, before '@') the preset runs, where not every unit (`gpu`); the claims rows of the
+    #: others say they were not run at this preset (`verify.experiments.not_run_units`).
+    runs: NotRequired[tuple[str, ...]]
 
 
 _QUICK: PresetSizes = {
@@ -92,6 +100,14 @@ PRESETS: dict[str, PresetSizes] = {
         "retrain_flip_sets": ("mnist:10class", "mnist:binary", "cifar10:10class"),
     },
 }
+PRESETS["gpu"] = {
+    **PRESETS["paper"], "protocols": ("paper",), "preprocessings": ("raw", "unit"),
+    "runs": ("theory", "ntk-distance:mnist", "ntk-distance:cifar10", "malleability:mnist:10class",
+             "malleability:cifar10:10class", "malleability:mnist:binary", "malleability:cifar10:binary",
+             "flip-retrain:relu", "flip-retrain:attn", "flip-retrain:mnist:binary:relu",
+             "flip-retrain:mnist:binary:attn", "flip-retrain:cifar10:10class:relu",
+             "flip-retrain:cifar10:10class:attn"),
+}
 #: What each preset key means (printed in the README's preset table).
 PRESET_KEYS = {
     "epochs": "maximum epochs of the plateau-trained (width-consistent) protocol; fixed epochs in single commands "
@@ -114,6 +130,8 @@ PRESET_KEYS = {
     "retrain_flip_sets": "data sets and tasks whose retrain-based flip rows run (MNIST 10 classes unless given; full "
                          "and paper add binary MNIST and CIFAR-10): a row whose units a preset does not run says so, "
                          "with their estimated cost, as 'not measurable here'",
+    "runs": "the units the preset runs where not all (gpu: the decisive GPU experiments); the others' rows say 'not "
+            "measurable here: not run at preset gpu'",
     "ntk_gd_mse": "whether the NTK-distance sweeps also train every network under gd-mse (the co-primary estimand of "
                   "the NTK rows); off at quick for its time budget, on at full and paper",
 }

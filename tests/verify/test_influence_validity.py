@@ -220,7 +220,8 @@ def test_a_row_the_preset_does_not_run_says_so_and_its_flip_claim_reads_the_mnis
     for claim_id in NEW_ROWS:
         row = claim_row(claims[claim_id], results, ("unit",), ("proper",))
         assert row["verdict"] == NA.value
-        assert row["ours"].startswith("not measurable here: not run at preset quick (runs at full and paper; about ")
+        assert row["ours"].startswith("not measurable here: not run at preset quick (runs at full, paper and gpu; "
+                                      "about ")
         assert row["ours"].endswith(" min of one core here by the cost model)")
     # the flip claims whose own row was not run read flip-retrain-mnist, as before the per-data-set rows (D25)
     results["malleability:mnist:binary@proper+unit"] = fake_record(HOLDING["flip-binary-mnist"], task="binary")

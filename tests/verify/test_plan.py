@@ -101,7 +101,7 @@ def test_quick_plans_no_new_retrain_flip_unit_and_names_the_rows_it_does_not_run
     assert sorted(quick["not_run"]) == sorted(f"flip-retrain:{s}:{m}@proper+unit" for s in ("mnist:binary",
                                                                                             "cifar10:10class")
                                               for m in ("relu", "attn"))
-    assert all(why.startswith("not run at preset quick (runs at full and paper; about ")
+    assert all(why.startswith("not run at preset quick (runs at full, paper and gpu; about ")
                for why in quick["not_run"].values())
     assert main(["claims", "--preset", "full", "--plan", "--only", "flip-retrain-mnist,flip-retrain-binary-mnist,"
                  "flip-retrain-cifar10", "--json", "-"]) == 0

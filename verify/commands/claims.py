@@ -182,8 +182,9 @@ def show_plan(args: argparse.Namespace, claims: list[Any], pres: tuple[str, ...]
               cache: Cache | None, jobs: int, skipped: dict[str, str] | None = None) -> int:
     """`--plan`: the table on stdout (unless the JSON goes there) and the JSON record with --json. `skipped`: the
     units the claims read that the preset does not run, with the reason (`not_run` in the record, where any)."""
-    from verify import plan
+    from verify import costs, plan
 
+    device = args.device or ("cuda" if args.preset == "gpu" else None)
     needed_by: dict[str, list[str]] = {}
     for c in claims:
         for u in claim_units(c, pres, preset(args.preset)["protocols"]):
@@ -191,7 +192,8 @@ def show_plan(args: argparse.Namespace, claims: list[Any], pres: tuple[str, ...]
             if c.id not in needed_by[u]:
                 needed_by[u].append(c.id)
     record = {"preset": args.preset, "only": args.only, "resume": bool(args.resume),
-              **plan.build(units, cache, jobs, needed_by), **({"not_run": skipped} if skipped else {})}
+              **plan.build(units, cache, jobs, needed_by, costs.prices_for(device)),
+              **({"not_run": skipped} if skipped else {})}
     if args.json != "-":
         print(plan.text(record))
     emit_json(args.json, record)

@@ -1,0 +1,632 @@
+"""The one prepared device check: everything the suite needs to know about a GPU, within a time budget.
+
+    python -m benchmarks.gpu_check                                   # on a GPU: 480 s, runs/gpu-check/
+    python -m benchmarks.gpu_check --budget-s 300 --resume runs/gpu-check --json results/gpu-check.json
+    python -m benchmarks.gpu_check --device cpu --smoke              # the same script on a CPU, < 3 min (CI)
+
+A GPU is lent to a session rarely and for about 15 minutes, start-up included, so this script is the whole of
+what is run there: it stops itself within `--budget-s`, writes its JSON and Markdown after every section (a
+killed run keeps what it had), and with `--resume DIR` skips the sections a previous run finished and continues
+the claims runs from their caches. Sections, in order of what they are worth:
+
+1. `environment`: device, driver, library versions, the code version (git commit; `NTKM_GIT_COMMIT` where the
+   checkout has no `.git`, as on the device machine).
+2. `engine`: the batched engine against the per-network loop on the device: one network's training epoch
+   (`empirics.train.train`) at every width of the paper (n = 5,000, MNIST's and CIFAR-10's input dimension), and
+   the stacked epoch of the 100 networks of one NTK-distance sweep (2 models x 5 widths x 10 seeds,
+   `empirics.engine.train_many`) and of 100 networks at the widest width; the ratio of a stacked epoch to one
+   network's epoch, networks x epochs per second, the achieved FLOP/s against a measured GEMM rate, and the
+   agreement of the stack with the loop (weights, epochs) on a short training of the same networks.
+3. `primitives`: the device's prices for the cost model (`verify.costs.Analytic` constants: seconds per
+   optimiser step of a stack, per multiply-add, per kernel entry, per solve and eigendecomposition flop), fitted
+   from the engine section and a timed empirical NTK; with them the paper and gpu presets' estimated time.
+4. `agreement`: `verify claims --preset smoke` on the CPU and on the device: every claim's verdict and every
+   number of every unit type (NTK distance, flips, landscape, retraining, ...) compared within float32 tolerance.
+5. `quick`: `verify claims --preset quick --device DEVICE` end to end, its wall time and its verdicts beside the
+   recorded CPU run (`results/claims-quick.json`); resumed from its cache when the budget ran out.
+6. `gpu_preset`: as much of `verify claims --preset gpu` as the rest of the budget holds, cached (`--resume`).
+
+`--smoke` shrinks every size so the script runs on a 2-core CPU in under 3 minutes (tested in CI, so it cannot
+rot): the engine at n = 200, widths 16 and 64; agreement and end to end on a few smoke claims; no gpu preset.
+Each section records its status ("ok", "failed: <error>", "skipped: <why>") and its wall time; a failed section
+does not stop the others. Exit code 0 when every section that ran is ok, 1 otherwise, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = ("environment", "engine", "primitives", "agreement", "quick", "gpu_preset")
+#: Seconds each section needs at least to start (below that it is skipped and says so); the claims runs use the rest.
+MIN_SECONDS = {"environment": 0, "engine": 30, "primitives": 10, "agreement": 60, "quick": 60, "gpu_preset": 60}
+#: Seconds kept back for writing the record and ending child processes.
+RESERVE_S = 20.0
+#: Relative tolerance of a CPU/GPU number: float32 training, different kernels and reduction orders.
+FLOAT32_TOLERANCE = 1e-3
+#: The smoke claims the CPU-only (`--smoke`) run compares and runs end to end: one NTK row, one flip row.
+SMOKE_ONLY = "ntk-relu-mnist,flip-mnist"
+
+
+def _log(msg: str) -> None:
+    print(f"[gpu_check] {msg}", file=sys.stderr, flush=True)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class Skipped(Exception):
+    """A section that does not apply to this run (its status says why)."""
+
+
+class Budget:
+    """Seconds left of the run's budget."""
+
+    def __init__(self, total_s: float):
+        self.total_s = total_s
+        self.t0 = time.monotonic()
+
+    def left(self) -> float:
+        return self.total_s - (time.monotonic() - self.t0) - RESERVE_S
+
+
+# ---- 1. environment -------------------------------------------------------------------------------------------
+
+def environment_section(device: str) -> dict[str, Any]:
+    from benchmarks.harness import environment
+
+    env = environment()
+    if os.environ.get("NTKM_GIT_COMMIT"):  # the device machine's copy may carry a stale .git: the caller knows better
+        env["git_commit_of_checkout"] = env.get("git_commit")
+        env["git_commit"] = os.environ["NTKM_GIT_COMMIT"]
+    from verify.runner import code_version
+
+    env["code_version"] = code_version()
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(0)
+        env["gpu_memory_gib"] = round(props.total_memory / (1 << 30), 1)
+        env["cuda_version"] = torch.version.cuda
+        env["cudnn"] = torch.backends.cudnn.version()
+        env["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+    return env
+
+
+# ---- 2. engine ------------------------------------------------------------------------------------------------
+
+def _epoch_seconds(run: Callable[[int], None], device: str, e1: int, e2: int) -> float:
+    """Seconds per epoch: (time of e2 epochs - time of e1 epochs) / (e2 - e1), after a warm-up call (removes the
+    fixed costs: building the features, the final evaluation)."""
+    run(e1)
+    times = {}
+    for e in (e1, e2):
+        _sync(device)
+        t0 = time.perf_counter()
+        run(e)
+        _sync(device)
+        times[e] = time.perf_counter() - t0
+    return max((times[e2] - times[e1]) / (e2 - e1), 1e-9)
+
+
+def _jobs(kinds: tuple[str, ...], widths: tuple[int, ...], seeds: range, x: torch.Tensor, y: torch.Tensor,
+          epochs: int, device: str) -> list[tuple]:
+    """Training jobs of every kind x width x seed on (x, y). One network is initialised per kind and width and
+    copied for the other seeds (on the device: drawing 100 CIFAR-10 networks of width 4,096 on the host took most of
+    the first H200 runs' engine section); the cost of a step does not depend on the values."""
+    from empirics.models import ModelSpec, build_model
+    from empirics.protocols import PAPER, protocol_config
+
+    cfg = protocol_config(PAPER, epochs)
+    jobs = []
+    for k in kinds:
+        for m in widths:
+            first = build_model(ModelSpec(k, x.shape[1], m, 10, seed=0), x, device=device)
+            jobs += [(first if s == seeds[0] else copy.deepcopy(first), x, y, cfg, None, None, f"{k} m={m} seed {s}")
+                     for s in seeds]
+    return jobs
+
+
+def _gemm_rate(device: str, n: int, d: int, m: int) -> float:
+    """FLOP/s of the step's largest product (n x d times d x m, float32) on this device."""
+    a = torch.rand(n, d, device=device)
+    b = torch.rand(d, m, device=device)
+    reps = 3 if device == "cpu" else 20
+    a @ b
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    return 2.0 * n * d * m * reps / (time.perf_counter() - t0)
+
+
+def _engine_row(device: str, d: int, n: int, widths: tuple[int, ...], seeds: int, epochs: tuple[int, int],
+                budget: Budget) -> dict[str, Any]:
+    """One input dimension: one network's epoch per width; the stacked sweep and 100 networks at the widest width."""
+    from empirics import engine
+    from empirics.engine import gemm_flops, train_many
+    from empirics.train import train
+
+    stack_plan = getattr(engine, "stack_plan", None)  # absent before the padded engine: stacks not counted
+    gen = torch.Generator().manual_seed(d)
+    x = torch.rand(n, d, generator=gen).to(device)
+    y = torch.randint(0, 10, (n,), generator=gen).to(device)
+    row: dict[str, Any] = {"d": d, "one_network_epoch_s": {}}
+    for m in widths:
+        def one(e: int, m: int = m) -> None:
+            (job,) = _jobs(("relu",), (m,), range(1), x, y, e, device)
+            train(*job)
+        row["one_network_epoch_s"][str(m)] = _epoch_seconds(one, device, *epochs)
+    _log(f"d={d}: one network's epoch {row['one_network_epoch_s']}")
+    sweeps = {"sweep": (("relu", "attn"), widths, range(seeds)),
+              "widest": (("relu",), (widths[-1],), range(2 * len(widths) * seeds))}
+    for name, (kinds, ws, ss) in sweeps.items():
+        if budget.left() < 15:
+            row[name] = {"status": "skipped: budget"}
+            continue
+        stacks = stack_plan(_jobs(kinds, ws, ss, x, y, 1, device), None) if stack_plan else None
+
+        def stacked(e: int, kinds: tuple = kinds, ws: tuple = ws, ss: range = ss, name: str = name) -> None:
+            train_many(_jobs(kinds, ws, ss, x, y, e, device), label=f"stack {name}")
+        epoch_s = _epoch_seconds(stacked, device, *epochs)
+        nets = len(kinds) * len(ws) * len(ss)
+        work = sum(gemm_flops(1, n, 128, m, d, 10) for _ in kinds for m in ws for _ in ss)
+        row[name] = {"networks": nets, "stacks": len(stacks) if stacks else None, "epoch_s": epoch_s,
+                     "ratio_to_one_network": epoch_s / row["one_network_epoch_s"][str(widths[-1])],
+                     "network_epochs_per_s": nets / epoch_s, "achieved_flop_s": work / epoch_s}
+        _log(f"d={d} {name}: {nets} networks in {len(stacks) if stacks else '?'} stack(s), {epoch_s:.3f} s per epoch")
+    row["gemm_flop_s"] = _gemm_rate(device, n, d, widths[-1])
+    for name in sweeps:
+        if "achieved_flop_s" in row.get(name, {}):
+            row[name]["fraction_of_gemm"] = row[name]["achieved_flop_s"] / row["gemm_flop_s"]
+    return row
+
+
+def engine_section(device: str, smoke: bool, budget: Budget) -> dict[str, Any]:
+    n = 200 if smoke else 5000
+    widths = (16, 64) if smoke else (16, 64, 256, 1024, 4096)
+    seeds = 2 if smoke else 10
+    out: dict[str, Any] = {"n": n, "widths": list(widths), "seeds": seeds, "batch": 128, "rows": []}
+    for d in (784,) if smoke else (784, 3072):
+        if budget.left() < 20:
+            out["rows"].append({"d": d, "status": "skipped: budget"})
+            continue
+        out["rows"].append(_engine_row(device, d, n, widths, seeds, (1, 2) if smoke else (1, 3), budget))
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    out["agreement"] = _engine_agreement(device, smoke)
+    return out
+
+
+def _engine_agreement(device: str, smoke: bool) -> dict[str, Any]:
+    """The stack (`train_many`, padded on CUDA) against the loop (`train` on copies) on the device: a short
+    training of networks of two widths and both models."""
+    from empirics.engine import train_many
+    from empirics.train import train
+
+    n, d = (200, 784) if smoke else (1000, 784)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.rand(n, d, generator=gen).to(device)
+    y = torch.randint(0, 10, (n,), generator=gen).to(device)
+    jobs = _jobs(("relu", "attn"), (16, 256), range(3), x, y, 3, device)
+    loop_jobs = [(copy.deepcopy(j[0]), *j[1:]) for j in jobs]
+    stack_recs = train_many(jobs)
+    loop_recs = [train(*j) for j in loop_jobs]
+    worst = 0.0
+    for a, b in zip(jobs, loop_jobs, strict=True):
+        wa, wb = a[0].W.detach(), b[0].W.detach()
+        worst = max(worst, float((wa - wb).abs().max() / wb.abs().max().clamp_min(1e-30)))
+    same_epochs = all(r.epochs_run == s.epochs_run for r, s in zip(stack_recs, loop_recs, strict=True))
+    return {"networks": len(jobs), "epochs": 3, "max_rel_weight_difference": worst, "tolerance": FLOAT32_TOLERANCE,
+            "same_epochs": same_epochs, "passed": worst <= FLOAT32_TOLERANCE and same_epochs}
+
+
+# ---- 3. primitives --------------------------------------------------------------------------------------------
+
+def primitives_section(device: str, smoke: bool, engine: dict[str, Any] | None) -> dict[str, Any]:
+    """The device's prices (`verify.costs.Analytic` constants) from the engine section and a timed NTK; the
+    presets' estimated time with them, the networks of a unit trained as one stack (`verify.costs.plan`)."""
+    from benchmarks.scale import eig_seconds_per_n3, ntk_seconds, solve_seconds
+    from empirics.engine import flops_per_step
+    from verify import costs
+    from verify.experiments import not_run_units, units_for
+
+    if not engine or not engine.get("rows"):
+        raise RuntimeError("the engine section has no measurements to price the cost model with")
+    row = next(r for r in reversed(engine["rows"]) if "sweep" in r and "epoch_s" in r.get("sweep", {}))
+    n, d, widths = engine["n"], row["d"], engine["widths"]
+    steps = -(-n // 128)
+    step = row["one_network_epoch_s"][str(widths[0])] / steps  # the narrowest network: launch-bound
+    big = row.get("widest", row["sweep"])
+    macs = big["networks"] * steps * flops_per_step(128, widths[-1], d, 10) / 2
+    flop = max((big["epoch_s"] - steps * step) / macs, 0.0)
+    n_ref = 400 if smoke else 2000
+    kernel = ntk_seconds(784, n_ref, widths[-1], device) / (n_ref**2 * (784 + widths[-1]))
+    solve = solve_seconds(1000 if smoke else 4000) / (1000 if smoke else 4000) ** 3
+    constants = {"step": step, "flop": flop, "kernel": kernel, "solve": solve,
+                 "eig": eig_seconds_per_n3(500 if smoke else 1500), "unit": 2.0}
+    for fam in ("relu", "attn"):
+        constants.update({f"step_plateau_{fam}": step, f"flop_plateau_{fam}": flop, f"flop_fullbatch_{fam}": flop})
+    prim = costs.Analytic(constants, stacked=True, source="this run")
+    presets = {}
+    for name in ("quick", "paper", "gpu"):
+        try:
+            units = units_for(name, device=device)
+            skipped = not_run_units(name, device=device)
+        except Exception as exc:  # a preset this code version does not define
+            presets[name] = {"status": f"skipped: {exc}"}
+            continue
+        units = {k: v for k, v in units.items() if k not in skipped}
+        est = costs.plan([(u, units[u].config) for u in sorted(units)], prim)
+        presets[name] = {"units": len(est), "total_s": sum(c.total_s for c in est.values()),
+                         "largest_unit_s": max(c.total_s for c in est.values())}
+    return {"constants": constants, "source": f"engine section (d={d}, n={n}) and an empirical NTK at n={n_ref}",
+            "presets": presets}
+
+
+# ---- 4.-6. claims runs ----------------------------------------------------------------------------------------
+
+def _claims(args: list[str], out_dir: Path, timeout_s: float, log_path: Path) -> dict[str, Any]:
+    """`verify claims ARGS --out OUT_DIR --resume --no-pdf` in a child process group, ended (SIGTERM, then SIGKILL)
+    when `timeout_s` runs out; what it did: finished or not, wall time, units cached."""
+    cmd = [sys.executable, "-m", "verify.cli", "claims", *args, "--out", str(out_dir), "--resume", "--no-pdf"]
+    env = {**os.environ, "NTKM_PROGRESS": "1", "NTKM_PROGRESS_BARS": "0", "PYTHONUNBUFFERED": "1"}
+    t0 = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=max(1.0, timeout_s))
+            ended = None
+        except subprocess.TimeoutExpired:
+            ended = _end_group(proc)
+            rc = proc.returncode
+    wall = time.monotonic() - t0
+    cache = out_dir / "cache"
+    done = len(list(cache.glob("*.json"))) if cache.is_dir() else 0
+    res: dict[str, Any] = {"command": " ".join(["verify", *cmd[3:]]), "exit_code": rc, "wall_s": wall,
+                           "finished": rc == 0 and (out_dir / "claims.json").exists(), "units_cached": done}
+    if ended:
+        res["ended_by_budget"] = ended
+    return res
+
+
+def _end_group(proc: subprocess.Popen) -> str:
+    """SIGTERM to the child's process group; SIGKILL after 15 s. Says how it ended."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    t0 = time.monotonic()
+    try:
+        proc.wait(timeout=15)
+        return f"SIGTERM at the budget, exited {proc.returncode} after {time.monotonic() - t0:.1f} s"
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return "SIGTERM at the budget did not end it within 15 s; SIGKILL"
+
+
+def _leaves(obj: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """(path, value) of every finite or non-finite number in a JSON-like tree (booleans excluded)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, f"{prefix}[{i}]")
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        yield prefix, float(obj)
+
+
+#: Result fields that are timings or provenance, not measurements (never compared).
+_NOT_COMPARED = ("wall_s", "unit_wall_s", "seconds", "time", "pid", "elapsed")
+
+
+def compare_claims(a: dict[str, Any], b: dict[str, Any], tol: float = FLOAT32_TOLERANCE) -> dict[str, Any]:
+    """Two claims.json records: verdicts claim by claim, and every number of every unit's result."""
+    va = {c["id"]: c["verdict"] for c in a.get("claims", [])}
+    vb = {c["id"]: c["verdict"] for c in b.get("claims", [])}
+    differ = sorted(k for k in va.keys() & vb.keys() if va[k] != vb[k])
+    units: dict[str, Any] = {}
+    for name in sorted(a.get("results", {}).keys() & b.get("results", {}).keys()):
+        la = dict(_leaves(a["results"][name]))
+        lb = dict(_leaves(b["results"][name]))
+        keys = [k for k in la.keys() & lb.keys() if not any(t in k.rsplit(".", 1)[-1] for t in _NOT_COMPARED)]
+        worst, beyond = 0.0, 0
+        for k in keys:
+            x, y = la[k], lb[k]
+            if x == y or (x != x and y != y):
+                continue
+            rel = abs(x - y) / max(abs(x), abs(y), 1e-12)
+            worst = max(worst, rel)
+            beyond += rel > tol
+        units[name] = {"numbers": len(keys), "beyond_tolerance": beyond, "max_rel_difference": worst}
+    return {"claims_compared": len(va.keys() & vb.keys()), "verdicts_equal": len(va.keys() & vb.keys()) - len(differ),
+            "verdicts_differ": {k: [va[k], vb[k]] for k in differ}, "tolerance": tol, "units": units,
+            "numbers_beyond_tolerance": sum(u["beyond_tolerance"] for u in units.values()),
+            "numbers_compared": sum(u["numbers"] for u in units.values())}
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def agreement_section(device: str, smoke: bool, budget: Budget, state: Path, jobs: int) -> dict[str, Any]:
+    only = ["--only", SMOKE_ONLY] if smoke else []
+    runs = {}
+    for dev in ("cpu", device) if device != "cpu" else ("cpu",):
+        left = budget.left()
+        if left < 20:
+            runs[dev] = {"status": "skipped: budget"}
+            continue
+        runs[dev] = _claims(["--preset", "smoke", "--device", dev, "--jobs", str(jobs), *only],
+                            state / f"smoke-{dev}", left, state / f"smoke-{dev}.log")
+        _log(f"smoke on {dev}: {runs[dev]}")
+    out: dict[str, Any] = {"runs": runs}
+    a, b = _read(state / "smoke-cpu" / "claims.json"), _read(state / f"smoke-{device}" / "claims.json")
+    if a is not None and b is not None:
+        out["comparison"] = compare_claims(a, b)
+        c = out["comparison"]
+        out["passed"] = not c["verdicts_differ"]
+        _log(f"agreement: {c['verdicts_equal']}/{c['claims_compared']} verdicts equal, "
+             f"{c['numbers_beyond_tolerance']} of {c['numbers_compared']} numbers beyond {c['tolerance']:g}")
+    else:
+        out["passed"] = False
+    return out
+
+
+def quick_section(device: str, smoke: bool, budget: Budget, state: Path, jobs: int) -> dict[str, Any]:
+    preset, only = ("smoke", ["--only", SMOKE_ONLY]) if smoke else ("quick", [])
+    folder = state / f"{preset}-e2e-{device}"
+    res = _claims(["--preset", preset, "--device", device, "--jobs", str(jobs), *only], folder, budget.left(),
+                  state / f"{preset}-e2e-{device}.log")
+    res["preset"] = preset
+    prev = _read(state / "quick-walls.json") or {"wall_s": []}
+    prev["wall_s"].append(res["wall_s"])
+    (state / "quick-walls.json").write_text(json.dumps(prev))
+    res["wall_s_all_sessions"] = sum(prev["wall_s"])
+    new = _read(folder / "claims.json")
+    ref = _read(ROOT / "results" / "claims-quick.json") if not smoke else None
+    if new is not None:
+        res["summary"] = new.get("summary")
+        res["run_wall_s"] = new.get("wall_s")
+        if ref is not None:
+            res["against_cpu_record"] = {k: v for k, v in compare_claims(ref, new).items() if k != "units"}
+    return res
+
+
+def gpu_preset_section(device: str, smoke: bool, budget: Budget, state: Path, jobs: int) -> dict[str, Any]:
+    from verify.presets import PRESETS
+
+    if smoke:
+        raise Skipped("--smoke")
+    if "gpu" not in PRESETS:
+        raise Skipped("this code version defines no gpu preset")
+    folder = state / f"gpu-{device}"
+    res = _claims(["--preset", "gpu", "--device", device, "--jobs", str(jobs)], folder, budget.left(),
+                  state / f"gpu-{device}.log")
+    from verify.experiments import units_for
+
+    res["units_total"] = len([u for u in units_for("gpu", device=device)])
+    return res
+
+
+# ---- the record -----------------------------------------------------------------------------------------------
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 100 else f"{s:.3g} s"
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    env = rec["sections"].get("environment", {}).get("result", {})
+    lines = [f"# Device check on {rec['device']} ({env.get('gpu', '?')})", "",
+             f"{env.get('date_utc', '?')}; commit {env.get('git_commit')}; torch "
+             f"{env.get('versions', {}).get('torch', '?')}, CUDA {env.get('cuda_version', '-')}; budget "
+             f"{rec['budget_s']:.0f} s{' (smoke sizes)' if rec['smoke'] else ''}.", "",
+             "| section | status | wall |", "|---|---|---|"]
+    for s in SECTIONS:
+        sec = rec["sections"].get(s, {})
+        lines.append(f"| {s} | {sec.get('status', 'not run')} | {_fmt_s(sec.get('wall_s'))} |")
+    eng = rec["sections"].get("engine", {}).get("result")
+    if eng:
+        lines += ["", f"Engine, n = {eng['n']}, batch 128:", "",
+                  "| d | one network's epoch (per width) | stacked sweep epoch (networks, stacks) | ratio | "
+                  "100 at widest | ratio | fraction of GEMM |", "|---|---|---|---|---|---|---|"]
+        for r in eng["rows"]:
+            if "one_network_epoch_s" not in r:
+                continue
+            one = ", ".join(f"m={m}: {v * 1e3:.1f} ms" for m, v in r["one_network_epoch_s"].items())
+            sw, wd = r.get("sweep", {}), r.get("widest", {})
+            lines.append(f"| {r['d']} | {one} | {_fmt_s(sw.get('epoch_s'))} ({sw.get('networks')}, {sw.get('stacks')})"
+                         f" | {sw.get('ratio_to_one_network', float('nan')):.2f} | {_fmt_s(wd.get('epoch_s'))} | "
+                         f"{wd.get('ratio_to_one_network', float('nan')):.2f} | "
+                         f"{wd.get('fraction_of_gemm', float('nan')):.2f} |")
+        ag = eng.get("agreement", {})
+        lines += ["", f"Stack against loop on {rec['device']}: max relative weight difference "
+                      f"{ag.get('max_rel_weight_difference', float('nan')):.2e}, same epochs {ag.get('same_epochs')}."]
+    prim = rec["sections"].get("primitives", {}).get("result")
+    if prim:
+        lines += ["", "Cost model priced with this device (networks of a unit stacked): " + "; ".join(
+            f"{k} {_fmt_s(v.get('total_s'))} ({v.get('units')} units, largest {_fmt_s(v.get('largest_unit_s'))})"
+            for k, v in prim["presets"].items() if "total_s" in v)]
+    agr = rec["sections"].get("agreement", {}).get("result", {}).get("comparison")
+    if agr:
+        lines += ["", f"Smoke preset, CPU against {rec['device']}: {agr['verdicts_equal']} of {agr['claims_compared']}"
+                      f" verdicts equal; {agr['numbers_beyond_tolerance']} of {agr['numbers_compared']} numbers "
+                      f"beyond a relative {agr['tolerance']:g}."]
+    q = rec["sections"].get("quick", {}).get("result")
+    if q:
+        lines += ["", f"`{q['command']}`: {'finished' if q['finished'] else 'not finished'} in {_fmt_s(q['wall_s'])}"
+                      f" ({q['units_cached']} units cached)."]
+        cmp_ = q.get("against_cpu_record")
+        if cmp_:
+            lines.append(f"Verdicts against the recorded CPU run: {cmp_['verdicts_equal']} of "
+                         f"{cmp_['claims_compared']} equal; differ: {cmp_['verdicts_differ'] or 'none'}.")
+    g = rec["sections"].get("gpu_preset", {}).get("result")
+    if g and "units_cached" in g:
+        lines += ["", f"`{g['command']}`: {g['units_cached']} of {g.get('units_total')} units cached after "
+                      f"{_fmt_s(g['wall_s'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def _commit() -> str | None:
+    from benchmarks.harness import _git_commit
+
+    return _git_commit()
+
+
+def _code_version() -> str:
+    from verify.runner import code_version
+
+    return code_version()
+
+
+def _now() -> str:
+    import datetime as _dt
+
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def pack(state: Path, target: Path) -> None:
+    """The state folder's JSON files (state, claims caches and records; no logs, no lock files) as a .tar.gz."""
+    import tarfile
+
+    tmp = target.with_name(f".{target.name}.tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for path in sorted(state.rglob("*.json")):
+            tar.add(path, arcname=path.relative_to(state).as_posix())
+    tmp.replace(target)
+
+
+def unpack(archive: Path, state: Path) -> None:
+    """A `pack` archive into `state`: regular files only, every path inside the folder (tarfile's 'data' filter)."""
+    import tarfile
+
+    with tarfile.open(archive, "r:gz") as tar:
+        tar.extractall(state, filter="data")
+
+
+def _write(rec: dict[str, Any], json_path: Path, md_path: Path) -> None:
+    from ntkm.io import atomic_write_text
+
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(json_path, json.dumps(rec, indent=1, default=str))
+    atomic_write_text(md_path, markdown(rec))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default=None, help="cuda (default when visible) or cpu")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="stop within this many seconds (default 480)")
+    ap.add_argument("--json", default=None, help="the record (default: RESUME/gpu-check.json)")
+    ap.add_argument("--resume", default="runs/gpu-check",
+                    help="state folder: finished sections are kept, claims runs continue (default %(default)s)")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes (a CPU run in under 3 minutes)")
+    ap.add_argument("--jobs", type=int, default=None, help="worker processes of the claims runs (default: "
+                    "2 with --smoke, else min(8, cores))")
+    ap.add_argument("--pack", default=None, metavar="FILE", help="at the end, write the state folder's caches "
+                    "(claims caches, state.json; no logs) to FILE as .tar.gz, to carry to the next lent session")
+    ap.add_argument("--unpack", default=None, metavar="FILE", help="first, unpack a --pack archive into an empty "
+                    "state folder (a missing FILE is not an error: nothing to continue)")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ", ".join(SECTIONS))
+    args = ap.parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
+    bad = [s for s in wanted if s not in SECTIONS]
+    if device not in ("cpu", "cuda") or bad or not args.budget_s > 0:
+        print(f"benchmarks.gpu_check: error: --device must be cpu or cuda, --sections from {', '.join(SECTIONS)}, "
+              "--budget-s > 0", file=sys.stderr)
+        return 2
+    if device == "cuda" and not torch.cuda.is_available():
+        print("benchmarks.gpu_check: error: --device cuda but no CUDA device is visible; use --device cpu",
+              file=sys.stderr)
+        return 2
+    jobs = args.jobs or (2 if args.smoke else max(1, min(8, os.cpu_count() or 1)))
+    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)) if device == "cuda" else 1)
+    state = Path(args.resume)
+    state.mkdir(parents=True, exist_ok=True)
+    if args.unpack and Path(args.unpack).is_file() and not any(state.iterdir()):
+        unpack(Path(args.unpack), state)
+    json_path = Path(args.json) if args.json else state / "gpu-check.json"
+    md_path = json_path.with_suffix(".md")
+    old = _read(state / "state.json") or {}
+    rec: dict[str, Any] = {"device": device, "budget_s": args.budget_s, "smoke": args.smoke,
+                           "sections": old.get("sections", {}) if old.get("smoke") == args.smoke else {}}
+    budget = Budget(args.budget_s)
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "environment": lambda: environment_section(device),
+        "engine": lambda: engine_section(device, args.smoke, budget),
+        "primitives": lambda: primitives_section(device, args.smoke,
+                                                 rec["sections"].get("engine", {}).get("result")),
+        "agreement": lambda: agreement_section(device, args.smoke, budget, state, jobs),
+        "quick": lambda: quick_section(device, args.smoke, budget, state, jobs),
+        "gpu_preset": lambda: gpu_preset_section(device, args.smoke, budget, state, jobs),
+    }
+    for name in SECTIONS:
+        if name not in wanted:
+            continue
+        prev = rec["sections"].get(name, {})
+        resumable = name in ("quick", "gpu_preset") and not prev.get("result", {}).get("finished", False)
+        if prev.get("status") == "ok" and name != "environment" and not resumable:
+            _log(f"{name}: kept from the previous run")
+            continue
+        if budget.left() < MIN_SECONDS[name]:
+            rec["sections"][name] = {"status": f"skipped: budget ({budget.left():.0f} s left)"}
+            continue
+        _log(f"{name}: start ({budget.left():.0f} s of budget left)")
+        t0 = time.monotonic()
+        try:
+            result = runners[name]()
+            rec["sections"][name] = {"status": "ok", "result": result}
+        except Skipped as why:
+            rec["sections"][name] = {"status": f"skipped: {why}"}
+        except KeyboardInterrupt:
+            rec["sections"][name] = {"status": "failed: interrupted"}
+            _write(rec, json_path, md_path)
+            raise
+        except Exception as exc:  # a section's failure is a measurement: record it, go on with the next
+            tb = traceback.format_exc().strip().splitlines()
+            rec["sections"][name] = {"status": f"failed: {type(exc).__name__}: {str(exc)[:300]}",
+                                     "traceback": tb[-12:]}
+            _log(f"{name}: FAILED {type(exc).__name__}: {exc}")
+        rec["sections"][name]["wall_s"] = time.monotonic() - t0
+        rec["sections"][name]["measured_at"] = {"git_commit": os.environ.get("NTKM_GIT_COMMIT") or _commit(),
+                                                "code_version": _code_version(), "date_utc": _now()}
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        (state / "state.json").write_text(json.dumps({"smoke": args.smoke, "sections": rec["sections"]},
+                                                     default=str))
+        _write(rec, json_path, md_path)
+    rec["wall_s"] = time.monotonic() - budget.t0
+    _write(rec, json_path, md_path)
+    if args.pack:
+        pack(state, Path(args.pack))
+    print(markdown(rec))
+    failed = [s for s, v in rec["sections"].items() if str(v.get("status", "")).startswith("failed")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
+    sys.exit(130)

@@ -1,0 +1,91 @@
+"""The prepared device check (`benchmarks.gpu_check`) on the CPU at smoke sizes, so that it cannot rot between the
+rare sessions that are lent a GPU: every section runs and writes its record, a resumed run keeps finished sections,
+a tiny budget skips sections instead of overrunning, and the claims comparison sees a planted difference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_check
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--smoke", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_smoke_run_on_the_cpu_writes_every_section_and_resumes(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    res = _run("--resume", str(state), "--pack", str(tmp_path / "state.tar.gz"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    rec = json.loads((state / "gpu-check.json").read_text())
+    status = {k: v["status"] for k, v in rec["sections"].items()}
+    assert status == {"environment": "ok", "engine": "ok", "primitives": "ok", "agreement": "ok", "quick": "ok",
+                      "gpu_preset": "skipped: --smoke"}, status
+    eng = rec["sections"]["engine"]["result"]
+    assert eng["agreement"]["passed"], eng["agreement"]
+    row = eng["rows"][0]
+    assert row["sweep"]["networks"] == 2 * 2 * 2 and row["sweep"]["epoch_s"] > 0
+    consts = rec["sections"]["primitives"]["result"]["constants"]
+    assert all(consts[k] >= 0 for k in ("step", "flop", "kernel", "solve", "eig"))
+    agr = rec["sections"]["agreement"]["result"]["comparison"]
+    assert agr["claims_compared"] == 2 and not agr["verdicts_differ"] and agr["numbers_compared"] > 100
+    assert rec["sections"]["quick"]["result"]["finished"]
+    assert (state / "gpu-check.md").read_text().startswith("# Device check on cpu")
+    # a second run keeps every finished section and says so
+    again = _run("--resume", str(state), "--sections", "engine,agreement", timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "engine: kept from the previous run" in again.stderr
+    # the packed state unpacks into a fresh folder, where a resumed run keeps the same sections
+    fresh = tmp_path / "fresh"
+    third = _run("--resume", str(fresh), "--unpack", str(tmp_path / "state.tar.gz"), "--sections", "engine",
+                 timeout=120)
+    assert third.returncode == 0 and "engine: kept from the previous run" in third.stderr
+
+
+def test_a_tiny_budget_skips_sections_and_still_writes_the_record(tmp_path: Path) -> None:
+    res = _run("--resume", str(tmp_path), "--budget-s", "21", "--sections", "environment,engine,agreement",
+               timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rec = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert rec["sections"]["environment"]["status"] == "ok"
+    assert rec["sections"]["engine"]["status"].startswith("skipped: budget")
+    assert rec["sections"]["agreement"]["status"].startswith("skipped: budget")
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
+    res = _run("--resume", str(tmp_path), "--sections", "engine,nonsense", timeout=60)
+    assert res.returncode == 2 and "--sections" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_compare_claims_sees_a_changed_verdict_and_a_changed_number() -> None:
+    a = {"claims": [{"id": "x", "verdict": "holds"}, {"id": "y", "verdict": "partly"}],
+         "results": {"u": {"rows": [{"flip": 0.5, "wall_s": 3.0}], "n": 10}}}
+    b = json.loads(json.dumps(a))
+    assert gpu_check.compare_claims(a, b)["numbers_beyond_tolerance"] == 0
+    b["claims"][1]["verdict"] = "holds"
+    b["results"]["u"]["rows"][0]["flip"] = 0.5 * (1 + 2 * gpu_check.FLOAT32_TOLERANCE)
+    b["results"]["u"]["rows"][0]["wall_s"] = 9.0  # timings are not measurements
+    c = gpu_check.compare_claims(a, b)
+    assert c["verdicts_differ"] == {"y": ["partly", "holds"]} and c["verdicts_equal"] == 1
+    assert c["numbers_beyond_tolerance"] == 1 and c["units"]["u"]["numbers"] == 2
+
+
+def test_pack_keeps_only_json_and_unpack_stays_inside(tmp_path: Path) -> None:
+    state = tmp_path / "s"
+    (state / "cache").mkdir(parents=True)
+    (state / "cache" / "unit.json").write_text("{}")
+    (state / "run.log").write_text("log")
+    gpu_check.pack(state, tmp_path / "p.tar.gz")
+    out = tmp_path / "o"
+    out.mkdir()
+    gpu_check.unpack(tmp_path / "p.tar.gz", out)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == ["cache/unit.json"]
