@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,8 +258,11 @@ def primitives_section(device: str, smoke: bool, engine: dict[str, Any] | None) 
     flop = max((big["epoch_s"] - steps * step) / macs, 0.0)
     n_ref = 400 if smoke else 2000
     kernel = ntk_seconds(784, n_ref, widths[-1], device) / (n_ref**2 * (784 + widths[-1]))
-    solve = solve_seconds(1000 if smoke else 4000) / (1000 if smoke else 4000) ** 3
-    constants = {"step": step, "flop": flop, "kernel": kernel, "solve": solve,
+    n_solve = 1000 if smoke else 4000
+    host_solve = solve_seconds(n_solve) / n_solve**3
+    # the influence solves run where the inputs are (`empirics.influence.solve_device`): on a GPU, price the GPU's
+    solve = _device_solve_seconds(n_solve, device) / n_solve**3 if device != "cpu" else host_solve
+    constants = {"step": step, "flop": flop, "kernel": kernel, "solve": solve, "solve_host": host_solve,
                  "eig": eig_seconds_per_n3(500 if smoke else 1500), "unit": 2.0}
     for fam in ("relu", "attn"):
         constants.update({f"step_plateau_{fam}": step, f"flop_plateau_{fam}": flop, f"flop_fullbatch_{fam}": flop})
@@ -277,6 +281,19 @@ def primitives_section(device: str, smoke: bool, engine: dict[str, Any] | None) 
                          "largest_unit_s": max(c.total_s for c in est.values())}
     return {"constants": constants, "source": f"engine section (d={d}, n={n}) and an empirical NTK at n={n_ref}",
             "presets": presets}
+
+
+def _device_solve_seconds(n: int, device: str) -> float:
+    """One leave-one-out solve of an n x n kernel on `device` (`empirics.influence.kernel_influence` with a device:
+    float64 Cholesky and inverse in torch), timed after a warm-up."""
+    from empirics.influence import kernel_influence
+
+    a = np.random.default_rng(0).standard_normal((n, 64))
+    k, y = a @ a.T, np.ones((n, 10))
+    kernel_influence(k[:64, :64], y[:64], 1.0, k[:8, :64], y[:8], torch.device(device))
+    t0 = time.perf_counter()
+    kernel_influence(k, y, float(n), k[:100], y[:100], torch.device(device))
+    return time.perf_counter() - t0
 
 
 # ---- 4.-6. claims runs ----------------------------------------------------------------------------------------

@@ -93,11 +93,13 @@ def _as_2d(Y: np.ndarray) -> np.ndarray:
 
 
 def kernel_influence(K: np.ndarray, Y: np.ndarray, ridge: float, K_test_train: np.ndarray,
-                     Y_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                     Y_test: np.ndarray, device: torch.device | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Closed-form leave-one-out influence `L_t(f_-i) - L_t(f)`, shape (n_train, n_test), and `f(X_test)`.
 
     `K` (n, n) is the training kernel, `Y` (n, c) or (n,) the training targets, `K_test_train`
-    (n_test, n), `Y_test` the test targets. Float64, Cholesky of `K + ridge I`.
+    (n_test, n), `Y_test` the test targets. Float64, Cholesky of `K + ridge I`: with scipy on the host, or, with
+    `device`, in torch on that device (the same formulas, equal to float64 rounding; on a GPU the n^3 inverse takes
+    milliseconds where the host took seconds at n = 6,000).
     """
     K = np.asarray(K, dtype=np.float64)
     Kt = np.asarray(K_test_train, dtype=np.float64)
@@ -106,29 +108,44 @@ def kernel_influence(K: np.ndarray, Y: np.ndarray, ridge: float, K_test_train: n
     if K.shape != (n, n) or Kt.shape[1] != n or Y2.shape[0] != n or Yt.shape[0] != Kt.shape[0]:
         raise UserInputError(f"inconsistent shapes K {K.shape}, K_test_train {Kt.shape}, Y {Y2.shape}, "
                              f"Y_test {Yt.shape}; pass (n, n), (n_test, n), (n, c), (n_test, c)")
+    not_pd = UserInputError(f"K + ridge*I is not positive definite (ridge={ridge:.3g}); use a larger ridge")
+    if device is not None:
+        Kd, Ktd, Y2d, Ytd = (torch.as_tensor(a, device=device) for a in (K, Kt, Y2, Yt))
+        L, info = torch.linalg.cholesky_ex((Kd + Kd.T) / 2 + ridge * torch.eye(n, dtype=Kd.dtype, device=device))
+        if int(info) != 0:
+            raise not_pd
+        M = torch.cholesky_inverse(L)
+        per_test, F = _loo(M, Y2d, Ktd, Ytd, torch.diagonal(M))
+        return per_test.cpu().numpy(), F.cpu().numpy()
     A = (K + K.T) / 2 + ridge * np.eye(n)
     try:
         factor = scipy.linalg.cho_factor(A, lower=True, check_finite=False)
     except np.linalg.LinAlgError:
-        raise UserInputError(f"K + ridge*I is not positive definite (ridge={ridge:.3g}); "
-                             "use a larger ridge") from None
+        raise not_pd from None
     M = scipy.linalg.cho_solve(factor, np.eye(n), check_finite=False)
+    return _loo(M, Y2, Kt, Yt, np.diag(M))
+
+
+def _loo(M: Any, Y: Any, Kt: Any, Yt: Any, diag: Any) -> tuple[Any, Any]:
+    """The leave-one-out influence and test predictions from `M = (K + ridge I)^-1` (numpy or torch alike)."""
     M = (M + M.T) / 2
-    alpha = M @ Y2
+    alpha = M @ Y
     F = Kt @ alpha
     R = F - Yt
     P = Kt @ M
-    coef = alpha / np.diag(M)[:, None]
-    per_test = -2.0 * P.T * (coef @ R.T) + P.T**2 * np.sum(coef**2, axis=1)[:, None]
+    coef = alpha / diag[:, None]
+    per_test = -2.0 * P.T * (coef @ R.T) + P.T**2 * (coef**2).sum(1)[:, None]
     return per_test, F
 
 
 def influence_from_kernels(K: np.ndarray, K_test_train: np.ndarray, Y: np.ndarray, Y_test: np.ndarray,
                            y_test_labels: np.ndarray | None = None, ridge: float | None = None,
-                           ridge_rel: float = RIDGE_REL_DEFAULT) -> InfluenceResult:
-    """`InfluenceResult` from precomputed kernels and targets (see the module docstring)."""
+                           ridge_rel: float = RIDGE_REL_DEFAULT,
+                           device: torch.device | None = None) -> InfluenceResult:
+    """`InfluenceResult` from precomputed kernels and targets (see the module docstring); `device`: where the
+    solve runs (`kernel_influence`; None: scipy on the host)."""
     lam = resolve_ridge(K, ridge, ridge_rel)
-    per_test, F = kernel_influence(K, Y, lam, K_test_train, Y_test)
+    per_test, F = kernel_influence(K, Y, lam, K_test_train, Y_test, device)
     Yt = _as_2d(Y_test)
     loss = float(np.mean(np.sum((F - Yt) ** 2, axis=1)))
     acc = float("nan")
@@ -172,13 +189,20 @@ def influence_scores(model: nn.Module, x_train: torch.Tensor, y_train: torch.Ten
 
     The kernel is the trained network's empirical NTK (float64; `kernels`, `model_kernels(model, x_train, x_test)`,
     where the caller has computed it already); targets are one-hot or +-1 as in training. `ridge` is absolute; when
-    None it is `ridge_rel * trace(K_m) / n`.
+    None it is `ridge_rel * trace(K_m) / n`. The solve runs where the training inputs are when that is a GPU
+    (`solve_device`), else with scipy on the host (so every CPU result is unchanged).
     """
     out_dim = output_dim(model, x_train)
     K, Kst = kernels if kernels is not None else model_kernels(model, x_train, x_test)
     Y = targets(y_train.cpu(), out_dim, torch.float64).numpy()
     Yt = targets(y_test.cpu(), out_dim, torch.float64).numpy()
-    return influence_from_kernels(K, Kst, Y, Yt, y_test.cpu().numpy(), ridge, ridge_rel)
+    return influence_from_kernels(K, Kst, Y, Yt, y_test.cpu().numpy(), ridge, ridge_rel, solve_device(x_train))
+
+
+def solve_device(x: torch.Tensor) -> torch.device | None:
+    """Where the kernel solves for inputs `x` run: their device when it is a GPU (float64 Cholesky there), None
+    (scipy on the host) for CPU tensors."""
+    return x.device if x.device.type == "cuda" else None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from empirics.influence import (
     model_kernels,
     resolve_ridge,
     retrain_study,
+    solve_device,
 )
 from empirics.losses import targets
 from empirics.models import ModelSpec, build_model
@@ -132,3 +133,26 @@ def test_dead_network_kernel_gives_zero_influence_not_an_error():
     K = np.zeros((5, 5))
     res = influence_from_kernels(K, np.zeros((3, 5)), np.eye(5)[:, :2], np.eye(3)[:, :2])
     assert res.ridge > 0 and np.all(res.total == 0)
+
+
+@pytest.mark.parametrize("out_dim", [1, 10])
+def test_device_solve_equals_the_host_solve(out_dim):
+    """The torch solve that runs on a GPU (`device` given; here torch on the CPU) against scipy's on the host: the
+    same influence and predictions to float64 rounding, and the same one-line error for a kernel that is not
+    positive definite."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((60, 20))
+    K, Kt = a @ a.T, rng.standard_normal((15, 20)) @ a.T
+    Y, Yt = rng.standard_normal((60, out_dim)), rng.standard_normal((15, out_dim))
+    host = kernel_influence(K, Y, 0.3, Kt, Yt)
+    dev = kernel_influence(K, Y, 0.3, Kt, Yt, device=torch.device("cpu"))
+    for h, d in zip(host, dev, strict=True):
+        assert np.abs(h - d).max() <= F64_SOLVE * np.abs(h).max()
+    for device in (None, torch.device("cpu")):
+        with pytest.raises(UserInputError, match="not positive definite"):
+            kernel_influence(-np.eye(5), np.ones(5), 0.1, np.ones((2, 5)), np.ones(2), device=device)
+
+
+def test_solve_device_is_the_gpu_only():
+    assert solve_device(torch.zeros(2)) is None
+    assert solve_device(torch.zeros(2, device="meta")) is None
