@@ -603,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         if name not in wanted:
             continue
         prev = rec["sections"].get(name, {})
-        resumable = name in ("quick", "gpu_preset") and not prev.get("result", {}).get("finished", False)
+        done = prev.get("result", {})
+        resumable = name in ("agreement", "quick", "gpu_preset") and not (done.get("finished") or done.get("passed"))
         if prev.get("status") == "ok" and name != "environment" and not resumable:
             _log(f"{name}: kept from the previous run")
             continue
