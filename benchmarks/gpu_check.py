@@ -7,7 +7,8 @@
 A GPU is lent to a session rarely and for about 15 minutes, start-up included, so this script is the whole of
 what is run there: it stops itself within `--budget-s`, writes its JSON and Markdown after every section (a
 killed run keeps what it had), and with `--resume DIR` skips the sections a previous run finished and continues
-the claims runs from their caches. Sections, in order of what they are worth:
+the claims runs from their caches (a section is kept only when it was measured with the same code version: theory/
+and empirics/ unchanged). Sections, in order of what they are worth:
 
 1. `environment`: device, driver, library versions, the code version (git commit; `NTKM_GIT_COMMIT` where the
    checkout has no `.git`, as on the device machine).
@@ -314,6 +315,9 @@ def _claims(args: list[str], out_dir: Path, timeout_s: float, log_path: Path) ->
             ended = _end_group(proc)
             rc = proc.returncode
     wall = time.monotonic() - t0
+    if rc != 0 and not ended:  # the command failed by itself: the section fails with its last line
+        lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        raise RuntimeError(f"{' '.join(cmd[3:6])} exited {rc}: {lines[-1][:300] if lines else ''} (log: {log_path})")
     cache = out_dir / "cache"
     done = len(list(cache.glob("*.json"))) if cache.is_dir() else 0
     res: dict[str, Any] = {"command": " ".join(["verify", *cmd[3:]]), "exit_code": rc, "wall_s": wall,
@@ -605,7 +609,8 @@ def main(argv: list[str] | None = None) -> int:
         prev = rec["sections"].get(name, {})
         done = prev.get("result", {})
         resumable = name in ("agreement", "quick", "gpu_preset") and not (done.get("finished") or done.get("passed"))
-        if prev.get("status") == "ok" and name != "environment" and not resumable:
+        same_code = prev.get("measured_at", {}).get("code_version") == _code_version()
+        if prev.get("status") == "ok" and name != "environment" and not resumable and same_code:
             _log(f"{name}: kept from the previous run")
             continue
         if budget.left() < MIN_SECONDS[name]:
