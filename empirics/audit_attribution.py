@@ -143,7 +143,7 @@ def loss_gradients(model: nn.Module, params: list[torch.Tensor], x: torch.Tensor
             g = torch.autograd.grad(per_ex(model(x[i:i + 1]), y[i:i + 1]).sum(), params, allow_unused=True)
             rows.append(torch.cat([(torch.zeros_like(p) if gi is None else gi).reshape(-1).double()
                                    for gi, p in zip(g, params, strict=True)]))
-    return torch.stack(rows).numpy()
+    return torch.stack(rows).cpu().numpy()
 
 
 # --- kronfluence -------------------------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ def kronfluence_scores(model: nn.Module, data: Tensors, strategy: str, seed: int
                                    per_device_query_batch_size=max(1, min(bs, len(xt))), per_device_train_batch_size=bs,
                                    score_args=ScoreArguments(), overwrite_output_dir=True)
         scores = an.load_pairwise_scores("s")["all_modules"]
-    return scores.double().numpy().T.copy()
+    return scores.double().cpu().numpy().T.copy()
 
 
 def wiring_check(model: nn.Module, data: Tensors, seed: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ntkm.errors import UserInputError
+from ntkm.io import read_regular
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
@@ -31,7 +32,7 @@ def read_idx_bytes(path: str | Path) -> bytes:
     """The uncompressed bytes of an IDX file; gzip is detected from the content, not the name."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, limit=1 << 40, what="IDX file")  # a named pipe: one line, never a hang
     except OSError as exc:
         raise UserInputError(f"cannot read IDX file {path}: {exc.strerror}; check the path and permissions") from None
     if raw[:2] == _GZIP_MAGIC:

@@ -72,8 +72,14 @@ def first_line(exc: BaseException, limit: int = 160) -> str:
 def sniff_format(path: str | Path) -> str:
     """The kind of file from its bytes: torchscript, export, safetensors, torch-zip, pickle, npz,
     json, zip or unknown (used for data files here and for model files by `verify.modelio`)."""
+    import stat
+
     p = Path(path)
-    size = p.stat().st_size
+    st = p.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise UserInputError(f"{p} is a named pipe, device, socket or folder, not a regular file (reading it could "
+                             "block forever); give a file")
+    size = st.st_size
     with open(p, "rb") as f:
         head = f.read(16)
     if head[:4] == b"PK\x03\x04":
@@ -192,10 +198,69 @@ class Part:
     order: str
 
 
+def memory_bytes() -> int:
+    """The memory this process may fill: the machine's available memory (Linux: MemAvailable), else its total."""
+    import os
+
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def check_npz_headers(z: Any, path: Path, limit: int | None = None) -> None:
+    """Each member of an open .npz is a .npy array whose header's shape fits its data and the memory, checked
+    from the header before any array is allocated (one-line `UserInputError`): a member that is no .npy (a bare
+    pickle named x.npy), or whose header declares more bytes than the member holds (10**9 images over 4 KB) or
+    than `limit` (default: the machine's available memory), is refused."""
+    fmt = np.lib.format
+    limit = memory_bytes() if limit is None else limit
+    for info in z.zip.infolist():
+        name = info.filename
+        with z.zip.open(info) as f:
+            magic = f.read(len(fmt.MAGIC_PREFIX))
+            if magic != fmt.MAGIC_PREFIX:
+                raise UserInputError(f"{path}: {name} is not a NumPy array (no .npy header; a pickle or other "
+                                     "bytes?); save plain numeric arrays with np.savez")
+            try:
+                version = (f.read(1)[0], f.read(1)[0])
+                read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+                shape, _, dtype = read_header(f)
+            except (ValueError, IndexError, OSError, EOFError) as exc:
+                raise UserInputError(f"{path}: {name} has an unreadable .npy header ({first_line(exc)})") from None
+            header = f.tell()
+        if dtype.hasobject:
+            continue  # np.load(allow_pickle=False) refuses it with its own message
+        count = 1
+        for dim in shape:
+            count *= int(dim)
+        declared = count * dtype.itemsize
+        if declared > info.file_size - header:
+            raise UserInputError(f"{path}: {name} declares shape {tuple(shape)} ({_gib(declared)}) but holds "
+                                 f"{info.file_size - header} bytes of data; the file is damaged or not what it "
+                                 "claims: export the arrays again")
+        if declared > limit:
+            raise UserInputError(f"{path}: {name} declares shape {tuple(shape)}, {_gib(declared)}, more than the "
+                                 f"{_gib(limit)} of memory available; pass fewer examples (a smaller file)")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 / 100 else f"{n} bytes"
+
+
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as z:
+            check_npz_headers(z, path)
             return {k: z[k] for k in z.files}
+    except UserInputError:
+        raise
     except ValueError as exc:
         raise UserInputError(f"{path}: cannot read the arrays ({first_line(exc)}); object arrays are refused, "
                              "save plain numeric arrays with np.savez") from None
@@ -338,6 +403,9 @@ def load_split(source: str, split: str, n: int | None, seed: int = 0, data_dir: 
     path = Path(source).expanduser().absolute()
     if not path.exists():
         raise UserInputError(f"{where}: no such file or folder, and not a built-in data set ({', '.join(DATASETS)})")
+    if not (path.is_file() or path.is_dir()):
+        raise UserInputError(f"{where} is a named pipe, device or socket, not a file or folder (reading it could "
+                             "block forever); give a .npz file or a data folder")
     if path.is_file():
         part, keys = _npz_part(path, split, where, single_ok=True)
         sel = _subset(len(part.labels), n, seed)
@@ -367,6 +435,9 @@ def resolve_path(text: str, flag: str = "--dataset") -> Path:
     if not path.exists():
         raise UserInputError(f"{flag} {text}: no such file or folder, and not a built-in data set "
                              f"({', '.join(DATASETS)}); give {' or '.join(DATASETS)} or the path of {USER_FORMATS}")
+    if not (path.is_file() or path.is_dir()):
+        raise UserInputError(f"{flag} {text} is a named pipe, device or socket, not a file or folder; give the path "
+                             f"of {USER_FORMATS}")
     return path.absolute()
 
 

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ntkm.io import atomic_write_text, parse_json
+from ntkm.io import MAX_JSON_BYTES, atomic_write_text, parse_json, read_regular
 
 #: The strings that stand for the non-finite floats in a stored record.
 NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -60,6 +60,50 @@ def encode(obj: Any) -> Any:
     if hasattr(obj, "detach") and hasattr(obj, "tolist"):  # torch tensors
         return encode(obj.detach().cpu().tolist())
     return obj
+
+
+#: Written beside an interval whose end is null in a user-facing JSON file (`public`).
+NULL_END_KEY = "null_ends_reason"
+
+
+def public(obj: Any) -> Any:
+    """`encode(obj)` for a file a user reads (a command's `--json`): an interval end that is not a finite number
+    (`lo` / `hi` of an interval record, either entry of a two-entry `ci`) is written as JSON null, never as the
+    string "-inf" / "inf" / "nan", with the reason under `NULL_END_KEY` beside it. The suite's own stored records
+    (cache entries, claims.json) keep `encode`'s representation, which reads back as the same floats."""
+    return _null_ends(encode(obj))
+
+
+def _null_ends(v: Any) -> Any:
+    if isinstance(v, list):
+        return [_null_ends(x) for x in v]
+    if not isinstance(v, dict):
+        return v
+    out = {k: _null_ends(x) for k, x in v.items()}
+    nulled = False
+    for k in ("lo", "hi"):
+        if "lo" in out and "hi" in out and _nonfinite(out[k]):
+            out[k], nulled = None, True
+    ci = out.get("ci")
+    if isinstance(ci, list) and len(ci) == 2 and any(_nonfinite(e) for e in ci):
+        out["ci"], nulled = [None if _nonfinite(e) else e for e in ci], True
+    if nulled:
+        out[NULL_END_KEY] = _end_reason(out)
+    return out
+
+
+def _nonfinite(v: Any) -> bool:
+    return isinstance(v, str) and v in NONFINITE
+
+
+def _end_reason(d: dict[str, Any]) -> str:
+    if d.get("bounded") is False:
+        return ("unbounded: Fieller's confidence set for the ratio is unbounded (the denominator's mean is not "
+                "significantly different from 0)")
+    n = d.get("n", d.get("seeds"))
+    if isinstance(n, int) and n < 2:
+        return f"unbounded: {n} finite per-seed value{'s' if n != 1 else ''}; an interval needs at least two"
+    return "not a finite number: the per-seed values it comes from are not finite (NaN or infinite measurements)"
 
 
 def decode(obj: Any) -> Any:
@@ -99,9 +143,13 @@ def write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, dumps(obj))
 
 
-def read_json(path: str | Path) -> Any:
-    """The record stored at `path` (`OSError`, `UnicodeDecodeError` or `json.JSONDecodeError` when unreadable)."""
-    return loads(Path(path).read_text())
+def read_json(path: str | Path, limit: int = MAX_JSON_BYTES, what: str = "") -> Any:
+    """The record stored at `path` (`OSError`, `UnicodeDecodeError` or `json.JSONDecodeError` when unreadable).
+
+    The one JSON reader: the file's type and size are checked before it is read (`ntkm.io.read_regular`: a
+    named pipe, device, socket or folder, or a file over `limit` bytes, is a one-line `UserInputError`, never
+    a hang), and the text is parsed within `ntkm.io.parse_json`'s bounds (no pattern backtracking)."""
+    return loads(read_regular(path, limit, what).decode("utf-8"))
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:

@@ -54,9 +54,6 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "a CPU study (RetrainConfig has no device): its data arrive as numpy and every tensor follows them",
     ("empirics/premise.py", "premise_row", "from_numpy"):
         "a CPU study: numpy X in, float64 kernel spectra out through numpy (no device option)",
-    ("verify/audit/pipeline.py", "run_audit", "as_tensor"):
-        "the audit's data arrive as numpy from the user's files and the audit runs on the CPU (its model is loaded "
-        "there)",
     ("verify/audit/refit.py", "per_example_loss", "as_tensor"):
         "numpy interop: numpy outputs and labels in, numpy losses out",
     ("verify/audit/refit.py", "labels_of", "as_tensor"): "numpy interop: numpy outputs in, numpy labels out",

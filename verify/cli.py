@@ -84,6 +84,14 @@ def install_signal_handlers() -> None:
 OUTPUT_FOLDERS = {"claims": "out"}
 
 
+def _device_ok(device: str) -> bool:
+    """auto, cpu, cuda or cuda:N (torch's other devices, such as meta, hold no data to compute on)."""
+    if device in ("auto", "cpu", "cuda"):
+        return True
+    head, _, index = device.partition(":")
+    return head == "cuda" and index.isascii() and index.isdigit() and len(index) <= 3
+
+
 def _check_args(args: argparse.Namespace) -> None:
     """Checks every command gets before it runs: finite numbers, writable output paths."""
     from verify.outputs import check_output_dir
@@ -91,9 +99,13 @@ def _check_args(args: argparse.Namespace) -> None:
     for key, value in vars(args).items():
         if isinstance(value, float) and not math.isfinite(value):
             raise UserInputError(f"--{key.replace('_', '-')} must be a finite number, got {value}")
+    device = getattr(args, "device", None)
+    if isinstance(device, str) and not _device_ok(device):
+        raise UserInputError(f"--device {device} is not a device the suite computes on; use cpu or cuda (or cuda:N, "
+                             "or auto: CUDA when present)")
     folder = getattr(args, OUTPUT_FOLDERS.get(args.command, ""), None)
     if isinstance(folder, str):
-        check_output_dir(folder, f"--{OUTPUT_FOLDERS[args.command]}")
+        check_output_dir(folder, f"--{OUTPUT_FOLDERS[args.command]}", manifest=True)
     plot = getattr(args, "plot", None)
     if isinstance(plot, str):
         p = Path(plot).expanduser().absolute()
@@ -176,6 +188,13 @@ def _run_command(argv: list[str] | None) -> int:
         return 2
     except KeyboardInterrupt:
         return _interrupted(args)
+    except OSError as exc:  # a path the file system refuses (a name too long, a permission) reached the top
+        if _received:
+            return _interrupted(args)
+        where = f" {exc.filename}" if exc.filename else ""
+        sys.stderr.write(f"verify {args.command}: error: cannot use{where[:300]}: {exc.strerror or exc}; give "
+                         "another path\n")
+        return 2
     except Exception:
         if _received:
             return _interrupted(args)

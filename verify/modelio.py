@@ -502,7 +502,8 @@ def load_model(path: str | Path, spec: str | Path | None = None) -> LoadedModel:
     if not p.exists():
         raise UserInputError(f"model file {p} does not exist")
     if not p.is_file():
-        raise UserInputError(f"model path {p} is a folder; give a TorchScript, torch.export or weights file")
+        what = "a folder" if p.is_dir() else "a named pipe, device or socket (reading it could block forever)"
+        raise UserInputError(f"model path {p} is {what}; give a TorchScript, torch.export or weights file")
     fmt = sniff_format(p)
     common = {"path": p, "sha256": sha256_file(p), "size_bytes": p.stat().st_size}
     if fmt == "torchscript":
@@ -544,6 +545,25 @@ def load_model(path: str | Path, spec: str | Path | None = None) -> LoadedModel:
                          "safetensors + spec, or a torch.save state dict); its first bytes are not recognised")
 
 
+def _model_error(exc: BaseException) -> str:
+    """'Type: message' of the model's error; for TorchScript's interpreter, the error the script raised (its
+    last line) rather than the interpreter's banner."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if len(lines) > 1 and "TorchScript interpreter" in lines[0]:
+        return lines[-1][:160]
+    return f"{type(exc).__name__}: {(lines[0] if lines else '')[:120]}"
+
+
+class ModelFailure(UserInputError):
+    """The user's model failed in a forward pass during the audit: the audit is not measurable (one line, exit 2,
+    no risk level); `reason` is the model's own error."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"not measurable: your model failed in a forward pass during the audit ({reason}); no "
+                         "risk level is issued; fix the model so that it runs on any batch and rerun")
+        self.reason = reason
+
+
 class FlatInput(nn.Module):
     """Calls a model on flat inputs (n, d): reshapes to the model's input shape and, for a program
     exported with a static batch size, runs chunks of exactly that size (padding the last).
@@ -563,7 +583,10 @@ class FlatInput(nn.Module):
         return self
 
     def _call(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.inner(x)
+        try:
+            out = self.inner(x)
+        except Exception as exc:  # noqa: BLE001 - the user's model failed: the audit cannot go on (ModelFailure)
+            raise ModelFailure(_model_error(exc)) from None
         while isinstance(out, (tuple, list)) and out:
             out = out[0]
         if not isinstance(out, torch.Tensor):
@@ -612,6 +635,8 @@ def _try_forward(model: FlatInput, x: torch.Tensor) -> tuple[torch.Tensor | None
     try:
         with torch.no_grad():
             return model(x), ""
+    except ModelFailure as exc:
+        return None, exc.reason
     except UserInputError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of the user's model is reported, not raised
@@ -736,3 +761,91 @@ def fx_graph_for(loaded: LoadedModel, model: FlatInput, x_sample: np.ndarray) ->
     loaded.notes.append("TorchScript converted to an FX graph (checked against the module's outputs) "
                         "for the factored kernel path")
     return gm
+
+
+#: Copies of the parameters (4 bytes each) the audit holds at least at once: the model, a gradient, a per-example
+#: gradient, a re-fit's copy, its gradient and Adam's two moments, and one spare. A model whose parameters need
+#: more than the memory budget (or the memory the machine has) is refused before any kernel work.
+PARAM_COPIES = 8
+
+
+def available_memory() -> int:
+    """Bytes this process may still allocate: the machine's available memory, within the address-space limit
+    (`ulimit -v`, less what the process already maps) when one is set."""
+    from empirics.userdata import memory_bytes
+
+    avail = memory_bytes()
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            mapped = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+            avail = min(avail, max(soft - mapped, 0))
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return avail
+
+
+def check_model(model: FlatInput, loaded: LoadedModel, x_probe: np.ndarray, labels: np.ndarray, out_dim: int,
+                max_bytes: int, classes: list[str] | None = None) -> None:
+    """The audit's model checks, before any panel (one-line `UserInputError`; "not measurable: ..." where the
+    model cannot be audited at all):
+
+    - the model has trainable parameters, and their count fits the memory budget and the machine
+      (`PARAM_COPIES` copies of 4 bytes each);
+    - its outputs match the number of classes of the data (the class names' count where the data names them,
+      else at most 2 x (largest label + 1) + 8 outputs, so a missing top class in a small sample is no error);
+    - on a probe batch its logits are finite with and without autograd, the same both ways, and gradients of
+      them reach its parameters (logits computed under torch.no_grad() or detached inside forward cannot be
+      differentiated: influence is not measurable).
+    """
+    params = [p for p in loaded.module.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in params)
+    if n_params == 0:
+        raise UserInputError("not measurable: the model has no trainable parameters (influence and the kernel are "
+                             "gradients with respect to them); give the trained model with its parameters")
+    need = PARAM_COPIES * 4 * n_params
+    avail = available_memory()
+    if need > max_bytes or need > avail:
+        which = (f"the --max-memory-gb budget of {max_bytes / 2**30:.3g} GiB" if need <= avail or max_bytes < avail
+                 else f"the {avail / 2**30:.3g} GiB of memory available")
+        raise UserInputError(f"the model has {n_params:,} parameters: the audit holds at least {PARAM_COPIES} copies "
+                             f"of them ({need / 2**30:.3g} GiB), more than {which}; raise --max-memory-gb (on a "
+                             "machine with that memory) or audit a smaller model")
+    top = int(labels.max()) + 1 if labels.size else 1
+    if classes:
+        wanted = len(classes)
+        ok = out_dim == wanted or (wanted == 2 and out_dim == 1)
+        what = f"the data names {wanted} classes"
+    else:
+        ok = out_dim <= 2 * max(top, 2) + 8
+        what = f"the labels run 0..{top - 1}"
+    if not ok:
+        raise UserInputError(f"the model has {out_dim} outputs but {what}; the outputs must be one logit per class "
+                             "(or one output for a binary task): give the model trained on these classes")
+    x = torch.as_tensor(x_probe[:2], dtype=torch.float32)
+    with torch.no_grad():
+        plain = model(x)
+    with torch.enable_grad():
+        out = model(x)
+    if not torch.isfinite(plain).all():
+        raise UserInputError("not measurable: the model returns NaN or Inf on a probe batch of training examples; "
+                             "fix the model (or the data) so that every output is finite")
+    if not torch.isfinite(out).all():
+        raise UserInputError("not measurable: the model's outputs are finite without autograd but NaN or Inf while "
+                             "gradients are recorded; gradients and influence would be NaN: fix the model")
+    if not torch.allclose(out.detach(), plain, rtol=1e-4, atol=1e-5):
+        raise UserInputError("not measurable: the model's outputs differ with and without autograd on the same "
+                             "batch; the audit differentiates the function it evaluates: fix the model")
+    if not out.requires_grad:
+        raise UserInputError("not measurable: the model's outputs do not depend on its parameters with autograd "
+                             "(logits computed under torch.no_grad() or detached inside forward?); influence is a "
+                             "gradient: return logits computed with autograd")
+    grads = torch.autograd.grad(out.float().square().sum(), params, allow_unused=True)
+    if all(g is None for g in grads):
+        raise UserInputError("not measurable: no gradient of the model's outputs reaches its parameters (the "
+                             "logits are detached from them); influence is a gradient: fix the model")
+    if not all(torch.isfinite(g).all() for g in grads if g is not None):
+        raise UserInputError("not measurable: the gradients of the model's outputs with respect to its parameters "
+                             "are NaN or Inf on a probe batch; fix the model")

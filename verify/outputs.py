@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ntkm.errors import UserInputError
-from ntkm.io import atomic_write_text, parse_json
+from ntkm.io import atomic_write_text, parse_json, read_regular
 
 #: File system types whose files are not real storage.
 VIRTUAL_FS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
@@ -58,17 +58,32 @@ def _mount_type(path: Path) -> str | None:
     return kind
 
 
+#: The suite's installed packages: no output set may land inside them (their files are the program).
+PACKAGES = ("ntkm", "theory", "empirics", "verify", "reports")
+
+
+def package_folders() -> list[Path]:
+    """The real folders of the installed packages (side by side, wherever they are installed)."""
+    base = Path(__file__).resolve().parents[1]
+    return [Path(os.path.realpath(base / name)) for name in PACKAGES if (base / name / "__init__.py").is_file()]
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or path.is_relative_to(folder)
+
+
 def _existing_ancestor(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
 
 
-def check_output_dir(folder: str | Path, option: str = "--out") -> Path:
+def check_output_dir(folder: str | Path, option: str = "--out", manifest: bool = False) -> Path:
     """The absolute output folder, after checking that a set can be written there (one-line errors).
 
     The folder may not exist yet (it is created when the set is written), but its nearest existing
-    ancestor must then be a writable folder.
+    ancestor must then be a writable folder. It may not lie inside the suite's installed packages. With
+    `manifest`, the folder's manifest is read and checked too (`read_manifest`), before any work.
     """
     p = Path(folder).expanduser().absolute()
     real = Path(os.path.realpath(p))
@@ -76,6 +91,10 @@ def check_output_dir(folder: str | Path, option: str = "--out") -> Path:
     if any(str(real) == r or str(real).startswith(r + "/") for r in VIRTUAL_ROOTS) or kind in VIRTUAL_FS:
         raise UserInputError(f"{option} {p} is on a virtual file system ({kind or real.parts[1]}), not storage; "
                              "give a folder on a disk")
+    pkg = next((f for f in package_folders() if _inside(real, f)), None)
+    if pkg is not None:
+        raise UserInputError(f"{option} {p} is inside the suite's installed package {pkg}; its files are the program "
+                             "and are never overwritten: give a folder outside it")
     if p.exists() and not p.is_dir():
         raise UserInputError(f"{option} {p} is a file, not a folder; give a folder (or remove the file)")
     base = _existing_ancestor(p)
@@ -88,6 +107,8 @@ def check_output_dir(folder: str | Path, option: str = "--out") -> Path:
     except OSError as exc:
         raise UserInputError(f"{option} {p}: cannot write in {base} ({exc.strerror or exc}); give a writable "
                              "folder") from None
+    if manifest and p.is_dir():
+        read_manifest(p)
     return p
 
 
@@ -115,12 +136,25 @@ def _signals_held() -> Iterator[None]:
 #: The file, in an output folder, listing the files the suite's output sets wrote there (relative paths).
 MANIFEST = ".ntkm-manifest.json"
 MANIFEST_FORMAT = "ntk-malleability-suite/outputs"
+#: The largest manifest read (bytes): a list of file names.
+MANIFEST_BYTES = 16 << 20
 
 
 def check_members(folder: Path, files: Iterable[str] = (), folders: Iterable[str] = (),
                   option: str = "--out") -> None:
     """Refuse (one line, before any work) a member that exists as the wrong kind: a folder (or a link to one)
-    where the run writes a file, or anything but a folder where it writes a folder."""
+    where the run writes a file, or anything but a folder where it writes a folder; and a name longer than the
+    file system takes (255 bytes on most), which would fail only when the set is written."""
+    files, folders = tuple(files), tuple(folders)
+    try:
+        name_max = os.pathconf(_existing_ancestor(Path(folder).absolute()), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    for name in (*files, *folders):
+        long = next((part for part in Path(name).parts if len(os.fsencode(part)) > name_max), None)
+        if long is not None:
+            raise UserInputError(f"{option}: the output name {long[:40]}... is {len(os.fsencode(long))} bytes long, "
+                                 f"more than the {name_max} a file name may have here; give a shorter --out")
     for name in files:
         p = folder / name
         if p.is_dir():
@@ -135,13 +169,40 @@ def check_members(folder: Path, files: Iterable[str] = (), folders: Iterable[str
 
 def read_manifest(folder: Path) -> set[str]:
     """The relative paths an earlier set recorded as written in `folder` (empty when absent or unreadable:
-    then nothing counts as the suite's)."""
+    then nothing counts as the suite's).
+
+    The manifest is input like any other file: a named pipe or device there, or a listed path that is not a
+    plain relative path resolving inside `folder` (`figures/../../victim.txt`, an absolute path, a path through
+    a link that leads out), is refused in one line (`UserInputError`) before anything is moved or removed."""
+    where = folder / MANIFEST
+    if not os.path.lexists(where):
+        return set()
     try:
-        doc = parse_json((folder / MANIFEST).read_bytes())
-    except (OSError, ValueError):
+        doc = parse_json(read_regular(where, MANIFEST_BYTES, "the output manifest"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return set()
     files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == MANIFEST_FORMAT else None
-    return {f for f in files if isinstance(f, str)} if isinstance(files, list) else set()
+    listed = {f for f in files if isinstance(f, str)} if isinstance(files, list) else set()
+    for rel in sorted(listed):
+        check_confined(folder, rel, f"{where} lists")
+    return listed
+
+
+def check_confined(folder: Path, rel: str, source: str, fix: str = "") -> Path:
+    """`folder / rel`, after checking that `rel` (a path read from a file) is a plain relative path that resolves
+    inside `folder` (links followed); anything else is one `UserInputError` line, and nothing is touched."""
+    parts = Path(rel).parts
+    bad = (rel in ("", ".") or "\0" in rel or Path(rel).is_absolute() or ".." in parts or rel != Path(rel).as_posix()
+           or len(rel) > 4096)
+    target = folder / rel
+    if not bad:
+        base = Path(os.path.realpath(folder))
+        bad = not _inside(Path(os.path.realpath(target)), base) or target.parent.resolve() != (base / rel).parent
+    if bad:
+        fix = fix or f"remove {folder / MANIFEST} if it was edited, then rerun"
+        raise UserInputError(f"{source} {rel[:200]!r}, which is not a file inside {folder}; nothing was moved or "
+                             f"removed ({fix})")
+    return target
 
 
 class OutputSet:
@@ -186,6 +247,8 @@ class OutputSet:
             new += inside
             old += sorted(r for r in self._listed if r.startswith(name + "/") and r not in inside
                           and os.path.lexists(self.folder / r) and not (self.folder / r).is_dir())
+        for rel in (*new, *old):  # a link (figures -> elsewhere) must not carry a file out of the folder
+            check_confined(self.folder, rel, "the output set would move", "replace the link by a folder")
         return new, old
 
     def commit(self) -> list[Path]:
@@ -265,7 +328,7 @@ def output_set(folder: str | Path, members: Iterable[str], option: str = "--out"
     untouched; a folder this call created is removed again if it stays empty. OSErrors (a full disk)
     become one `UserInputError` line.
     """
-    out = check_output_dir(folder, option)
+    out = check_output_dir(folder, option, manifest)
     members = tuple(members)
     check_members(out, [m for m in members if m not in folders], folders, option)
     created = not out.exists()

@@ -118,8 +118,8 @@ class Cache:
         if not p.exists():
             return None
         try:
-            res = read_json(p)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            res = read_json(p, what="cache entry")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):  # a special file or one too large: one line
             return None
         if not isinstance(res, dict) or res.get("unit") != unit.name or res.get("code_version") != self.version:
             return None

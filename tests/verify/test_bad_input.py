@@ -736,6 +736,12 @@ class _Diverging:
             return self.control(x, y, seed, evals)
         return {k: np.tile([self.value, 0.0, -self.value], (len(v), 1)) for k, v in evals.items()}
 
+    def controls(self, x, y, seeds, evals):
+        return [self.control(x, y, s, evals) for s in seeds]
+
+    def outputs_many(self, jobs):
+        return [self.outputs(j.x if j.keep is None else j.x[j.keep], j.y, j.seed, j.evals) for j in jobs]
+
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_nan_or_inf_under_perturbation_is_not_measurable_in_the_outcome_table_and_curves(value, env, tmp_path: Path,

@@ -24,7 +24,7 @@ from empirics.intervals import wilson
 from empirics.kinds import PAPER_PAIR
 from ntkm.codec import decode
 from ntkm.errors import UserInputError
-from ntkm.io import parse_json
+from ntkm.io import parse_json, read_regular
 from verify.audit.config import SCHEMA_VERSION, SUMMARY_MARKER
 from verify.audit.risk import ALL_LEVELS, NOT_MEASURABLE, RISK_LEVELS
 
@@ -152,10 +152,10 @@ def read_record(path: str | Path, what: str, schema: bool = True) -> dict[str, A
     p = Path(path).expanduser()
     if p.is_dir():
         raise UserInputError(f"{what} {p} is a folder, not a file; give an audit record written by verify audit --json")
-    if not p.is_file():
+    if not p.exists():
         raise UserInputError(f"{what} {p}: no such file (give an audit record written by verify audit --json)")
     try:
-        raw = parse_json(p.read_bytes().decode("utf-8"))
+        raw = parse_json(read_regular(p, what=what).decode("utf-8"))  # a named pipe or device: one line
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserInputError(f"{what} {p} is not a JSON file ({str(exc).splitlines()[0]}); give an audit "
                              "record written by verify audit --json") from None

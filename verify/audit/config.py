@@ -13,11 +13,13 @@ from empirics.influence import RIDGE_REL_DEFAULT
 from ntkm.errors import UserInputError
 from verify.audit.budget import REALISTIC_EPS
 from verify.audit.projection import AUTO_DIM
-from verify.audit.refit import RefitConfig
+from verify.audit.refit import STACK_MODES, RefitConfig
 from verify.modelio import parse_shape
 
 AUDIT_ATTACKS = ("fgsm", "pgd", "mim")
 PANELS = ("budget", "poison", "validity", "outcome")
+#: `--device` values (auto: cuda when visible).
+DEVICES = ("auto", "cpu", "cuda")
 #: Version of the audit record's structure (`verify/schemas/audit.schema.json`); raised on a breaking change.
 SCHEMA_VERSION = 1
 #: First line of the Markdown summary (`--summary`): marks the file as an audit output (and a CI comment to update).
@@ -69,7 +71,8 @@ class AuditConfig:
         "help": "NTK accuracy eps in the v1 / ReLU width bounds (default: %(default)s)"})
     ridge_rel: float = RIDGE_REL_DEFAULT
     max_memory_gb: float = field(default=2.0, metadata={
-        "help": "memory budget in GiB for Jacobians and the sharpness's Hessian products (default: %(default)s)"})
+        "help": "memory budget in GiB for Jacobians, the sharpness's Hessian products and stacked re-fits (default: "
+                "%(default)s)"})
     data_dir: str | None = field(default=None, metadata={
         "help": "where the built-in data sets are found (default: automatic)"})
     panels: tuple[str, ...] = field(default=PANELS, metadata={"flag": "--skip",
@@ -109,9 +112,17 @@ class AuditConfig:
                 f"while all Jacobians fit --max-memory-gb, else {AUTO_DIM})"})
     projection_kind: str = field(default="gaussian", metadata={"flag": "--projection", "choices": PROJECTION_KINDS,
         "help": "entries of the random projection (default: %(default)s)"})
+    device: str = field(default="auto", metadata={"choices": DEVICES,
+        "help": "where your model, its Jacobians and projections, the re-fits, sharpness, attacks and references run: "
+                "cuda, cpu, or auto (cuda when visible) (default: %(default)s)"})
+    refit_stack: str = field(default="auto", metadata={"choices": STACK_MODES,
+        "help": "run re-fits of equal training-set size as one stacked computation (torch.func vmap over copies of "
+                "the parameters) where the model allows it: auto (on CUDA; on the CPU, where it measured slower, "
+                "one at a time), on, off (default: %(default)s)"})
 
     def refit_config(self) -> RefitConfig:
-        return RefitConfig(self.refit_epochs, self.refit_lr, self.refit_batch, self.train_fn)
+        return RefitConfig(self.refit_epochs, self.refit_lr, self.refit_batch, self.train_fn, self.refit_stack,
+                           int(self.max_memory_gb * 2**30))
 
     def __post_init__(self) -> None:
         if not self.attacks:
@@ -150,6 +161,7 @@ class AuditConfig:
             (self.projection_dim is None or self.projection_dim >= 0,
              f"--projection-dim must be >= 0 (0: the exact kernel), got {self.projection_dim}"),
             (self.projection_kind in PROJECTION_KINDS, f"--projection must be one of {', '.join(PROJECTION_KINDS)}"),
+            (self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}, got {self.device}"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -91,23 +91,24 @@ class GenericKernels:
         if per * (len(x) + len(xt)) <= self.max_bytes:
             self._train = self.jac.features(x, label="jacobians (train)")
             self._test = self.jac.features(xt, label="jacobians (test)")
-            return self.jac.gram(self._train, self._train).numpy(), self.jac.gram(self._test, self._train).numpy()
+            return (self.jac.gram(self._train, self._train).cpu().numpy(),
+                    self.jac.gram(self._test, self._train).cpu().numpy())
         log(f"audit: Jacobians of all points need {per * (len(x) + len(xt)) / 2**30:.1f} GiB > the memory budget; "
             "assembling the kernel in blocks (slower)")
-        return (self.jac.kernel(x, max_bytes=self.max_bytes).numpy(),
-                self.jac.kernel(xt, x, max_bytes=self.max_bytes).numpy())
+        return (self.jac.kernel(x, max_bytes=self.max_bytes).cpu().numpy(),
+                self.jac.kernel(xt, x, max_bytes=self.max_bytes).cpu().numpy())
 
     def perturbed(self, x_new: torch.Tensor, sel: np.ndarray, K: np.ndarray, Kst: np.ndarray,
                   xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         s = torch.as_tensor(sel, device=x_new.device)
         if self._train is not None and self._test is not None:
             fp = self.jac.features(x_new[s], label="jacobians (perturbed)")
-            rows = self.jac.gram(fp, self._train).numpy()
-            rows[:, sel] = self.jac.gram(fp, fp).numpy()
-            cols = self.jac.gram(self._test, fp).numpy()
+            rows = self.jac.gram(fp, self._train).cpu().numpy()
+            rows[:, sel] = self.jac.gram(fp, fp).cpu().numpy()
+            cols = self.jac.gram(self._test, fp).cpu().numpy()
         else:
-            rows = self.jac.kernel(x_new[s], x_new, max_bytes=self.max_bytes).numpy()
-            cols = self.jac.kernel(xt, x_new[s], max_bytes=self.max_bytes).numpy()
+            rows = self.jac.kernel(x_new[s], x_new, max_bytes=self.max_bytes).cpu().numpy()
+            cols = self.jac.kernel(xt, x_new[s], max_bytes=self.max_bytes).cpu().numpy()
         K2, Kst2 = K.copy(), Kst.copy()
         K2[sel, :] = rows
         K2[:, sel] = rows.T
@@ -230,9 +231,9 @@ def estimate_network(net: Network, t: Tensors, cfg: AuditConfig) -> Estimated:
     times["kernel"] = time.perf_counter() - tic
     peak["kernel"] = peak_rss_gib()
     tic = time.perf_counter()
-    Y = targets(y, c, torch.float64).numpy()
-    Yt = targets(yt, c, torch.float64).numpy()
-    clean = influence_from_kernels(K, Kst, Y, Yt, yt.numpy(), ridge=None, ridge_rel=cfg.ridge_rel)
+    Y = targets(y, c, torch.float64).cpu().numpy()
+    Yt = targets(yt, c, torch.float64).cpu().numpy()
+    clean = influence_from_kernels(K, Kst, Y, Yt, yt.cpu().numpy(), ridge=None, ridge_rel=cfg.ridge_rel)
     lam = clean.ridge
     est_s = {"ntk": times["kernel"] + time.perf_counter() - tic}
     tic_gn = time.perf_counter()
@@ -266,7 +267,7 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str =
     label, model, provider, n_params, width = net.label, net.model, net.provider, net.n_params, net.width
     times, peak = dict(est.times), dict(est.peak)
     x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
-    yt_np = yt.numpy()
+    yt_np = yt.cpu().numpy()
     ntk = est.clean
     clean = est.result(estimator)
     gn = est.per_test["gn"].sum(axis=1)
@@ -341,7 +342,7 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str =
         "positive_fraction": float(np.mean(clean.total > 0)),
         "selected": sel.tolist(), "n_selected": int(k),
         "attacks": attacks,
-        "adversarial_pixels": {a: v.numpy() for a, v in adv_pixels.items()},
+        "adversarial_pixels": {a: v.cpu().numpy() for a, v in adv_pixels.items()},
         "baseline": {"flip_rates": flips.tolist(), "mean": float(flips.mean()), "std": float(flips.std(ddof=1)),
                      "rho_all": [b["rho_all"] for b in base],
                      "rho_all_mean": float(np.nanmean([b["rho_all"] for b in base]))},

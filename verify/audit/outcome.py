@@ -41,7 +41,7 @@ from empirics.intervals import t_interval, wilson
 from empirics.losses import targets
 from empirics.progress import log
 from verify.audit.config import AuditConfig
-from verify.audit.refit import RefitInputs, labels_of, per_example_loss
+from verify.audit.refit import RefitInputs, RefitJob, labels_of, per_example_loss
 from verify.audit.risk import NOT_MEASURABLE
 
 OUTCOME_RULE = ("the levers move an outcome beyond random points when the 95 % t-interval over seeds of the paired "
@@ -119,7 +119,7 @@ def outcome_panel(inp: RefitInputs, per_test: np.ndarray, sel: np.ndarray, attac
     rand = np.sort(rng.choice(n, k, replace=False))
     weight = np.abs(per_test[sel]).sum(axis=0)
     tgt = np.argsort(-weight, kind="stable")[:max(1, min(n_targets, len(xt)))]
-    yt_np = yt.numpy()
+    yt_np = yt.cpu().numpy()
     alt = {}
     for arm, idx in (("levers", sel), ("random", rand)):
         it = torch.as_tensor(idx, device=x.device)
@@ -127,12 +127,13 @@ def outcome_panel(inp: RefitInputs, per_test: np.ndarray, sel: np.ndarray, attac
         alt[arm] = x.index_copy(0, it, x_adv)
     log(f"audit: outcome: {seeds} seeds x (control, levers, random) re-fits at eps {eps:g}")
     per_seed: dict[str, list[dict[str, float]]] = {"levers": [], "random": []}
+    ctrls = refit.controls(x, y, [seed + s for s in range(seeds)], {"train": x, "test": xt})
+    arms = [(s, arm) for s in range(seeds) for arm in ("levers", "random")]
+    outs = refit.outputs_many([RefitJob(alt[arm], y, seed + s, {"test": xt}) for s, arm in arms])
     try:
-        for s in range(seeds):
-            ctrl = refit.control(x, y, seed + s, {"train": x, "test": xt})["test"]
-            for arm in ("levers", "random"):
-                out = refit.outputs(alt[arm], y, seed + s, {"test": xt})["test"]
-                per_seed[arm].append(_finite_metrics(out, ctrl, yt_np, tgt, out_dim, f"{arm}, seed {seed + s}"))
+        for (s, arm), res in zip(arms, outs, strict=True):
+            per_seed[arm].append(_finite_metrics(res["test"], ctrls[s]["test"], yt_np, tgt, out_dim,
+                                                 f"{arm}, seed {seed + s}"))
     except NotMeasurable as exc:
         return {"verdict": NOT_MEASURABLE, "reason": str(exc), "attack": attack_name, "eps": eps, "k": int(k)}
     rows = outcome_rows(per_seed, len(tgt))
@@ -181,30 +182,39 @@ def outcome_curves(inp: RefitInputs, per_test: np.ndarray, total: np.ndarray, gr
     n = len(x)
     rng = np.random.default_rng(seed + 11)
     order = np.lexsort((np.arange(n), -np.abs(total)))
-    ctrls = [refit.control(x, y, seed + s, {"train": x, "test": xt})["test"] for s in range(seeds)]
-    yt_np = yt.numpy()
+    ctrls = [c["test"] for c in refit.controls(x, y, [seed + s for s in range(seeds)], {"train": x, "test": xt})]
+    yt_np = yt.cpu().numpy()
 
-    def point(kk: int, e: float) -> dict[str, Any]:
+    def altered(kk: int, e: float) -> tuple[int, float, np.ndarray, list[RefitJob]]:
+        """A point's targets and its re-fits (each arm's altered set with every seed)."""
         sel = np.sort(order[:kk])
         rand = np.sort(rng.choice(n, kk, replace=False))
         tgt = np.argsort(-np.abs(per_test[sel]).sum(axis=0), kind="stable")[:max(1, min(n_targets, len(xt)))]
-        per_seed: dict[str, list[dict[str, float]]] = {"levers": [], "random": []}
-        for arm, idx in (("levers", sel), ("random", rand)):
+        jobs = []
+        for idx in (sel, rand):
             it = torch.as_tensor(idx, device=x.device)
             x_adv = attack(model, x[it], y[it], AttackConfig(attack_name, e, steps=steps, seed=seed + 31))
             x_alt = x.index_copy(0, it, x_adv)
+            jobs += [RefitJob(x_alt, y, seed + s, {"test": xt}) for s in range(seeds)]
+        return kk, e, tgt, jobs
+
+    def point(kk: int, e: float, tgt: np.ndarray, outs: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+        per_seed: dict[str, list[dict[str, float]]] = {"levers": [], "random": []}
+        for a, arm in enumerate(("levers", "random")):
             for s, ctrl in enumerate(ctrls):
-                out = refit.outputs(x_alt, y, seed + s, {"test": xt})["test"]
-                per_seed[arm].append(_finite_metrics(out, ctrl, yt_np, tgt, out_dim,
+                per_seed[arm].append(_finite_metrics(outs[a * seeds + s]["test"], ctrl, yt_np, tgt, out_dim,
                                                      f"{arm}, eps {e:g}, k {kk}, seed {seed + s}"))
         rows = outcome_rows(per_seed, len(tgt))
         return {"eps": float(e), "k": int(kk), "seeds": seeds, "n_targets": int(len(tgt)), "rows": rows,
                 **{arm: {key: r[arm]["value"] for key, r in rows.items()} for arm in ("levers", "random")}}
 
     log(f"audit: re-fitted outcome along the budget curves ({2 * seeds * (len(eps_grid) + len(k_grid))} re-fits)")
+    points = [altered(k, e) for e in eps_grid] + [altered(kk, eps) for kk in k_grid]
+    outs = refit.outputs_many([job for *_, jobs in points for job in jobs])  # every point's re-fits together
+    per_point = 2 * seeds
     try:
-        return {"by_eps": [point(k, e) for e in eps_grid], "by_k": [point(kk, eps) for kk in k_grid], "seed": seed,
-                "seeds": seeds}
+        rows = [point(kk, e, tgt, outs[i * per_point:(i + 1) * per_point]) for i, (kk, e, tgt, _) in enumerate(points)]
+        return {"by_eps": rows[:len(eps_grid)], "by_k": rows[len(eps_grid):], "seed": seed, "seeds": seeds}
     except NotMeasurable as exc:
         return {"verdict": NOT_MEASURABLE, "reason": str(exc), "seed": seed, "seeds": seeds}
 
@@ -243,12 +253,12 @@ def poison_panel(inp: RefitInputs, kernels: Callable[[nn.Module], Any], cfg: Aud
         K, Kst = kernels(net).clean(xp, xt)
         with torch.no_grad():
             out_tr, out_te = net(xp), net(xt)
-    Yp = targets(yp, out_dim, torch.float64).numpy()
-    inf = influence_from_kernels(K, Kst, Yp, targets(yt, out_dim, torch.float64).numpy(), yt.numpy(),
+    Yp = targets(yp, out_dim, torch.float64).cpu().numpy()
+    inf = influence_from_kernels(K, Kst, Yp, targets(yt, out_dim, torch.float64).cpu().numpy(), yt.cpu().numpy(),
                                  ridge_rel=ridge_rel)
     self_inf = loo_error(K, Yp, inf.ridge)
     gn = gn_influence_mean(K, Kst, loss_residuals(out_tr, yp), loss_residuals(out_te, yt), inf.ridge).sum(axis=1)
-    loss = per_example_loss(out_tr.double().numpy(), yp.numpy(), out_dim)
+    loss = per_example_loss(out_tr.double().cpu().numpy(), yp.cpu().numpy(), out_dim)
     idx = np.arange(n)
     orders = {
         "self_influence_ntk": np.lexsort((idx, -self_inf)),
@@ -268,4 +278,4 @@ def poison_panel(inp: RefitInputs, kernels: Callable[[nn.Module], Any], cfg: Aud
     return {"planted": planted.tolist(), "label_flips": flips.tolist(), "perturbations": perturbed.tolist(),
             "k": int(k), "fraction": fraction, "eps": eps, "chance": chance, "rankings": rank,
             "headline": "self_influence_ntk", "verdict": verdict,
-            "refit_train_acc_on_poisoned": float(np.mean(labels_of(out_tr.double().numpy()) == yp.numpy()))}
+            "refit_train_acc_on_poisoned": float(np.mean(labels_of(out_tr.double().cpu().numpy()) == yp.cpu().numpy()))}

@@ -6,9 +6,12 @@ settings in `verify.audit.config`, the measurements on one network in `verify.au
 `verify.audit.risk`, the report's context and HTML in `reports.audit_report`.
 
 1. Load the model safely (`verify.modelio`) and the training / test data; bind the model to the data's
-   input shape; validate labels against the model's outputs.
+   input shape; validate labels against the model's outputs. All of that on the CPU; then the model and the data
+   move once to `--device` (auto: CUDA when visible), where everything below runs (numpy crossings are explicit).
 2. Your model's empirical NTK and three influence estimates from it: NTK leave-one-out, Gauss-Newton and
    empirical Fisher (`verify.audit.measure.estimate_network`).
+   A model below the accuracy gate (`verify.audit.risk.model_gate`, from step 2's test accuracy) runs no panel
+   (steps 3 and 5): nothing they measure could issue a risk level; the record's `panels.skipped` says why.
 3. The validity panel (`verify.audit.validity`; re-fitting your model, `verify.audit.refit`: warm start from the
    saved weights, or your `--train-fn`): the three and the attribution libraries scored against re-fits; the one
    of the three that validates best is the *lead estimator* (NTK leave-one-out when the panel does not run).
@@ -32,7 +35,7 @@ import datetime as _dt
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +51,7 @@ from empirics.malleability import n_top
 from empirics.models import ModelSpec
 from empirics.progress import log
 from empirics.protocols import PROPER, protocol_config
-from empirics.records import device_info, library_versions, peak_rss_gib
+from empirics.records import device_info, library_versions, peak_rss_gib, pick_device
 from ntkm.errors import UserInputError
 from theory.bounds import relu_width_bound, width_bound_v1, width_bound_v2
 from theory.conditioning import condition_numbers
@@ -76,6 +79,7 @@ from verify.modelio import (
     Split,
     bind_input,
     check_labels,
+    check_model,
     check_varied,
     fx_graph_for,
     load_model,
@@ -283,6 +287,7 @@ def _panels(run: AuditRun, ctx: NetworkContext, user: dict[str, Any], refits: _R
                 return GenericKernels(provider.jac, max_bytes)
         out["poison"] = st.run("planted poison", poison_panel, inp, kernels, cfg)
     out["refit"]["count"] = refit.count
+    out["refit"]["path"] = refit.describe_path()
     out["refit"]["seconds"] = refit.seconds
     return out
 
@@ -291,6 +296,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     """Run every measurement and return the JSON-ready audit record (writes nothing)."""
     t0 = time.perf_counter()
     st = _Stage()
+    device = pick_device(cfg.device)  # --device cuda without CUDA: a one-line error before any work
     log(f"audit: loading {cfg.model} and the data")
     loaded, train, test = st.run("load", load_inputs, cfg)
     if cfg.target_test is not None and cfg.target_test >= len(test.x):
@@ -306,17 +312,23 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     check_labels(test, out_dim, "--test")
     st.run("bind", probe_batches, model, {"training": train.x, "test": test.x},
            (n_top(cfg.tau, len(train.x)), 1, cfg.refit_batch), out_dim)
+    st.run("bind", check_model, model, loaded, train.x, np.concatenate([train.y, test.y]), out_dim,
+           int(cfg.max_memory_gb * 2**30), train.classes)  # issue 42: before any panel
     if image_shape is None and len(input_shape) == 3:
         image_shape = input_shape
-    t = Tensors(torch.as_tensor(train.x), torch.as_tensor(train.y), torch.as_tensor(test.x),
-                torch.as_tensor(test.y), out_dim)
+    t = Tensors(torch.as_tensor(train.x, device=device), torch.as_tensor(train.y, device=device),
+                torch.as_tensor(test.x, device=device), torch.as_tensor(test.y, device=device), out_dim)
     max_bytes = int(cfg.max_memory_gb * 2**30)
     if loaded.is_suite:
+        loaded.module.to(device)  # loaded and bound on the CPU; everything after runs on `device`
         provider: SuiteKernels | GenericKernels = SuiteKernels(loaded.module)
         fit_module: torch.nn.Module = loaded.module
         refit_net: torch.nn.Module = model
     else:
         graph = st.run("bind", fx_graph_for, loaded, model, train.x)
+        for m in (loaded.module, graph):  # loaded, bound and converted on the CPU; everything after runs on `device`
+            if m is not None:
+                m.to(device)
         jac = ModelJacobian(model if graph is None else graph, input_shape, graph=graph,
                             static_batch=loaded.static_batch if graph is not None else None)
         structured, why = StructuredJacobian.build(graph, input_shape, loaded.static_batch)
@@ -344,8 +356,14 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
                               allocation=provider.jac.allocation)
     elif isinstance(provider, GenericKernels):
         projection = {"dim": 0, "kind": "exact", "reason": proj_reason}
-    run = AuditRun(cfg, st, t, model, refit_net, fit_module, provider, loaded, input_shape, max_bytes)
+    early = model_gate(est.accuracy[1], test.y, out_dim)
+    skipped = list(cfg.panels) if not early["passed"] else []  # a model below the gate: no panel can say more
+    run = AuditRun(replace(cfg, panels=()) if skipped else cfg, st, t, model, refit_net, fit_module, provider, loaded,
+                   input_shape, max_bytes)
     refits = _validate(run, est)
+    if skipped:
+        log(f"audit: skipping the panels ({early['reason']})")
+        refits.out["skipped"] = {"panels": skipped, "reason": f"{early['reason']}, so the panels were not run"}
     lead = lead_of(refits.out)
     models["user"], ctx = st.run("your model", measure_network, user_net, t, cfg, lead, est)
     if cfg.reference:
@@ -354,7 +372,8 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
             log(f"audit: training the {label} reference ({PROPER} protocol, at most {cfg.ref_epochs} epochs)")
             spec = ModelSpec(kind, t.x_train.shape[1], cfg.ref_width, out_dim, seed=cfg.seed)
             tcfg = protocol_config(PROPER, cfg.ref_epochs, seed=cfg.seed)
-            tr = st.run(f"train {kind}", train_network, spec, t, tcfg, label=f"training {REF_LABELS[kind]}")
+            tr = st.run(f"train {kind}", train_network, spec, t, tcfg, device=device,
+                        label=f"training {REF_LABELS[kind]}")
             tr.model.eval()
             net = Network(label, FlatInput(tr.model, (spec.d,)), SuiteKernels(tr.model), tr.model.W.numel(),
                           cfg.ref_width)
@@ -395,7 +414,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         "diagnostics": diag,
         "definitions": DEFINITIONS,
         "versions": library_versions(),
-        "device": device_info(),
+        "device": {**device_info(), "used": device},
         "timings": {**st.times, "total": time.perf_counter() - t0},
         "memory": {"peak_rss_gib_after_stage": st.peak_gib, "peak_rss_gib": peak_rss_gib()},
     }

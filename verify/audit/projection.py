@@ -92,8 +92,9 @@ def projection_error(exact: ModelJacobian | StructuredJacobian, proj: ProjectedJ
                      t: Tensors, cfg: AuditConfig, max_bytes: int) -> dict[str, Any]:
     """The projected kernel's error against the exact one on a subsample of `t` seeded by `cfg.seed` (module
     docstring); influence with the ridge `cfg.ridge_rel`."""
-    x, xt, yt = t.x_train, t.x_test, t.y_test.numpy()
-    Y, Yt = targets(t.y_train, t.out_dim, torch.float64).numpy(), targets(t.y_test, t.out_dim, torch.float64).numpy()
+    x, xt, yt = t.x_train, t.x_test, t.y_test.cpu().numpy()
+    Y = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
+    Yt = targets(t.y_test, t.out_dim, torch.float64).cpu().numpy()
     seed, ridge_rel = cfg.seed, cfg.ridge_rel
     tic = time.perf_counter()
     rng = np.random.default_rng(seed + 4099)
@@ -102,10 +103,10 @@ def projection_error(exact: ModelJacobian | StructuredJacobian, proj: ProjectedJ
     subt = np.sort(rng.choice(len(xt), mt, replace=False))
     log(f"audit: projection error against the exact kernel on {m} + {mt} points")
     both = torch.cat([x[torch.as_tensor(sub, device=x.device)], xt[torch.as_tensor(subt, device=xt.device)]])
-    k_all = exact.kernel(both, max_bytes=max_bytes).numpy()
+    k_all = exact.kernel(both, max_bytes=max_bytes).cpu().numpy()
     ke, ket = k_all[:m, :m], k_all[m:, :m]
     f = proj.features(both)
-    kp_all = proj.gram(f, f).numpy()
+    kp_all = proj.gram(f, f).cpu().numpy()
     kp, kpt = kp_all[:m, :m], kp_all[m:, :m]
     ie = influence_from_kernels(ke, ket, Y[sub], Yt[subt], yt[subt], ridge=None, ridge_rel=ridge_rel)
     ip = influence_from_kernels(kp, kpt, Y[sub], Yt[subt], yt[subt], ridge=None, ridge_rel=ridge_rel)

@@ -56,7 +56,7 @@ from empirics.common import Tensors
 from empirics.progress import log
 from verify.audit.config import AuditConfig
 from verify.audit.measure import FLIP_ESTIMATORS
-from verify.audit.refit import Refitter, labels_of, per_example_loss, refit_adequacy
+from verify.audit.refit import RefitJob, Refitter, labels_of, per_example_loss, refit_adequacy
 
 #: The bar of validation, fixed before any measurement: the lower end of the 95 % interval of an estimator's LDS as a
 #: fraction of the noise ceiling must reach it (half of what a perfect predictor of the re-fits could reach).
@@ -229,8 +229,9 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
     tau, subsets, fraction, repeats, seed = cfg.tau, cfg.lds_subsets, cfg.lds_fraction, cfg.lds_repeats, cfg.seed
     noise_seeds = cfg.refit_seeds - 1
     n, t = len(x), len(xt)
-    yt_np = yt.numpy()
+    yt_np = yt.cpu().numpy()
     ev = {"train": x, "test": xt}
+    refit.controls(x, y, [seed + s for s in range(max(noise_seeds, repeats - 1) + 1)], ev)  # together (stacked)
     ctrl = refit.control(x, y, seed, ev)
     gate = refit_adequacy(refit.cfg.kind, ctrl, data, saved_acc)
     base_loss = per_example_loss(ctrl["test"], yt_np, out_dim)
@@ -238,23 +239,22 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
     for s in range(1, noise_seeds + 1):
         noise_means.append(float(per_example_loss(refit.control(x, y, seed + s, ev)["test"], yt_np, out_dim).mean()))
     rng = np.random.default_rng(seed + 104729)
-    for i in rng.choice(n, noise_seeds, replace=False):
-        keep = torch.as_tensor(np.delete(np.arange(n), i), device=x.device)
-        out = refit.outputs(x[keep], y[keep], seed, {"test": xt})["test"]
-        noise_means.append(float(per_example_loss(out, yt_np, out_dim).mean()))
+    loo = [RefitJob(x, y, seed, {"test": xt}, torch.as_tensor(np.delete(np.arange(n), i), device=x.device))
+           for i in rng.choice(n, noise_seeds, replace=False)]
+    for res in refit.outputs_many(loo):
+        noise_means.append(float(per_example_loss(res["test"], yt_np, out_dim).mean()))
     noise_sd = float(np.std(noise_means, ddof=1))
     r = max(1, min(n - 1, round(fraction * n)))
     log(f"audit: validity: {subsets} subsets leaving out {r} random points each, re-fitted {repeats} times")
     bases = [base_loss] + [per_example_loss(refit.control(x, y, seed + q, ev)["test"], yt_np, out_dim)
                            for q in range(1, repeats)]
-    removed, reps = [], np.zeros((repeats, subsets, t))
+    removed, reps = [rng.choice(n, r, replace=False) for _ in range(subsets)], np.zeros((repeats, subsets, t))
+    keeps = [torch.as_tensor(np.setdiff1d(np.arange(n), rem), device=x.device) for rem in removed]
+    outs = refit.outputs_many([RefitJob(x, y, seed + q, {"test": xt}, keeps[m])
+                               for m in range(subsets) for q in range(repeats)])
     for m in range(subsets):
-        rem = rng.choice(n, r, replace=False)
-        keep = torch.as_tensor(np.setdiff1d(np.arange(n), rem), device=x.device)
         for q in range(repeats):
-            out = refit.outputs(x[keep], y[keep], seed + q, {"test": xt})["test"]
-            reps[q, m] = per_example_loss(out, yt_np, out_dim) - bases[q]
-        removed.append(rem)
+            reps[q, m] = per_example_loss(outs[m * repeats + q]["test"], yt_np, out_dim) - bases[q]
     actual = reps.mean(axis=0)
     preds = {name: np.stack([infl[rem].sum(axis=0) for rem in removed])
              for name, infl in {"ntk": ntk_per_test, "gn": gn_per_test, **others}.items()}
@@ -268,9 +268,12 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
     order = np.argsort(-total, kind="stable")
     log(f"audit: validity: leaving out the top {k} levers and {k} random points")
     removal = {}
-    for arm, rem in (("top", order[:k]), ("random", rng.choice(n, k, replace=False))):
-        keep = torch.as_tensor(np.setdiff1d(np.arange(n), rem), device=x.device)
-        out = refit.outputs(x[keep], y[keep], seed, {"test": xt})["test"]
+    arms = (("top", order[:k]), ("random", rng.choice(n, k, replace=False)))
+    arm_outs = refit.outputs_many([RefitJob(x, y, seed, {"test": xt},
+                                            torch.as_tensor(np.setdiff1d(np.arange(n), rem), device=x.device))
+                                   for _, rem in arms])
+    for (arm, rem), res in zip(arms, arm_outs, strict=True):
+        out = res["test"]
         removal[arm] = {"k": int(k), "predicted": float(lead_per_test[rem].sum() / t),
                         "actual": float(per_example_loss(out, yt_np, out_dim).mean() - base_loss.mean())}
     beyond = removal["top"]["actual"] > removal["random"]["actual"] + 2 * noise_sd
@@ -350,7 +353,7 @@ def _brittleness(refit: Refitter, data: Tensors, per_test: np.ndarray, ctrl_test
     """The brittleness check of the module docstring for test point `cfg.target_test` (None: a correctly predicted
     one of median margin under the control re-fit, whose test outputs are `ctrl_test`), the random removals with
     `cfg.refit_seeds - 1` seeds."""
-    x, y, xt, yt = data.x_train, data.y_train, data.x_test, data.y_test.numpy()
+    x, y, xt, yt = data.x_train, data.y_train, data.x_test, data.y_test.cpu().numpy()
     seed, target, random_seeds = cfg.seed, cfg.target_test, cfg.refit_seeds - 1
     n = len(x)
     j = target if target is not None else _median_margin_point(ctrl_test, yt)
@@ -371,12 +374,10 @@ def _brittleness(refit: Refitter, data: Tensors, per_test: np.ndarray, ctrl_test
             break
     k_rand = found or grid[-1]
     rng = np.random.default_rng(seed + 15485863)
-    rand = []
-    for _ in range(random_seeds):
-        rem = rng.choice(n, k_rand, replace=False)
-        keep = torch.as_tensor(np.setdiff1d(np.arange(n), rem), device=x.device)
-        out = refit.outputs(x[keep], y[keep], seed, {"t": xt[j:j + 1]})["t"]
-        rand.append(int(labels_of(out)[0]) != base)
+    jobs = [RefitJob(x, y, seed, {"t": xt[j:j + 1]},
+                     torch.as_tensor(np.setdiff1d(np.arange(n), rng.choice(n, k_rand, replace=False)),
+                                     device=x.device)) for _ in range(random_seeds)]
+    rand = [int(labels_of(res["t"])[0]) != base for res in refit.outputs_many(jobs)]
     return {"target": int(j), "label": int(yt[j]), "predicted": base, "k": found, "tried": tried,
             "max_k": int(grid[-1]), "random_k": int(k_rand), "random_flip_fraction": float(np.mean(rand)),
             "random_trials": len(rand)}

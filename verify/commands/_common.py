@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ntkm.codec import dumps, write_json
+from ntkm.codec import dumps, public, write_json
 from ntkm.errors import UserInputError
 from verify.executors import executor_from_args, seed_map_for
 from verify.outputs import check_output_dir, disk_error
@@ -68,9 +68,11 @@ def json_target(text: str) -> str:
 
 
 def emit_json(target: str | None, record: Any) -> None:
-    """Write the record to a file atomically, or to stdout for '-'; a write error is one line."""
+    """Write the record (`ntkm.codec.public`) to a file atomically, or to stdout for '-'; a write error is one
+    line."""
     if target is None:
         return
+    record = public(record)  # an interval end that is not finite is null with its reason, never "-inf"
     if target == "-":
         sys.stdout.write(dumps(record))
         return

@@ -87,7 +87,7 @@ CONFIG = options(
     Param("panels", default="", parse=_panels),
     "refit_epochs", "refit_lr", "refit_batch", "train_fn", "lds_subsets", "lds_repeats", "lds_fraction",
     "refit_seeds", Param("peers", parse=_peers),
-    "outcome_targets", "target_test", "poison_fraction", "curve_attack",
+    "outcome_targets", "target_test", "poison_fraction", "curve_attack", "device", "refit_stack",
 )
 ACTION, *OUTPUTS = options(AuditCommandOptions, "action", "out", "html", "json", "summary", "fail_on", "render")
 OPTIONS = (ACTION, *CONFIG, *OUTPUTS)

@@ -55,15 +55,15 @@ def run(args: argparse.Namespace) -> int:
     if path.is_dir():
         raise UserInputError(f"{path} is a folder, not a file; pass the claims.json that 'verify claims' wrote (in "
                              "that folder: verify report FOLDER/claims.json)")
-    if not path.is_file():
+    if not path.exists():
         raise UserInputError(f"{path} does not exist; pass the claims.json that 'verify claims' wrote")
     try:
-        record = read_json(path)
+        record = read_json(path)  # a named pipe or device is refused in one line, never read
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserInputError(f"{path} is not valid JSON ({exc.__class__.__name__}: {str(exc).splitlines()[0][:120]}); "
                              "pass a claims.json") from None
     check_claims_record(record, path)
-    out = check_output_dir(Path(args.out) if args.out else path.parent)
+    out = check_output_dir(Path(args.out) if args.out else path.parent, manifest=True)
     from reports.claims_report import render_all
 
     with output_set(out, REPORT_MEMBERS, folders=("figures",)) as staged:
