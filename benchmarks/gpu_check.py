@@ -25,7 +25,10 @@ and empirics/ unchanged). Sections, in order of what they are worth:
    number of every unit type (NTK distance, flips, landscape, retraining, ...) compared within float32 tolerance.
 5. `quick`: `verify claims --preset quick --device DEVICE` end to end, its wall time and its verdicts beside the
    recorded CPU run (`results/claims-quick.json`); resumed from its cache when the budget ran out.
-6. `gpu_preset`: as much of `verify claims --preset gpu` as the rest of the budget holds, cached (`--resume`).
+6. `audit`: `verify audit --device DEVICE` of the README's ResNet-18 (trained here on 1,000 CIFAR-10 images, the
+   recipe and audit options of `benchmarks.audit_tables`, no library peers: they are not installed on the device
+   machine) with every panel: wall time, the re-fit path (stacked or not), the validity verdict and the risk level.
+7. `gpu_preset`: as much of `verify claims --preset gpu` as the rest of the budget holds, cached (`--resume`).
 
 `--smoke` shrinks every size so the script runs on a 2-core CPU in under 3 minutes (tested in CI, so it cannot
 rot): the engine at n = 200, widths 16 and 64; agreement and end to end on a few smoke claims; no gpu preset.
@@ -53,9 +56,10 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("environment", "engine", "primitives", "agreement", "quick", "gpu_preset")
+SECTIONS = ("environment", "engine", "primitives", "agreement", "quick", "audit", "gpu_preset")
 #: Seconds each section needs at least to start (below that it is skipped and says so); the claims runs use the rest.
-MIN_SECONDS = {"environment": 0, "engine": 30, "primitives": 10, "agreement": 60, "quick": 60, "gpu_preset": 60}
+MIN_SECONDS = {"environment": 0, "engine": 30, "primitives": 10, "agreement": 60, "quick": 60, "audit": 60,
+               "gpu_preset": 60}
 #: Seconds kept back for writing the record and ending child processes.
 RESERVE_S = 20.0
 #: Relative tolerance of a CPU/GPU number: float32 training, different kernels and reduction orders.
@@ -434,6 +438,70 @@ def quick_section(device: str, smoke: bool, budget: Budget, state: Path, jobs: i
     return res
 
 
+def audit_section(device: str, smoke: bool, budget: Budget, state: Path) -> dict[str, Any]:
+    """Train the audit tables' ResNet-18 (smoke: their CNN on 80 images) on `device`, export it, and audit it there
+    with every panel in a child process ended at the budget."""
+    from benchmarks.audit_tables import (
+        _CHILD,
+        AUDIT_DONE,
+        FULL,
+        SMOKE_AUDIT,
+        SMOKE_N,
+        SMOKE_N_TEST,
+        Recipe,
+        build,
+        load_images,
+    )
+    from benchmarks.bench_audit import train as train_adam
+
+    full = FULL["cnn" if smoke else "resnet18"]
+    r = Recipe(full.name, full.label, full.dataset, SMOKE_N, SMOKE_N_TEST, 10, SMOKE_AUDIT) if smoke else full
+    folder = state / f"audit-{r.name}-{device}"
+    folder.mkdir(parents=True, exist_ok=True)
+    x, y, xt, yt, source = load_images(r)
+    np.savez(folder / "train.npz", x=x, y=y)
+    np.savez(folder / "test.npz", x=xt, y=yt)
+    model = build(r.name).to(device)
+    t0 = time.perf_counter()
+    train_acc = train_adam(model, torch.as_tensor(x, device=device), torch.as_tensor(y, device=device).long(),
+                           epochs=r.epochs)
+    train_s = time.perf_counter() - t0
+    model = model.cpu().eval()
+    xs = torch.as_tensor(x[:4])
+    ep = torch.export.export(model, (xs,), dynamic_shapes=({0: torch.export.Dim("batch", max=4096)},))
+    torch.export.save(ep, str(folder / "model.pt2"))
+    cfg = {"model": str(folder / "model.pt2"), "train": str(folder / "train.npz"), "test": str(folder / "test.npz"),
+           "n": r.n, "n_test": r.n_test, **r.audit, "peers": [], "device": device}
+    out = folder / "audit.pdf"
+    log_path = state / f"audit-{r.name}-{device}.log"
+    env = {**os.environ, "NTKM_THREADS": "2" if device == "cpu" else "4"}
+    t0 = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(cfg), str(out)], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc, ended = proc.wait(timeout=max(1.0, budget.left())), None
+        except subprocess.TimeoutExpired:
+            ended = _end_group(proc)
+            rc = proc.returncode
+    res: dict[str, Any] = {"model": r.label, "parameters": sum(p.numel() for p in model.parameters()),
+                           "data": source, "n": r.n, "n_test": r.n_test, "train_epochs": r.epochs,
+                           "train_s": train_s, "train_accuracy": train_acc, "options": cfg, "exit_code": rc,
+                           "wall_s": time.monotonic() - t0, "finished": rc in AUDIT_DONE}
+    if ended:
+        res["ended_by_budget"] = ended
+    rec = _read(out.with_suffix(".json")) if res["finished"] else None
+    if rec is not None:
+        panels = rec.get("panels", {})
+        res.update(risk=rec.get("risk", {}).get("level"), device_used=rec.get("device", {}).get("used"),
+                   refit_path=panels.get("refit", {}).get("path"),
+                   validity=panels.get("validity", {}).get("verdict"), timings=rec.get("timings"))
+    elif not ended:
+        lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        raise RuntimeError(f"the audit exited {rc}: {lines[-1][:300] if lines else ''} (log: {log_path})")
+    return res
+
+
 def gpu_preset_section(device: str, smoke: bool, budget: Budget, state: Path, jobs: int) -> dict[str, Any]:
     from verify.presets import PRESETS
 
@@ -503,6 +571,12 @@ def markdown(rec: dict[str, Any]) -> str:
         if cmp_:
             lines.append(f"Verdicts against the recorded CPU run: {cmp_['verdicts_equal']} of "
                          f"{cmp_['claims_compared']} equal; differ: {cmp_['verdicts_differ'] or 'none'}.")
+    a = rec["sections"].get("audit", {}).get("result")
+    if a:
+        lines += ["", f"`verify audit --device {rec['device']}` of {a['model']} ({a['parameters']:,} parameters, "
+                      f"{a['n']} training images, trained {a['train_epochs']} epochs in {_fmt_s(a['train_s'])}): "
+                      f"{'finished' if a['finished'] else 'not finished'} in {_fmt_s(a['wall_s'])}; risk "
+                      f"{a.get('risk')}, validity {a.get('validity')}, re-fits {a.get('refit_path')}."]
     g = rec["sections"].get("gpu_preset", {}).get("result")
     if g and "units_cached" in g:
         lines += ["", f"`{g['command']}`: {g['units_cached']} of {g.get('units_total')} units cached after "
@@ -601,6 +675,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  rec["sections"].get("engine", {}).get("result")),
         "agreement": lambda: agreement_section(device, args.smoke, budget, state, jobs),
         "quick": lambda: quick_section(device, args.smoke, budget, state, jobs),
+        "audit": lambda: audit_section(device, args.smoke, budget, state),
         "gpu_preset": lambda: gpu_preset_section(device, args.smoke, budget, state, jobs),
     }
     for name in SECTIONS:
@@ -608,7 +683,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         prev = rec["sections"].get(name, {})
         done = prev.get("result", {})
-        resumable = name in ("agreement", "quick", "gpu_preset") and not (done.get("finished") or done.get("passed"))
+        resumable = name in ("agreement", "quick", "audit", "gpu_preset") and not (done.get("finished")
+                                                                                  or done.get("passed"))
         same_code = prev.get("measured_at", {}).get("code_version") == _code_version()
         if prev.get("status") == "ok" and name != "environment" and not resumable and same_code:
             _log(f"{name}: kept from the previous run")

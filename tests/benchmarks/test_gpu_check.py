@@ -29,7 +29,7 @@ def test_smoke_run_on_the_cpu_writes_every_section_and_resumes(tmp_path: Path) -
     rec = json.loads((state / "gpu-check.json").read_text())
     status = {k: v["status"] for k, v in rec["sections"].items()}
     assert status == {"environment": "ok", "engine": "ok", "primitives": "ok", "agreement": "ok", "quick": "ok",
-                      "gpu_preset": "skipped: --smoke"}, status
+                      "audit": "ok", "gpu_preset": "skipped: --smoke"}, status
     eng = rec["sections"]["engine"]["result"]
     assert eng["agreement"]["passed"], eng["agreement"]
     row = eng["rows"][0]
@@ -39,6 +39,8 @@ def test_smoke_run_on_the_cpu_writes_every_section_and_resumes(tmp_path: Path) -
     agr = rec["sections"]["agreement"]["result"]["comparison"]
     assert agr["claims_compared"] == 2 and not agr["verdicts_differ"] and agr["numbers_compared"] > 100
     assert rec["sections"]["quick"]["result"]["finished"]
+    audit = rec["sections"]["audit"]["result"]
+    assert audit["finished"] and audit["device_used"] == "cpu" and audit["refit_path"]["one_at_a_time_refits"] > 0
     assert (state / "gpu-check.md").read_text().startswith("# Device check on cpu")
     # a second run keeps every finished section and says so
     again = _run("--resume", str(state), "--sections", "engine,agreement", timeout=120)
