@@ -201,10 +201,13 @@ def to_markdown(record: dict[str, Any]) -> str:
                      f"{' at most' if p['train'].get('plateau') else ''})")
     lines += [f"- {record.get('gate', '')}", "", "## Verdict matrix", ""]
     names = condition_names(record)
-    matrix = [[c["id"], *(_outcomes(c)[n]["verdict"] for n in names), _agreement(c)] if c.get("empirical")
+    matrix = [[c["id"], *(_outcomes(c)[n]["verdict"] for n in names), _agreement(c), stability_cell(c)]
+              if c.get("empirical")
               else [c["id"], c["verdict"], *([f"({FIXED_CONDITION.get(c['id'], 'no training')})"] * (len(names) - 1)),
-                    "-"] for c in record["claims"]]
-    lines += [markdown_table(["claim", *(_condition_label(n) for n in names), "robust"], matrix), ""]
+                    "-", stability_cell(c)] for c in record["claims"]]
+    lines += [markdown_table(["claim", *(_condition_label(n) for n in names), "robust", "seed stability"], matrix), ""]
+    if record.get("stability"):
+        lines += [f"Seed stability ({record['stability']['method']}).", ""]
     training = training_table(record)
     if training:
         lines += ["## Training behind the empirical numbers", "",
@@ -226,10 +229,11 @@ def to_markdown(record: dict[str, Any]) -> str:
             if c.get("empirical"):
                 for pname, o in _outcomes(c).items():
                     table.append([c["id"], c["statement"], paper, f"{pname}: {o['ours']}",
-                                  "-" if o["seeds"] is None else o["seeds"], f"**{o['verdict']}** ({pname})"])
+                                  "-" if o["seeds"] is None else o["seeds"],
+                                  f"**{o['verdict']}** ({pname})" + _fragile(c)])
             else:
                 table.append([c["id"], c["statement"], paper, c["ours"], "-" if c["seeds"] is None else c["seeds"],
-                              f"**{c['verdict']}**"])
+                              f"**{c['verdict']}**" + _fragile(c)])
         lines += [f"## {title}", "", markdown_table(["id", "claim", "paper", "ours", "seeds", "verdict"], table), ""]
     lines += ["## Protocols and verdict rules", ""]
     for c in record["claims"]:
@@ -258,6 +262,28 @@ def condition_names(record: dict[str, Any]) -> list[str]:
 def _condition_label(name: str) -> str:
     protocol, _, pre = name.partition("+")
     return {"paper": "paper protocol", "proper": "proper training"}.get(protocol, protocol) + f", {pre or 'raw'}"
+
+
+def stability_cell(claim: dict[str, Any]) -> str:
+    """The seed stability of a claim's headline verdict (`verify.stability`): 'fragile' or 'stable' with the
+    bootstrap agreement and the seeds whose leave-one-out changes it; the reason where it is not computable; '-' in
+    records written before it."""
+    st = claim.get("stability")
+    if not st:
+        return "-"
+    if not st.get("computable"):
+        return st.get("reason", "not computable")
+    loo = st.get("loo_changes") or []
+    return (f"{'**fragile**' if st['fragile'] else 'stable'}: {st['bootstrap_agreement']:.2f} of "
+            f"{st['resamples']} seed resamples agree" + (f"; leave-one-out changes it at {len(loo)} seed(s) ("
+                                                          + ", ".join(f"{x['axis']} {x['seed']}: {x['verdict']}"
+                                                                      for x in loo) + ")" if loo else ""))
+
+
+def _fragile(claim: dict[str, Any]) -> str:
+    """' fragile' beside a verdict whose seed stability says so (`verify.stability`), else ''."""
+    st = claim.get("stability") or {}
+    return " fragile" if st.get("fragile") else ""
 
 
 def _agreement(claim: dict[str, Any]) -> str:
@@ -320,6 +346,7 @@ def render_all(record: dict[str, Any], out: Path, pdf: bool = True) -> Written:
         "rule_status": {c["id"]: rule_status(record, c["id"]) for c in record["claims"]},
         "conditions": [(n, _condition_label(n)) for n in condition_names(record)],
         "agreement": {c["id"]: _agreement(c) for c in record["claims"] if c.get("empirical")},
+        "stability": {c["id"]: stability_cell(c).replace("**", "") for c in record["claims"]},
     })
     written.paths.append(write_html(out / "claims.html", html))
     if pdf:

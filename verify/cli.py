@@ -195,10 +195,22 @@ def _run_command(argv: list[str] | None) -> int:
         sys.stderr.write(f"verify {args.command}: error: cannot use{where[:300]}: {exc.strerror or exc}; give "
                          "another path\n")
         return 2
-    except Exception:
+    except Exception as exc:
         if _received:
             return _interrupted(args)
+        if _out_of_memory(exc):
+            sys.stderr.write(f"verify {args.command}: error: ran out of memory ({str(exc).splitlines()[0][:160]}); "
+                             "give fewer points or a smaller model, or a machine with more memory\n")
+            return 2
         raise
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """An allocation that failed: Python's MemoryError, torch's out-of-memory error (CUDA) or its CPU allocator's."""
+    import torch
+
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
 
 
 if __name__ == "__main__":

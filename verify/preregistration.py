@@ -1,10 +1,11 @@
 """Pre-registration: one digest of what decides a verdict before any number is seen, and the list of the changes
 made to it after a recorded run.
 
-The digest (`preregistration`) is a sha256 over the canonical JSON (`ntkm.codec.canonical`) of five parts: the
+The digest (`preregistration`) is a sha256 over the canonical JSON (`ntkm.codec.canonical`) of six parts: the
 rule text of every claim of the registry (all of them, whatever `--only` selects, so a partial run carries the
 same digest), the adequacy gate's text, the two claims protocols (description and training configuration at the
-preset), the preset's sizes (the design: seeds, widths, points) and the deviations. Each part's own digest and
+preset), the preset's sizes (the design: seeds, widths, points), the seed-stability rule (`verify.stability.RULE`:
+its resamples and the 'fragile' threshold) and the deviations. Each part's own digest and
 each rule's are recorded too, so two claims.json files show which part moved.
 
 Deviations live in `docs/DEVIATIONS.md`, one fenced block per entry whose info string is `deviation`:
@@ -44,8 +45,8 @@ REQUIRED = ("id", "date", "commit", "claims", "what", "why", "verdicts_moved")
 OPTIONAL = ("after_run",)
 ALL, EMPIRICAL = "all", "empirical"
 METHOD = ("sha256 of the canonical JSON (sorted keys, no spaces) of {rules: claim id -> rule text, gate: gate text, "
-          "protocols: name -> description and training configuration, design: the preset's sizes, deviations: the "
-          "entries of docs/DEVIATIONS.md}")
+          "protocols: name -> description and training configuration, design: the preset's sizes, stability: the "
+          "seed-stability rule and its thresholds, deviations: the entries of docs/DEVIATIONS.md}")
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _COMMIT = re.compile(r"^([0-9a-f]{7,40}|this)(\.\.[0-9a-f]{7,40})?$")
@@ -161,7 +162,10 @@ def registered_parts(preset_name: str) -> dict[str, Any]:
     for name in PROTOCOLS:
         cfg = protocol_train(p, name)
         protocols[name] = {"description": DESCRIPTIONS[cfg["protocol"]], "train": cfg}
-    return {"rules": {c.id: c.rule for c in all_claims()}, "gate": GATE_TEXT, "protocols": protocols, "design": p}
+    from verify.stability import RULE as STABILITY_RULE
+
+    return {"rules": {c.id: c.rule for c in all_claims()}, "gate": GATE_TEXT, "protocols": protocols, "design": p,
+            "stability": STABILITY_RULE}
 
 
 def preregistration(preset_name: str, path: str | Path | None = None) -> dict[str, Any]:

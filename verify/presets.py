@@ -66,6 +66,8 @@ class PresetSizes(TypedDict):
     #: The units (base names, before '@') the preset runs, where not every unit (`gpu`); the claims rows of the
     #: others say they were not run at this preset (`verify.experiments.not_run_units`).
     runs: NotRequired[tuple[str, ...]]
+    #: Seed bootstrap draws of the seed-stability check (`verify.stability`), where not `N_RESAMPLES` (1,000).
+    stability_resamples: NotRequired[int]
 
 
 _QUICK: PresetSizes = {
@@ -84,7 +86,7 @@ PRESETS: dict[str, PresetSizes] = {
         "landscape_points": 5, "landscape_grid": 5, "hessian_iters": 5, "hutchinson_samples": 3,
         "kappa_ns": (50, 100, 200), "n_train_by_dataset": {}, "premise_ns": (16, 32), "premise_widths": (256,),
         "binary_kappa_ns": (32, 64), "preprocessings": ("raw",), "protocols": ("paper", "proper"),
-        "ntk_gd_mse": True,
+        "ntk_gd_mse": True, "stability_resamples": 20,
     },
     "quick": _QUICK,
     "axes": {**_QUICK, "preprocessings": ("raw", "unit")},
@@ -132,6 +134,8 @@ PRESET_KEYS = {
                          "with their estimated cost, as 'not measurable here'",
     "runs": "the units the preset runs where not all (gpu: the decisive GPU experiments); the others' rows say 'not "
             "measurable here: not run at preset gpu'",
+    "stability_resamples": "seed bootstrap draws of the seed-stability check of every verdict (verify.stability): "
+                           "1,000 unless given; smoke, a test of the machinery with 2 seeds, draws 20",
     "ntk_gd_mse": "whether the NTK-distance sweeps also train every network under gd-mse (the co-primary estimand of "
                   "the NTK rows); off at quick for its time budget, on at full and paper",
 }

@@ -408,3 +408,35 @@ def test_a_249_character_out_with_summary_is_one_line(data: dict, tmp_path: Path
 def test_a_device_without_data_is_one_line(device: str, tmp_path: Path, capsys):
     code, err = _main(["claims", "--only", "thm4.1", "--device", device, "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "use cpu or cuda" in _one_line(err)
+
+
+def test_an_unwritable_cache_folder_is_refused_before_any_work(tmp_path: Path):
+    """`--out` writable but its cache/ immutable: refused in one line before a unit runs (the set was written and the
+    run ended with exit 2 after the work was lost)."""
+    out = tmp_path / "out"
+    (out / "cache").mkdir(parents=True)
+    if subprocess.run(["chattr", "+i", str(out / "cache")], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+    try:
+        r = _cli(["claims", "--resume", "--only", "thm4.1", "--out", str(out), "--no-pdf"])
+    finally:
+        subprocess.run(["chattr", "-i", str(out / "cache")], capture_output=True)
+    assert r.returncode == 2, r.stderr
+    assert "cache folder" in _one_line(r.stderr)
+    assert not (out / "claims.json").exists()
+
+
+@pytest.mark.parametrize("error", [MemoryError("no room"),
+                                   RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: "
+                                                "can't allocate memory: you tried to allocate 8589934592 bytes.")])
+def test_an_allocation_that_fails_is_one_line(error: Exception, monkeypatch, capsys):
+    """An 80 M-parameter model under an 8 GB limit failed in torch's allocator with a traceback; whatever runs out of
+    memory past the up-front checks ends in one line, exit 2."""
+    import verify.commands.theory as theory_cmd
+
+    def boom(args):
+        raise error
+
+    monkeypatch.setattr(theory_cmd, "run", boom)
+    code, err = _main(["theory"], capsys)
+    assert code == 2 and "ran out of memory" in _one_line(err)

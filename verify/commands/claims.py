@@ -27,6 +27,7 @@ from verify.preregistration import preregistration
 from verify.presets import preset
 from verify.reproducibility import knife_edges, reproducibility_block
 from verify.runner import Cache
+from verify.stability import N_RESAMPLES, stability, stability_block
 
 NAME = "claims"
 HELP = "regenerate every claim of the paper with our value, its spread and an honest verdict"
@@ -93,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     check_members(out, [m for m in CLAIMS_MEMBERS if m != "figures" and not (args.no_pdf and m == "claims.pdf")],
                   ("figures", "cache"))
     cache = Cache(out / "cache")
+    if cache.folder.is_dir():  # a cache that cannot take entries would lose every unit after its work: refuse now
+        from verify.outputs import check_output_dir
+
+        check_output_dir(cache.folder, "--out's cache folder")
     units = units_for(args.preset, args.data_dir, args.device)
     pres = tuple(preset(args.preset)["preprocessings"])
     protos = tuple(preset(args.preset)["protocols"])
@@ -114,6 +119,12 @@ def run(args: argparse.Namespace) -> int:
                                  for name, (res, cached) in ran.items()}
     rows = [claim_row(c, results, pres, protos) for c in claims]
     edges = knife_edges(lambda res: [claim_row(c, res, pres, protos) for c in claims], results, rows)
+    t_st = time.perf_counter()
+    n_resamples = preset(args.preset).get("stability_resamples", N_RESAMPLES)
+    seed_stability = stability(claims, results, pres, protos, rows, n=n_resamples)
+    rows = [{**r, "stability": seed_stability[r["id"]]} for r in rows]
+    stability_s = time.perf_counter() - t_st
+    log(f"seed stability: {n_resamples} seed resamples and leave-one-seed-out in {stability_s:.0f} s")
     record = {
         "title": "Claims of arXiv:2603.13085 — regenerated",
         "preset": args.preset,
@@ -137,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         "gate": GATE_TEXT,
         "preregistration": prereg,
         "reproducibility": reproducibility_block(edges),
+        "stability": stability_block(n_resamples, wall_s=stability_s),
         "claims": rows,
         "units": unit_meta,
         "results": {name: slim(res.to_dict()) for name, (res, _) in ran.items()},
@@ -156,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         if r["empirical"]:
             split = "  (underdetermined: preprocessing)" if r["preprocessing_split"] else ""
             print("  " + "".join(f"{r['by_condition'][n]['verdict']:<20} " for n in names) + r["id"]
-                  + ("  (robust)" if r["robust"] else split))
+                  + ("  (robust)" if r["robust"] else split) + ("  fragile" if r["stability"].get("fragile") else ""))
         else:
             print(f"  {r['verdict']:<{21 * len(names) - 1}} {r['id']}")
     print("wrote " + ", ".join(str(p) for p in [out / "claims.json", *written]))
@@ -202,12 +214,14 @@ def show_plan(args: argparse.Namespace, claims: list[Any], pres: tuple[str, ...]
 
 def drop_cache_entries(folder: Path) -> None:
     """Remove the suite's cache entries from `folder` (a fresh run without --resume); other files stay."""
+    import json
+
     from ntkm.codec import read_json
 
     for f in folder.glob("*.json") if folder.is_dir() else ():
         try:
-            entry = read_json(f)
-        except (OSError, ValueError):
+            entry = read_json(f, what="file in the cache folder")  # a named pipe there is refused, never read
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
         if isinstance(entry, dict) and {"unit", "code_version", "result_sha256"} <= entry.keys():
             f.unlink()
