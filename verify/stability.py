@@ -384,7 +384,10 @@ def stability(claims: Sequence[Any], results: dict[str, Any], preprocessings: Se
     base = {r["id"]: r["verdict"] for r in rows} if rows is not None else {c.id: row_of(c, results)["verdict"]
                                                                               for c, _ in live}
 
-    parallel = (pres, protos) if evaluate is None else None
+    from verify.claims import all_claims
+
+    registry = {id(c) for c in all_claims()}  # a worker rebuilds its claims from the registry: only registered ones
+    parallel = (pres, protos) if evaluate is None and all(id(c) in registry for c, _ in live) else None
     with _memo_t_quantiles():
         return _stability(claims, results, row_of, axes, fixed, reads, base, out, live, n, seed, parallel)
 

@@ -141,3 +141,17 @@ def test_retrain_flip_columns_follow_the_drawn_seeds() -> None:
     for sn, by in plain["effects"].items():
         for ln, m in by.items():
             assert out["effects"][sn][ln] == [[row[2], row[0]] for row in m]
+
+
+def test_the_bootstrap_in_worker_processes_counts_what_one_process_counts(monkeypatch) -> None:
+    """The parallel bootstrap (spawned workers, draws made in the parent) against the same draws counted here, on
+    the results of the real quick run for the claims whose rules read per-seed units."""
+    import os
+
+    record = json.loads(QUICK.read_text())
+    only = ["ntk-contrast-cifar10", "adversarial-intervention"]
+    parallel = S.from_record(record, n=2 * S.CHUNK, only=only)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    serial = S.from_record(record, n=2 * S.CHUNK, only=only)
+    assert parallel == serial
+    assert all(parallel[c]["resamples"] == 2 * S.CHUNK for c in only)
