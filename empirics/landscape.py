@@ -550,8 +550,41 @@ def not_a_minimum(run: dict[str, Any], tol: float = MINIMUM_TOL) -> bool:
     return bool(beyond) and min(beyond) < at_one - tol * at_zero
 
 
-def landscape_verdict(result: dict[str, Any]) -> LandscapeJudgement:
-    """Does 2L-ReLU sit in a sharper minimum than MLP-Attn? Rule fixed before any measurement.
+@dataclass(frozen=True)
+class Normalisation:
+    """How a landscape criterion is read off a run before the paired log ratio: as measured, or per unit of the
+    network's training loss (for cross-entropy the curvature vanishes as the loss goes to zero, so a network
+    trained to a 77x lower loss looks flatter for that reason alone). A named axis of the landscape rule: the
+    claim is judged under each, and "underdetermined (normalisation)" where they disagree (issue 40 item 2)."""
+
+    name: str
+    text: str
+    scale: Callable[[dict[str, Any]], float]
+
+    def value(self, run: dict[str, Any], criterion: str) -> float:
+        """The criterion of `run` under this normalisation."""
+        return float(run[criterion]) / self.scale(run)
+
+
+#: The landscape rule's normalisations, by name; the first is the recorded experiment's own.
+NORMALISATIONS: dict[str, Normalisation] = {n.name: n for n in (
+    Normalisation("as measured", "the criteria as measured", lambda run: 1.0),
+    Normalisation("per unit loss", "each criterion divided by the network's training loss at the trained weights",
+                  lambda run: float(run["train_loss"])),
+)}
+
+
+def normalisation(name: str) -> Normalisation:
+    """The registered normalisation `name`; an unknown name is a one-line error."""
+    try:
+        return NORMALISATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown landscape normalisation {name!r}: use one of {', '.join(NORMALISATIONS)}") from None
+
+
+def landscape_verdict(result: dict[str, Any], normalise: str = "as measured") -> LandscapeJudgement:
+    """Does 2L-ReLU sit in a sharper minimum than MLP-Attn? Rule fixed before any measurement; `normalise` names
+    the normalisation of its criteria (`NORMALISATIONS`).
 
     Not measurable when a network failed the adequacy gate. Runs paired by seed, on two scale-aware
     criteria (raw Hessian numbers scale with the input norm, which differs ~100x between raw pixels and
@@ -584,13 +617,15 @@ def landscape_verdict(result: dict[str, Any]) -> LandscapeJudgement:
         caveats = [*caveats, "not a minimum along the init-to-trained line (the loss falls by more than "
                    f"{MINIMUM_TOL:.0%} of the initial loss beyond the trained weights): {', '.join(off)}; judged on "
                    "the curvature at the trained point, which needs no minimum, and at most 'partly'"]
-    values = [run[m] for s in seeds for run in (relu[s], attn[s]) for m in LANDSCAPE_CRITERIA]
+    norm = normalisation(normalise)
+    values = [norm.value(run, m) for s in seeds for run in (relu[s], attn[s]) for m in LANDSCAPE_CRITERIA]
     if not seeds or not all(math.isfinite(v) and v > 0 for v in values):
         return LandscapeJudgement(LandscapeVerdict.NA.value, reason="non-finite or non-positive flatness or sharpness",
                                   seeds=len(seeds), caveats=caveats)
-    intervals = {m: paired_log_ratio_interval([relu[s][m] for s in seeds], [attn[s][m] for s in seeds])
+    intervals = {m: paired_log_ratio_interval([norm.value(relu[s], m) for s in seeds],
+                                              [norm.value(attn[s], m) for s in seeds])
                  for m in LANDSCAPE_CRITERIA + ("top_eigenvalue", "trace")}
-    counts = {m: sum(relu[s][m] > attn[s][m] for s in seeds) for m in intervals}
+    counts = {m: sum(norm.value(relu[s], m) > norm.value(attn[s], m) for s in seeds) for m in intervals}
     above = [m for m in LANDSCAPE_CRITERIA if intervals[m]["ci"][0] > 0]
     verdict = (LandscapeVerdict.HOLDS if len(above) == 2 and not off else LandscapeVerdict.PARTLY if above
                else LandscapeVerdict.NOT).value

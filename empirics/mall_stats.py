@@ -255,6 +255,7 @@ def _flip_block(out: dict[str, Any], runs: list[dict[str, Any]], cfg: Malleabili
         out["comparisons"].append({
             **where, "attack": a, "flip_diff_ci": difference(ft, fc), "excess_diff_ci": difference(xt, xc),
             "ratio_ci": fieller(ft, fc), "ratio_excess_ci": fieller(xt, xc), "rho_all_diff_ci": t_interval(rho_d),
+            "noise_ratio_ci": fieller(_l(derived[t]["noise"]), _l(derived[c]["noise"])),
             "n_seeds": len(seeds), "seeds": list(seeds)})
     for a in (*attacks, BASELINE):
         out["ratios"].append({**where, "attack": a, **ratio(

@@ -21,6 +21,7 @@ from verify.claims.base import (
     VERDICTS,
     Claim,
     Outcome,
+    PartlyAs,
     Results,
     Verdict,
     not_run_reason,
@@ -137,8 +138,8 @@ def claim_row(claim: Claim, results: Results, preprocessings: Iterable[str] = ("
     splits = preprocessing_splits(by_condition, pres, protos)
     if protos[-1] in splits:
         named = "; ".join(f"{pre}: {v}" for pre, v in splits[protos[-1]].items())
-        head = {**head, "verdict": UNDERDETERMINED.value,
-                "ours": f"underdetermined (preprocessing), under {protos[-1]} training: {named}",
+        head = {**head, "verdict": UNDERDETERMINED.value, "label": f"{UNDERDETERMINED.value} (preprocessing)",
+                "partly_as": None, "ours": f"underdetermined (preprocessing), under {protos[-1]} training: {named}",
                 "condition": "the measured verdicts differ between input preprocessings"}
     verdicts = {o["verdict"] for o in by_condition.values()}
     return {**row, **head, "by_protocol": per, "by_condition": by_condition, "preprocessing_split": splits,
@@ -147,4 +148,6 @@ def claim_row(claim: Claim, results: Results, preprocessings: Iterable[str] = ("
 
 def _outcome_dict(o: Outcome) -> dict[str, Any]:
     return {"ours": o.ours, "verdict": Verdict(o.verdict).value, "protocol": o.protocol, "numbers": o.numbers,
-            "seeds": o.seeds, "gate": o.gate, "condition": o.condition}
+            "seeds": o.seeds, "gate": o.gate, "condition": o.condition,
+            "partly_as": PartlyAs(o.partly_as).value if o.partly_as and Verdict(o.verdict) is Verdict.PARTLY else None,
+            "label": o.label}

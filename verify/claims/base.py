@@ -41,6 +41,41 @@ class Verdict(str, Enum):
 
 VERDICTS = tuple(v.value for v in Verdict)
 
+
+class PartlyAs(str, Enum):
+    """What a "partly" stands for, printed beside it ("partly (one estimand)"): each partial condition a rule names
+    has one of these labels, so one word no longer carries several meanings (issue 40 item 2)."""
+
+    ONE_ESTIMAND = "one estimand"
+    SLOWER = "converges more slowly"
+    CONVERGENCE_NOT_SHOWN = "ReLU convergence not shown"
+    SECONDARY = "secondary metric"
+    SECONDARY_AGAINST = "a secondary metric against"
+    FACTOR_EXCLUDED = "factor excluded"
+    NOISE = "not beyond noise"
+    NOT_VALIDATED = "not validated"
+    DATASETS_DISAGREE = "data sets disagree"
+    SOME_EPS = "some eps"
+    CORRECTED = "corrected form"
+    ONE_CRITERION = "one criterion"
+    NOT_A_MINIMUM = "not a minimum"
+    WEAK = "weak agreement"
+    SOME_N = "some n"
+    NOT_BEYOND_CONTROL = "not beyond ReLU"
+    ILL_POSED = "ill-posed as stated"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def verdict_label(verdict: Verdict | str, partly_as: PartlyAs | str | None, axis: str | None = None) -> str:
+    """The verdict as printed: "partly (<what>)" where a partial verdict names its condition, "underdetermined
+    (<axis>)" where the free choice that splits it is named, else the verdict."""
+    v = Verdict(verdict)
+    if v is Verdict.PARTLY and partly_as:
+        return f"{v.value} ({PartlyAs(partly_as).value})"
+    return f"{v.value} ({axis})" if v is Verdict.UNDERDETERMINED and axis else v.value
+
 #: The two training protocols of every empirical claim: the paper's reported setup, and one that trains
 #: both networks properly (see `empirics.protocols`). Unit names carry the protocol as `name@protocol`.
 PROTOCOLS = ("paper", "proper")
@@ -56,7 +91,8 @@ class Outcome:
     """What we measured for one claim (under one protocol) and the verdict its rule gives.
 
     `gate` is the adequacy condition the rule applied (empty for claims that train nothing);
-    `condition` the interval condition that decided the verdict.
+    `condition` the interval condition that decided the verdict; `partly_as` names what a "partly" stands for
+    (`PartlyAs`; None for other verdicts), `axis` the free choice that makes an "underdetermined" verdict.
     """
 
     ours: str
@@ -66,6 +102,13 @@ class Outcome:
     seeds: int | None = None
     gate: str = ""
     condition: str = ""
+    partly_as: PartlyAs | None = None
+    axis: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The verdict as printed (`verdict_label`)."""
+        return verdict_label(self.verdict, self.partly_as, self.axis)
 
 
 @dataclass(frozen=True)
@@ -200,6 +243,11 @@ RECORD_VERDICTS: dict[str, Verdict] = {
     LandscapeVerdict.NA: NA, theory_checks.HOLDS: HOLDS, theory_checks.HOLDS_CORRECTED: PARTLY,
     theory_checks.ILL_POSED: PARTLY, theory_checks.DOES_NOT_HOLD: NOT,
 }
+
+
+#: What a record's verdict word that stands for "partly" names (`RECORD_VERDICTS`).
+RECORD_PARTLY_AS: dict[str, PartlyAs] = {theory_checks.HOLDS_CORRECTED: PartlyAs.CORRECTED,
+                                         theory_checks.ILL_POSED: PartlyAs.ILL_POSED}
 
 
 def verdict_of(word: str) -> Verdict:

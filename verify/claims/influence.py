@@ -13,7 +13,7 @@ from empirics.protocols import GATE_TEXT
 from empirics.vocab import PAPER_MODELS, model_name
 from reports.text import fmt
 from verify.claims import units
-from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, Results
+from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, PartlyAs, Results
 from verify.claims.retrain_flip import FLIP_RETRAIN_UNITS, retrain_flip_verdict, set_units
 from verify.presets import PresetSizes
 
@@ -88,7 +88,8 @@ def _retrain_claim() -> Callable[[Results], Outcome]:
         lows = [r.spearman["ci"][0] for r in rs.values()]
         verdict = HOLDS if min(lows) > 0.5 else PARTLY if min(lows) > 0 or max(lows) > 0.5 else NOT
         return Outcome("; ".join(parts), verdict, protocol, numbers, gate=GATE_TEXT,
-                       condition=f"lower ends of the Spearman intervals {', '.join(fmt(v) for v in lows)} vs 0.5 and 0")
+                       condition=f"lower ends of the Spearman intervals {', '.join(fmt(v) for v in lows)} vs 0.5 and 0",
+                       partly_as=PartlyAs.WEAK if verdict is PARTLY else None)
 
     return evaluate
 
@@ -196,7 +197,7 @@ def validity_gated(out: Outcome, results: Results, flip: bool = False, own: str 
         return replace(out, verdict=NA, numbers=numbers, condition=condition,
                        ours=f"not measurable: the influence instrument failed its positive control. {out.ours}")
     if out.verdict == HOLDS and not v["validated"]:
-        return replace(out, verdict=PARTLY, numbers=numbers, condition=condition,
+        return replace(out, verdict=PARTLY, numbers=numbers, condition=condition, partly_as=PartlyAs.NOT_VALIDATED,
                        ours=f"holds for the kernel predictor; not validated for the trained network. {out.ours}")
     return replace(out, numbers=numbers, condition=condition)
 

@@ -24,6 +24,7 @@ from verify.claims.base import (
     UNDERDETERMINED,
     Claim,
     Outcome,
+    PartlyAs,
     Results,
     Verdict,
     unavailable,
@@ -198,7 +199,7 @@ def evaluate_premise(results: Results) -> Outcome:
                 f"{rows[0]['seed']}), condition numbers from eigvalsh")
     ours = "; ".join(parts) + (f". CIFAR-10 {caveats[0]}." if caveats else ".")
     return Outcome(ours, verdict, protocol, {"rows": [_premise_numbers(r, g) for r, g in zip(rows, gaps, strict=True)]},
-                   condition=condition)
+                   condition=condition, partly_as=PartlyAs.SOME_N if verdict is PARTLY else None)
 
 
 # ---- the lower-kappa explanation of the binary CIFAR-10 result (Sec. 5) ------------------------
@@ -272,7 +273,8 @@ def evaluate_binary_kappa(results: Results) -> Outcome:
     return Outcome(ours, verdict, protocol,
                    {"rows": rows, "ratio_by_n": {"cifar10": {str(n): q for n, q in cifar.items()},
                                                  "mnist": {str(n): q for n, q in mnist.items()}}},
-                   seeds=len(rec.seeds), condition=condition)
+                   seeds=len(rec.seeds), condition=condition,
+                   partly_as=PartlyAs.SOME_N if verdict is PARTLY else None)
 
 
 KAPPA_CLAIMS = [

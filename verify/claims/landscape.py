@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from empirics.landscape import LandscapeRecord
+from empirics.landscape import LANDSCAPE_CRITERIA, NORMALISATIONS, LandscapeRecord, landscape_verdict
 from empirics.vocab import DATASETS, LandscapeVerdict, dataset_label
 from reports.text import fmt, mean_pm
 from verify.claims import units
-from verify.claims.base import NA, Claim, Outcome, Results, kernel_predictor, verdict_of
+from verify.claims.base import (
+    NA,
+    PARTLY,
+    UNDERDETERMINED,
+    Claim,
+    Outcome,
+    PartlyAs,
+    Results,
+    kernel_predictor,
+    verdict_of,
+)
 from verify.presets import PresetSizes, n_train_for
 
 
@@ -22,6 +32,8 @@ def landscape_unit_configs(p: PresetSizes, data_dir: str | None) -> dict[str, di
     } for ds in DATASETS}
 
 
+AS_MEASURED, PER_LOSS = NORMALISATIONS
+
 LANDSCAPE_RULE = ("not measurable if a network fails the adequacy gate; paired by seed, (B) the "
                   "filter-normalised loss increase at a relative step of 0.5 (Li et al. 2018) and (A') the top Hessian "
                   "eigenvalue divided by the mean input norm ||x~||^2, each judged on the 95 % t interval of "
@@ -29,7 +41,11 @@ LANDSCAPE_RULE = ("not measurable if a network fails the adequacy gate; paired b
                   "if neither; both are curvatures at the trained point that need no minimum, so a trained point that "
                   "is not a minimum along the init-to-trained line (the loss lower beyond it by more than 1 % of the "
                   "loss at initialisation) is judged too, but at most partly. Raw Hessian numbers (which scale with "
-                  "||x~||^2: ~100x larger for raw pixels than for unit attention features) are reported, not judged")
+                  "||x~||^2: ~100x larger for raw pixels than for unit attention features) are reported, not "
+                  "judged. The normalisation is a named axis: the rule is applied to the criteria as measured and per "
+                  "unit of each network's training loss (for cross-entropy the curvature vanishes with the loss, and "
+                  "the two networks end at very different losses); where the two give different verdicts the claim is "
+                  "underdetermined (normalisation), both named")
 
 
 def _landscape_claim(ds: str) -> Any:
@@ -63,9 +79,25 @@ def _landscape_claim(ds: str) -> Any:
         caveats = v.caveats or []
         if caveats:
             ours += ". Caveats: " + "; ".join(caveats)
-        return Outcome(ours, verdict_of(v.verdict), protocol,
-                       {"intervals": iv, "criteria_above": v.criteria_above, **kernel}, v.seeds,
-                       gate=v.gate or "", condition="CI of log(ReLU/Attn) > 0 for (B) and (A')")
+        verdict = verdict_of(v.verdict)
+        both = len(v.criteria_above or []) == 2
+        partly_as = (PartlyAs.NOT_A_MINIMUM if both else PartlyAs.ONE_CRITERION) if verdict is PARTLY else None
+        alt = landscape_verdict({"models": {k: {"runs": m.runs} for k, m in res.models.items()}}, PER_LOSS)
+        alt_verdict = verdict_of(alt.verdict)
+        alt_iv = alt.intervals or {}
+        ours += (f". {PER_LOSS} ({NORMALISATIONS[PER_LOSS].text}): {alt_verdict.value}"
+                 + "".join(f"; {m} log(ReLU/Attn) {fmt(alt_iv[m]['mean'])} [{fmt(alt_iv[m]['ci'][0])}, "
+                           f"{fmt(alt_iv[m]['ci'][1])}]" for m in LANDSCAPE_CRITERIA if m in alt_iv))
+        numbers = {"intervals": iv, "criteria_above": v.criteria_above, **kernel,
+                   "by_normalisation": {AS_MEASURED: verdict.value, PER_LOSS: alt_verdict.value},
+                   "per_loss_intervals": alt_iv}
+        condition = "CI of log(ReLU/Attn) > 0 for (B) and (A'), as measured and per unit loss"
+        if NA not in (verdict, alt_verdict) and alt_verdict is not verdict:
+            return Outcome(f"underdetermined (normalisation): as measured {verdict.value}, {PER_LOSS} "
+                           f"{alt_verdict.value}; {ours}", UNDERDETERMINED, protocol, numbers, v.seeds,
+                           gate=v.gate or "", condition=condition, axis="normalisation")
+        return Outcome(ours, verdict, protocol, numbers, v.seeds, gate=v.gate or "", condition=condition,
+                       partly_as=partly_as)
 
     return evaluate
 

@@ -27,7 +27,19 @@ from empirics.vocab import DATASETS, PAPER_ATTACKS, dataset_label, model_name, m
 from theory.paper import PAPER_ADV, PAPER_FLIP, PAPER_RATIO_V1, PAPER_RATIO_V2
 from verify.claims import base as claim_base
 from verify.claims import units
-from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, Claim, Outcome, Results, Verdict, gated
+from verify.claims.base import (
+    HOLDS,
+    INCONCLUSIVE,
+    NA,
+    NOT,
+    PARTLY,
+    Claim,
+    Outcome,
+    PartlyAs,
+    Results,
+    Verdict,
+    gated,
+)
 from verify.presets import PresetSizes, n_train_for
 
 NO_GAP_BAND = (0.67, 1.5)
@@ -176,8 +188,9 @@ def _opened(res: MalleabilityRecord, pair: Pair = PAPER_PAIR) -> tuple[str, Outc
 
 
 def _done(ours: str, verdict: Verdict, protocol: str, numbers: dict[str, Any], seeds: int | None,
-          condition: str) -> Outcome:
-    return Outcome(ours, verdict, protocol, numbers, seeds, GATE_TEXT, condition)
+          condition: str, partly_as: PartlyAs | None = None) -> Outcome:
+    return Outcome(ours, verdict, protocol, numbers, seeds, GATE_TEXT, condition,
+                   partly_as if verdict is PARTLY else None)
 
 
 def _where(res: MalleabilityRecord, intervention: str = "transformed", eps: float | None = None,
@@ -267,18 +280,26 @@ def combine_datasets(sub: dict[str, Verdict]) -> Verdict:
     return NA if NA in vs else INCONCLUSIVE
 
 
+def combined_partly_as(sub: dict[str, Verdict], each: PartlyAs = PartlyAs.NOISE) -> PartlyAs:
+    """What a combined "partly" stands for: the data sets disagree, or each holds partly (`each`, the per-data-set
+    partial condition)."""
+    return each if all(v is PARTLY for v in sub.values()) else PartlyAs.DATASETS_DISAGREE
+
+
 # ---- flip rate: Attn more malleable (10 classes, binary MNIST) ------------------------------------
 
 FLIP_RULE = (GATE_FIRST + "Transformed intervention at eps 0.3, standard training, pooled over FGSM/PGD/MIM. Judged "
              "on the paper's quantity, the ratio of RAW flip rates Attn/ReLU, with Fieller's 95 % interval from the "
-             "per-seed rates, against 1 and the paper's range (min-max over the attacks of the paper's table). Holds "
-             "if the interval lies above 1, overlaps the paper's range, and Attn's excess over noise (attack minus "
-             "random-sign flips on the same points) has its interval above 0; partly, by name, if the interval lies "
-             "above 1 but entirely outside the paper's range ('a gap, but not the paper's factor'), or if only the "
-             "excess condition fails ('Attn flips more, but its attacks do not beat noise'); inconclusive if the "
-             "interval contains both 1 and a point of the paper's range; does not hold otherwise (the paper's "
-             "factor excluded and no gap shown). The ratio of excesses over noise (Fieller) and the difference of "
-             "excesses are reported beside it, not judged. " + CI_NOTE)
+             "per-seed rates, against 1 and the paper's range (min-max over the attacks of the paper's table), beside "
+             "the same ratio for random-sign noise of the same eps on the same points (the noise ratio, Fieller): a "
+             "network that flips more under any perturbation is not more malleable to attacks. Holds if the interval "
+             "lies above 1, overlaps the paper's range, Attn's excess over noise (attack minus random-sign flips) has "
+             "its interval above 0, and the attack-over-noise gap (the difference of excesses, Attn - ReLU, paired by "
+             "seed) has its interval above 0; partly (factor excluded) if the interval lies above 1 but entirely "
+             "outside the paper's range; partly (not beyond noise) if only an excess condition fails (Attn flips "
+             "more, but not by more than noise makes it); inconclusive if the interval contains both 1 and a point of "
+             "the paper's range; does not hold otherwise (the paper's factor excluded and no gap shown). The ratio of "
+             "excesses over noise (Fieller) is reported beside it, not judged. " + CI_NOTE)
 
 
 def flip_outcome(res: MalleabilityRecord, ds: str, task: str, pair: Pair = PAPER_PAIR) -> Outcome:
@@ -300,27 +321,32 @@ def _flip(res: MalleabilityRecord, ds: str, task: str, pair: Pair) -> Outcome:
     pa, pr = (res.summary.find("pooled", **where, model=m) for m in pair)
     paper = paper_ratio_range(ds, task)
     raw, diff, ea, rx = cmp_["ratio_ci"], cmp_["excess_diff_ci"], pa["excess_ci"], cmp_["ratio_excess_ci"]
+    noise = cmp_.get("noise_ratio_ci")
     verdict, ratio_cond = ratio_judgement(raw, paper)
-    beyond = above(ea)
-    if verdict is HOLDS and not beyond:
-        verdict = PARTLY
+    partly_as = PartlyAs.FACTOR_EXCLUDED
+    beyond, gap = above(ea), above(diff)
+    if verdict is HOLDS and not (beyond and gap):
+        verdict, partly_as = PARTLY, PartlyAs.NOISE
     paper_txt = f"paper {paper[0]:.1f}-{paper[1]:.1f}x" if paper else "no paper value"
     attacks = list(res.config["attacks"])
     ours = (f"pooled over {'/'.join(a.upper() for a in attacks)}: Attn {pct_txt(pa['flip_ci'])}, ReLU "
-            f"{pct_txt(pr['flip_ci'])}; ratio of flip rates {x_txt(raw)} ({paper_txt}); secondary: ratio of "
+            f"{pct_txt(pr['flip_ci'])}; ratio of flip rates {x_txt(raw)} ({paper_txt}); noise ratio (random signs, "
+            f"same eps) {x_txt(noise) if noise else 'not recorded'}; secondary: ratio of "
             f"excesses over noise {x_txt(rx)}, excess Attn {ci_txt(ea)}, ReLU {ci_txt(pr['excess_ci'])}, difference "
             f"of excesses {ci_txt(diff)}; {_per_attack_txt(res, where, attacks, pair)}; noise flips Attn "
             f"{pct_txt(pa['baseline_ci'])}, ReLU {pct_txt(pr['baseline_ci'])}{_seed_baseline_txt(res, pair)}; "
             f"Spearman rho_all Attn {rho_txt(pa['rho_all_ci'])}, ReLU {rho_txt(pr['rho_all_ci'])}; "
             f"{_counts_txt(res, where, pair)}")
-    condition = (f"ratio of flip rates {ratio_cond}; Attn excess {ci_txt(ea)} above 0: {_yes(beyond)}"
-                 + (" (Attn flips more, but its attacks do not beat noise)" if verdict is PARTLY and not beyond
-                    and above(raw, 1.0) else ""))
+    condition = (f"ratio of flip rates {ratio_cond}; Attn excess {ci_txt(ea)} above 0: {_yes(beyond)}; "
+                 f"attack-over-noise gap {ci_txt(diff)} above 0: {_yes(gap)}"
+                 + (" (Attn flips more, but not by more than noise makes it)" if partly_as is PartlyAs.NOISE
+                    and verdict is PARTLY else ""))
     numbers = {"ratio_ci": raw, "ratio_excess_ci": rx, "excess_diff_ci": diff, "attn_excess_ci": ea,
                "relu_excess_ci": pr["excess_ci"], "attn_flip_ci": pa["flip_ci"], "relu_flip_ci": pr["flip_ci"],
-               "attn_beyond_noise": beyond, "ratio_above_one": above(raw, 1.0),
+               "noise_ratio_ci": noise, "attn_beyond_noise": beyond, "gap_beyond_noise": gap,
+               "ratio_above_one": above(raw, 1.0),
                "ratio_overlaps_paper": paper is None or overlaps(raw, *paper), "paper_range": paper}
-    return _done(ours, verdict, protocol, numbers, pa["n_seeds"], condition)
+    return _done(ours, verdict, protocol, numbers, pa["n_seeds"], condition, partly_as)
 
 
 def _flip_claim(ds: str, task: str) -> Callable[[Results], Outcome]:
@@ -333,12 +359,24 @@ def _flip_claim(ds: str, task: str) -> Callable[[Results], Outcome]:
 # ---- the headline ratio ---------------------------------------------------------------------------
 
 RATIO_RULE = (GATE_FIRST + "Ratio of RAW flip rates Attn/ReLU (the paper's quantity), pooled over FGSM/PGD/MIM (10 "
-              "classes, transformed, eps 0.3), Fieller's 95 % interval from the per-seed rates, per data set: holds "
-              f"if the interval lies above 1 and overlaps [{PAPER_RATIO_V1[0]:g}, {PAPER_RATIO_V1[1]:g}]; partly, by "
-              "name, if it lies above 1 but outside that range ('a gap, but not the paper's factor'); inconclusive if "
-              "it contains both 1 and a point of the range; does not hold otherwise. The v2 range "
-              f"[{PAPER_RATIO_V2[0]:g}, {PAPER_RATIO_V2[1]:g}] is judged the same way and reported; the ratio of "
-              "excesses over noise is reported beside it. " + COMBINE_RULE + ". " + CI_NOTE)
+              "classes, transformed, eps 0.3), Fieller's 95 % interval from the per-seed rates, per data set. The "
+              "claim is the factor, so it is judged on the factor: holds if the interval lies above 1 and overlaps "
+              f"[{PAPER_RATIO_V1[0]:g}, {PAPER_RATIO_V1[1]:g}]; inconclusive if it overlaps that range but does not "
+              "lie above 1; does not hold if it excludes the range (a gap of another size, where the interval lies "
+              "above 1, is named in the row, not credited). The v2 range "
+              f"[{PAPER_RATIO_V2[0]:g}, {PAPER_RATIO_V2[1]:g}] is judged the same way beside it; the noise ratio "
+              "(random signs of the same eps, Fieller) and the ratio of excesses over noise are reported beside it. "
+              + COMBINE_RULE + ". " + CI_NOTE)
+
+
+def factor_judgement(ci: dict[str, Any], paper: tuple[float, float]) -> tuple[Verdict, str]:
+    """A ratio interval against the paper's factor (`RATIO_RULE`): holds above 1 and overlapping the range,
+    inconclusive overlapping it but not above 1, does not hold where the range is excluded."""
+    gap, hits = above(ci, 1.0), overlaps(ci, *paper)
+    txt = f"{x_txt(ci)} above 1: {_yes(gap)}, overlaps {paper[0]:g}-{paper[1]:g}x: {_yes(hits)}"
+    if hits:
+        return (HOLDS, txt) if gap else (INCONCLUSIVE, txt)
+    return NOT, txt + (" (a gap, but the paper's factor excluded)" if gap else " (the paper's factor excluded)")
 
 
 def _gated_datasets(results: Results) -> tuple[dict[str, MalleabilityRecord], str, dict[str, Outcome]]:
@@ -365,19 +403,21 @@ def ratio_outcome(results: Results) -> Outcome:
             why = gates[ds].ours if ds in gates else "needs both models, transformed intervention"
             parts.append(_sub_text(ds, NA, why))
             continue
-        v1, cond = ratio_judgement(c["ratio_ci"], PAPER_RATIO_V1)
-        v2, _ = ratio_judgement(c["ratio_ci"], PAPER_RATIO_V2)
+        v1, cond = factor_judgement(c["ratio_ci"], PAPER_RATIO_V1)
+        v2, _ = factor_judgement(c["ratio_ci"], PAPER_RATIO_V2)
+        noise = c.get("noise_ratio_ci")
         sub[ds] = v1
-        numbers[ds] = {"ratio_ci": c["ratio_ci"], "ratio_excess_ci": c["ratio_excess_ci"], "verdict": v1.value,
-                       "v2_verdict": v2.value}
-        parts.append(_sub_text(ds, v1, f"ratio of flip rates {x_txt(c['ratio_ci'])} (ratio of excesses "
+        numbers[ds] = {"ratio_ci": c["ratio_ci"], "ratio_excess_ci": c["ratio_excess_ci"], "noise_ratio_ci": noise,
+                       "verdict": v1.value, "v2_verdict": v2.value}
+        parts.append(_sub_text(ds, v1, f"ratio of flip rates {x_txt(c['ratio_ci'])} (noise ratio "
+                                       f"{x_txt(noise) if noise else 'not recorded'}, ratio of excesses "
                                        f"{x_txt(c['ratio_excess_ci'])}); against the v2 range {PAPER_RATIO_V2[0]:g}-"
                                        f"{PAPER_RATIO_V2[1]:g}x: {v2.value}"))
         conds.append(f"{dataset_label(ds)} {cond}")
     verdict = combine_datasets(sub)
     numbers["sub_verdicts"] = {ds: v.value for ds, v in sub.items()}
     return _done("; ".join(parts), verdict, protocol, numbers, len(recs["mnist"].config["seeds"]),
-                 "; ".join(conds) + f"; combined: {verdict.value}")
+                 "; ".join(conds) + f"; combined: {verdict.value}", combined_partly_as(sub))
 
 
 # ---- no gap (binary CIFAR-10) ---------------------------------------------------------------------
@@ -452,7 +492,8 @@ def _adv(res: MalleabilityRecord, model: str) -> Outcome:
             f"{ci_txt(row['adversarial_excess_ci'])}, rise {ci_txt(rx)}; {row['n_seeds']} seeds")
     condition = (f"rise {ci_txt(rise)} above 0: {_yes(above(rise))}, below 0: {_yes(below(rise))}; rise of the "
                  f"excess {ci_txt(rx)} above 0: {_yes(above(rx))}")
-    return _done(ours, verdict, protocol, {"rise_ci": rise, "rise_excess_ci": rx}, row["n_seeds"], condition)
+    return _done(ours, verdict, protocol, {"rise_ci": rise, "rise_excess_ci": rx}, row["n_seeds"], condition,
+                 PartlyAs.NOISE)
 
 
 def _adv_claim(ds: str, model: str) -> Callable[[Results], Outcome]:
@@ -491,7 +532,7 @@ def eps_outcome(res: MalleabilityRecord) -> Outcome:
     return _done("; ".join(parts), verdict, protocol,
                  {"excess_diff_ci": cis, "eps_with_attn_higher": wins, "eps_with_attn_lower": losses},
                  len(res.config["seeds"]), f"difference interval above 0 at {wins} of {len(eps_values)} eps, below 0 "
-                 f"at {losses}")
+                 f"at {losses}", PartlyAs.SOME_EPS)
 
 
 # ---- new rows: curated removal, adversarial intervention, Spearman rankings -----------------------
@@ -519,7 +560,8 @@ def _two_datasets(results: Results, what: str, judge: Callable[[str, Malleabilit
     verdict = combine_datasets(sub)
     numbers["sub_verdicts"] = {ds: v.value for ds, v in sub.items()}
     return _done("; ".join(parts), verdict, protocol, numbers, len(recs["mnist"].config["seeds"]),
-                 ", ".join(f"{dataset_label(ds)} {v.value}" for ds, v in sub.items()) + f"; combined: {verdict.value}")
+                 ", ".join(f"{dataset_label(ds)} {v.value}" for ds, v in sub.items()) + f"; combined: {verdict.value}",
+                 combined_partly_as(sub))
 
 
 CURATED_RULE = (GATE_FIRST + "Curated intervention, 10 classes, each data set and model: |change of the kernel "

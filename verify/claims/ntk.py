@@ -19,7 +19,9 @@ from verify.claims.base import (
     PARTLY,
     Claim,
     Outcome,
+    PartlyAs,
     Results,
+    Verdict,
     gate_failures,
     gated,
 )
@@ -35,14 +37,18 @@ NTK_RULE = ("widths at which every seed's network passes the adequacy gate are k
             "on the squared loss, its initial function removed, against the linearised network after the same number "
             "of steps with the analytic kernel; on the widths where those networks pass the gate too, at least 3 "
             "including the widest kept; a sweep that trains none, the qkv variant, whose step has no closed form, "
-            "is decided by (1) alone). Holds if both intervals lie entirely on the claimed side of 0 (below 0 for "
-            "'decreases', above for 'rises'): (1) alone mixes the kernel regime with the random initial function and "
-            "a loss and optimiser (cross-entropy, Adam) for which the NTK limit is not exact, (2) alone is not the "
-            "paper's number; partly, by name, if only one does, or if neither does but the third estimand, the doubly "
-            "centred kernel drift (or the init-matched distance ||f_m - f_lin||), has its interval on the claimed "
-            "side for this network and not for the other one (on the widths kept for both) ('credit from a secondary "
-            "metric'); does not hold if every measurable co-primary interval lies entirely on the other side of 0; "
-            "inconclusive otherwise. A metric that moves the claimed way for both networks gives no credit")
+            "cannot reach 'holds'). Holds if both intervals lie entirely on the claimed side of 0 (below 0 for "
+            "'decreases', above for 'rises') and no secondary metric (the doubly centred kernel drift, the "
+            "init-matched distance ||f_m - f_lin||) has its interval entirely on the other side for this network: (1) "
+            "alone mixes the kernel regime with the random initial function and a loss and optimiser (cross-entropy, "
+            "Adam) for which the NTK limit is not exact, (2) alone is not the paper's number; partly (one estimand) if "
+            "only one co-primary interval does, including when (2) is not measured or not run (no 'holds' on one "
+            "estimand); partly (a secondary metric against) if both do but a secondary metric lies on the other side; "
+            "partly (secondary metric) if neither does but a secondary metric has its interval on the claimed side for "
+            "this network and not for the other one (on the widths kept for both) and none lies on the other side; "
+            "does not hold if every measurable co-primary interval lies entirely on the other side of 0; inconclusive "
+            "otherwise. A metric that moves the claimed way for both networks gives no credit; side metrics count in "
+            "both directions")
 
 
 #: Widths needed for a slope (the widest among them).
@@ -73,6 +79,20 @@ def _side(ci: list[float], claimed: str) -> bool:
     """Whether a slope interval lies entirely on the claimed side of 0."""
     lo, hi = ci
     return (hi < 0) if claimed == "decreasing" else (lo > 0)
+
+
+def _ntk_verdict(co: list[bool], measured_both: bool, against: list[str], credit: list[str],
+                 opposite: bool) -> tuple[Verdict, PartlyAs | None]:
+    """`NTK_RULE` on its parts: which co-primary intervals lie on the claimed side (`co`), whether both estimands
+    were measured, the secondary metrics on the other side (`against`) and those giving credit, and whether every
+    measurable co-primary interval lies on the other side (`opposite`)."""
+    if all(co) and measured_both:
+        return (PARTLY, PartlyAs.SECONDARY_AGAINST) if against else (HOLDS, None)
+    if any(co):
+        return PARTLY, PartlyAs.ONE_ESTIMAND
+    if credit and not against:
+        return PARTLY, PartlyAs.SECONDARY
+    return (NOT, None) if opposite else (INCONCLUSIVE, None)
 
 
 def ntk_claim(ds: str, kind: str, claimed: str, unit: str | None = None) -> Callable[[Results], Outcome]:
@@ -108,7 +128,6 @@ def ntk_claim(ds: str, kind: str, claimed: str, unit: str | None = None) -> Call
         gd_ok = len(g_widths) >= MIN_WIDTHS and g_widths[-1] == widths[-1]
         gd_si = slope_interval(g_widths, [r for r in g_runs if r["width"] in g_widths], GD_METRIC) if gd_ok else None
         co = [_side(si["ci"], claimed)] + ([gd_si is not None and _side(gd_si["ci"], claimed)] if g_runs else [])
-        primary = all(co)
         o_widths = gated_widths(other.runs)[0] if other is not None else []
         shared = [w for w in widths if w in o_widths]
         credit = []
@@ -119,8 +138,10 @@ def ntk_claim(ds: str, kind: str, claimed: str, unit: str | None = None) -> Call
             if _side(mine, claimed) and not _side(theirs, claimed):
                 credit.append(metric)
         other_side = "rises" if claimed == "decreasing" else "decreasing"
+        against = [m for m in SECONDARY if _side(sec[m]["ci"], other_side)]
         opposite = _side(si["ci"], other_side) and (gd_si is None or _side(gd_si["ci"], other_side))
-        verdict = HOLDS if primary else PARTLY if any(co) or credit else NOT if opposite else INCONCLUSIVE
+        measured_both = gd_si is not None
+        verdict, partly_as = _ntk_verdict(co, measured_both, against, credit, opposite)
         gd_txt = (f"gd-mse function change slope {fmt(gd_si['slope'])} [{fmt(gd_si['ci'][0])}, {fmt(gd_si['ci'][1])}] "
                   f"on widths {g_widths}" if gd_si is not None else
                   f"gd-mse function change not measurable (widths with every gd-mse network above the gate: "
@@ -133,26 +154,41 @@ def ntk_claim(ds: str, kind: str, claimed: str, unit: str | None = None) -> Call
                 + (f"; widths dropped (a network below the gate): {dropped}" if dropped else "")
                 + f"; train/test acc at m={widths[-1]}: {fmt(block.mean(widths[-1], 'train_acc'))}/"
                   f"{fmt(block.mean(widths[-1], 'test_acc'))}"
-                + (f"; credit from {', '.join(credit)}" if credit and not any(co) else ""))
-        condition = (f"slope CI {'< 0' if claimed == 'decreasing' else '> 0'} for both co-primary estimands"
+                + (f"; credit from {', '.join(credit)}" if credit and not any(co) else "")
+                + (f"; against: {', '.join(against)} on the other side of 0" if against else ""))
+        condition = (f"slope CI {'< 0' if claimed == 'decreasing' else '> 0'} for both co-primary estimands, no "
+                     "secondary metric on the other side"
                      f" (got [{fmt(si['ci'][0])}, {fmt(si['ci'][1])}] and "
                      + (f"[{fmt(gd_si['ci'][0])}, {fmt(gd_si['ci'][1])}])" if gd_si is not None else "not measurable)"))
         return Outcome(ours, verdict, protocol,
                        {"widths": widths, "function_abs_mean": fa, "slope_interval": si,
-                        "secondary_credit": credit, "gd_mse_slope_interval": gd_si, "gd_mse_widths": g_widths,
-                        "co_primary_on_side": co,
+                        "secondary_credit": credit, "secondary_against": against, "gd_mse_slope_interval": gd_si,
+                        "gd_mse_widths": g_widths, "co_primary_on_side": co,
                         "secondary": sec, "widths_kept": widths, "dropped": dropped},
-                       si["seeds"], gate=GATE_TEXT, condition=condition)
+                       si["seeds"], gate=GATE_TEXT, condition=condition, partly_as=partly_as)
 
     return evaluate
 
 
 CONTRAST_RULE = ("on the widths at which both networks pass the gate in every seed (at least 3, including the widest): "
                  "the paper's contrast: slope of log ||f_m - f_NTK|| against log width, MLP-Attn minus 2L-ReLU, "
-                 "per-seed slopes, 95 % Student-t interval of the difference paired by seed: holds if the interval "
-                 "lies above 0 and 2L-ReLU's own slope interval lies below 0 (ReLU converges, attention does not); "
-                 "partly, by name, if only the difference interval lies above 0 ('a contrast, but ReLU's convergence "
-                 "not shown'); does not hold if the difference interval lies below 0; inconclusive if it contains 0")
+                 "per-seed slopes, 95 % Student-t interval of the difference paired by seed, beside each network's "
+                 "own slope interval: holds if the difference interval lies above 0, 2L-ReLU's own slope interval "
+                 "lies below 0 (ReLU converges) and MLP-Attn's own slope interval does not lie entirely below 0 "
+                 "(attention is not shown to converge: the claim is 'does not converge', not 'converges more "
+                 "slowly'); partly (converges more slowly) if the difference lies above 0 but MLP-Attn's own interval "
+                 "lies below 0; partly (ReLU convergence not shown) if the difference lies above 0 and ReLU's own "
+                 "interval does not lie below 0; does not hold if the difference interval lies below 0; inconclusive "
+                 "if it contains 0")
+
+
+def contrast_verdict(diff: list[float], relu: list[float], attn: list[float]) -> tuple[Verdict, PartlyAs | None]:
+    """`CONTRAST_RULE` on the three slope intervals (difference Attn - ReLU, ReLU's own, Attn's own)."""
+    if diff[0] > 0:
+        if attn[1] < 0:
+            return PARTLY, PartlyAs.SLOWER
+        return (HOLDS, None) if relu[1] < 0 else (PARTLY, PartlyAs.CONVERGENCE_NOT_SHOWN)
+    return (NOT, None) if diff[1] < 0 else (INCONCLUSIVE, None)
 
 
 def _contrast_claim(ds: str) -> Callable[[Results], Outcome]:
@@ -170,13 +206,15 @@ def _contrast_claim(ds: str) -> Callable[[Results], Outcome]:
         keep_r = [r for r in relu.runs if r["width"] in widths]
         diff = slope_interval(widths, [r for r in attn.runs if r["width"] in widths], METRIC, minus=keep_r)
         relu_si = slope_interval(widths, keep_r, METRIC)
-        up, conv = diff["ci"][0] > 0, relu_si["ci"][1] < 0
-        verdict = (HOLDS if conv else PARTLY) if up else NOT if diff["ci"][1] < 0 else INCONCLUSIVE
+        attn_si = slope_interval(widths, [r for r in attn.runs if r["width"] in widths], METRIC)
+        verdict, partly_as = contrast_verdict(diff["ci"], relu_si["ci"], attn_si["ci"])
         ours = (f"slope difference Attn - ReLU {fmt(diff['slope'])} [{fmt(diff['ci'][0])}, {fmt(diff['ci'][1])}]; "
-                f"ReLU slope {fmt(relu_si['slope'])} [{fmt(relu_si['ci'][0])}, {fmt(relu_si['ci'][1])}] "
+                f"ReLU slope {fmt(relu_si['slope'])} [{fmt(relu_si['ci'][0])}, {fmt(relu_si['ci'][1])}]; "
+                f"Attn slope {fmt(attn_si['slope'])} [{fmt(attn_si['ci'][0])}, {fmt(attn_si['ci'][1])}] "
                 f"({diff['seeds']} seeds)")
-        return Outcome(ours, verdict, protocol, {"difference": diff, "relu": relu_si}, diff["seeds"], gate=GATE_TEXT,
-                       condition="difference CI > 0 and ReLU slope CI < 0")
+        return Outcome(ours, verdict, protocol, {"difference": diff, "relu": relu_si, "attn": attn_si},
+                       diff["seeds"], gate=GATE_TEXT, partly_as=partly_as,
+                       condition="difference CI > 0, ReLU slope CI < 0 and Attn slope CI not entirely < 0")
 
     return evaluate
 

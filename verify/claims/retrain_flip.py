@@ -13,7 +13,7 @@ from empirics.protocols import GATE_TEXT
 from empirics.retrain_flip import RetrainFlipRecord
 from empirics.vocab import PAPER_MODELS, model_name
 from verify.claims import units
-from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, Claim, Outcome, Results
+from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, Claim, Outcome, PartlyAs, Results
 from verify.presets import PresetSizes
 
 MODELS = PAPER_MODELS
@@ -150,6 +150,7 @@ def flip_retrain_outcome(rs: dict[str, RetrainFlipRecord]) -> Outcome:
     else:
         verdict = INCONCLUSIVE
     return Outcome(ours, verdict, protocol, numbers, gate=GATE_TEXT,
+                   partly_as=PartlyAs.NOT_BEYOND_CONTROL if verdict is PARTLY else None,
                    condition=f"MLP-Attn attack flip rate {_pct(a['flip_ci'])} vs its larger baseline "
                              f"{100 * baseline:.0f} % and 2L-ReLU's {100 * relu_rate:.0f} %")
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from reports.text import fmt
 from theory.checks import CheckResult
 from verify.claims import units
-from verify.claims.base import NA, NOT, Claim, Outcome, Results, verdict_of
+from verify.claims.base import NA, NOT, RECORD_PARTLY_AS, Claim, Outcome, Results, verdict_of
 from verify.records import TheoryRecord
 
 # ---- theory (Thm 4.1, 4.2, 4.7, Prop 4.5, stacking, truncation, LOO) ---------------------------
@@ -26,7 +26,8 @@ def _theory(check_id: str) -> Callable[[Results], Outcome]:
         if c is None:
             return Outcome("-", NA, "theory check missing")
         return Outcome(f"{c.verdict}: {c.detail}", verdict_of(c.verdict), c.method, c.numbers,
-                       condition=f"theory.checks verdict '{c.verdict}' ({THEORY_MAP_TEXT})")
+                       condition=f"theory.checks verdict '{c.verdict}' ({THEORY_MAP_TEXT})",
+                       partly_as=RECORD_PARTLY_AS.get(c.verdict))
 
     return evaluate
 
@@ -55,7 +56,8 @@ def evaluate_prop45(results: Results) -> Outcome:
                  f"{fmt(max(nums.get('max_ratio_random_delta', 0.0), nums.get('max_ratio_signed_data', 0.0)))} "
                  f"over random deltas, {fmt(min(attained), 4)} for delta = eps*1 on pixel data)")
     return Outcome(f"{stated}; {corrected}", verdict, c.method, nums,
-                   condition=f"does not hold iff max change / (||G e_j||_1 eps) > 1: {fmt(factor)}")
+                   condition=f"does not hold iff max change / (||G e_j||_1 eps) > 1: {fmt(factor)}",
+                   partly_as=RECORD_PARTLY_AS.get(c.verdict))
 
 
 THEORY_RULE = ("holds if the exact (sympy / mpmath) and randomized (float64, hypothesis-style) checks agree "

@@ -157,7 +157,8 @@ def v2_qkv_outcome(ntk: Outcome, flip: Outcome) -> Outcome:
     return Outcome(parts, verdict, protocol, {"ntk": ntk.verdict.value, "flip": flip.verdict.value,
                                               "slope_ci": ci}, ntk.seeds, ntk.gate,
                    f"distance slope interval below 0: {'yes' if falls else 'no'}; "
-                   f"both rows hold: {'yes' if verdict is HOLDS else 'no'}")
+                   f"both rows hold: {'yes' if verdict is HOLDS else 'no'}",
+                   partly_as=(ntk.partly_as or flip.partly_as) if verdict is PARTLY else None)
 
 
 def _v2_qkv(results: Results) -> Outcome:
