@@ -189,7 +189,11 @@ def to_markdown(record: dict[str, Any]) -> str:
              f"Preset `{record['preset']}`, generated {record['generated']}, code version "
              f"`{record['code_version']}` (git {record.get('git', {}).get('commit') or 'unknown'}"
              f"{', uncommitted changes' if record.get('git', {}).get('dirty') else ''}), {fmt(record['wall_s'])} s.",
-             "",
+             "", "## Bottom line", "",
+             markdown_table(["claim", "paper", "ours (headline; full text below)", "verdict", "seed stability",
+                             "multiplicity (Holm within the claim; BH across claims)"],
+                            [[b["id"], b["paper"], b["ours"], f"**{b['verdict']}**", b["stability"],
+                              b["multiplicity"]] for b in bottom_line(record)]), "",
              f"**{len(record['claims'])} claims.** Theory and data: {_counts(theory_summary(record))}. Empirical, "
              + "; ".join(f"{p}: {_counts(s)}" for p, s in _by_condition_summary(record).items())
              + ".", ""]
@@ -201,9 +205,9 @@ def to_markdown(record: dict[str, Any]) -> str:
                      f"{' at most' if p['train'].get('plateau') else ''})")
     lines += [f"- {record.get('gate', '')}", "", "## Verdict matrix", ""]
     names = condition_names(record)
-    matrix = [[c["id"], *(_outcomes(c)[n]["verdict"] for n in names), _agreement(c), stability_cell(c)]
+    matrix = [[c["id"], *(label(_outcomes(c)[n]) for n in names), _agreement(c), stability_cell(c)]
               if c.get("empirical")
-              else [c["id"], c["verdict"], *([f"({FIXED_CONDITION.get(c['id'], 'no training')})"] * (len(names) - 1)),
+              else [c["id"], label(c), *([f"({FIXED_CONDITION.get(c['id'], 'no training')})"] * (len(names) - 1)),
                     "-", stability_cell(c)] for c in record["claims"]]
     lines += [markdown_table(["claim", *(_condition_label(n) for n in names), "robust", "seed stability"], matrix), ""]
     if record.get("stability"):
@@ -230,10 +234,10 @@ def to_markdown(record: dict[str, Any]) -> str:
                 for pname, o in _outcomes(c).items():
                     table.append([c["id"], c["statement"], paper, f"{pname}: {o['ours']}",
                                   "-" if o["seeds"] is None else o["seeds"],
-                                  f"**{o['verdict']}** ({pname})" + _fragile(c)])
+                                  f"**{label(o)}** ({pname})" + _fragile(c)])
             else:
                 table.append([c["id"], c["statement"], paper, c["ours"], "-" if c["seeds"] is None else c["seeds"],
-                              f"**{c['verdict']}**" + _fragile(c)])
+                              f"**{label(c)}**" + _fragile(c)])
         lines += [f"## {title}", "", markdown_table(["id", "claim", "paper", "ours", "seeds", "verdict"], table), ""]
     lines += ["## Protocols and verdict rules", ""]
     for c in record["claims"]:
@@ -278,6 +282,43 @@ def stability_cell(claim: dict[str, Any]) -> str:
             f"{st['resamples']} seed resamples agree" + (f"; leave-one-out changes it at {len(loo)} seed(s) ("
                                                           + ", ".join(f"{x['axis']} {x['seed']}: {x['verdict']}"
                                                                       for x in loo) + ")" if loo else ""))
+
+
+def label(outcome: dict[str, Any]) -> str:
+    """A row's or condition's verdict as printed: with the named condition of a "partly" or the axis of an
+    "underdetermined" where the rule names one (`verify.claims.base.verdict_label`); the bare verdict in records
+    written before labels."""
+    return outcome.get("label") or outcome["verdict"]
+
+
+#: Characters of "ours" the bottom-line table shows (its first clause, the full text in the claims tables).
+HEADLINE_CHARS = 110
+
+
+def _headline(ours: str) -> str:
+    first = ours.split("; ")[0]
+    return first if len(first) <= HEADLINE_CHARS else first[:HEADLINE_CHARS - 1].rstrip() + "…"
+
+
+def multiplicity_cell(claim: dict[str, Any]) -> str:
+    """Holm and Benjamini-Hochberg beside the unadjusted verdict (`verify.multiplicity.cell`); '-' where nothing
+    is adjusted or in records written before it."""
+    from verify.multiplicity import cell
+
+    return cell(claim.get("multiplicity"))
+
+
+def bottom_line(record: dict[str, Any]) -> list[dict[str, str]]:
+    """The report's first table (issue 40 item 7), a line per claim: the paper's value, our headline number (the
+    first clause of "ours"), the verdict as labelled with its stability flag, and the multiplicity-adjusted reading."""
+    out = []
+    for c in record["claims"]:
+        st = c.get("stability") or {}
+        stab = ("fragile" if st.get("fragile") else f"stable ({st['bootstrap_agreement']:.2f})"
+                if st.get("computable") else "-")
+        out.append({"id": c["id"], "paper": c["paper"], "ours": _headline(c["ours"]), "verdict": label(c),
+                    "vclass": c["verdict"], "stability": stab, "multiplicity": multiplicity_cell(c)})
+    return out
 
 
 def _fragile(claim: dict[str, Any]) -> str:
@@ -347,6 +388,7 @@ def render_all(record: dict[str, Any], out: Path, pdf: bool = True) -> Written:
         "conditions": [(n, _condition_label(n)) for n in condition_names(record)],
         "agreement": {c["id"]: _agreement(c) for c in record["claims"] if c.get("empirical")},
         "stability": {c["id"]: stability_cell(c).replace("**", "") for c in record["claims"]},
+        "bottom_line": bottom_line(record),
     })
     written.paths.append(write_html(out / "claims.html", html))
     if pdf:

@@ -46,7 +46,8 @@ OPTIONAL = ("after_run",)
 ALL, EMPIRICAL = "all", "empirical"
 METHOD = ("sha256 of the canonical JSON (sorted keys, no spaces) of {rules: claim id -> rule text, gate: gate text, "
           "protocols: name -> description and training configuration, design: the preset's sizes, stability: the "
-          "seed-stability rule and its thresholds, deviations: the entries of docs/DEVIATIONS.md}")
+          "seed-stability rule and its thresholds, multiplicity: the adjustment printed beside each verdict, "
+          "deviations: the entries of docs/DEVIATIONS.md}")
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _COMMIT = re.compile(r"^([0-9a-f]{7,40}|this)(\.\.[0-9a-f]{7,40})?$")
@@ -162,10 +163,11 @@ def registered_parts(preset_name: str) -> dict[str, Any]:
     for name in PROTOCOLS:
         cfg = protocol_train(p, name)
         protocols[name] = {"description": DESCRIPTIONS[cfg["protocol"]], "train": cfg}
+    from verify.multiplicity import METHOD as MULTIPLICITY
     from verify.stability import RULE as STABILITY_RULE
 
     return {"rules": {c.id: c.rule for c in all_claims()}, "gate": GATE_TEXT, "protocols": protocols, "design": p,
-            "stability": STABILITY_RULE}
+            "stability": STABILITY_RULE, "multiplicity": MULTIPLICITY}
 
 
 def preregistration(preset_name: str, path: str | Path | None = None) -> dict[str, Any]:

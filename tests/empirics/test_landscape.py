@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -147,6 +148,23 @@ def test_verdict_acts_on_its_caveats():
     assert moving.verdict == "partly" and any("not a minimum" in c for c in moving.caveats)
     only_relu = {"models": {"relu": {"runs": [_run(0, 1.0, 1.0)]}}}
     assert landscape_verdict(only_relu).to_dict() == {"verdict": "not measurable", "reason": "needs both relu and attn"}
+
+
+def test_per_unit_loss_normalisation_divides_each_criterion_by_the_training_loss():
+    """The normalisation axis: ReLU flatter as measured (about half), but trained to a 4x lower loss (for
+    cross-entropy the curvature vanishes with the loss), so per unit loss it is the sharper one; the two readings
+    give opposite verdicts, and an unknown normalisation is a one-line error."""
+    flatter = [(0.5, 0.5), (0.4, 0.4), (0.6, 0.6)]
+    res = _result(flatter, [(1.0, 1.0)] * 3)
+    for r in res["models"]["relu"]["runs"]:
+        r["train_loss"] = 0.025
+    assert landscape_verdict(res).verdict == "does not hold"
+    per = landscape_verdict(res, "per unit loss")
+    assert per.verdict == "holds"
+    expect = np.mean([np.log((v / 0.025) / (1.0 / 0.1)) for _, v in flatter])
+    assert per.intervals["filter_increase"]["mean"] == pytest.approx(expect, rel=1e-12)
+    with pytest.raises(ValueError, match="unknown landscape normalisation 'per epoch'"):
+        landscape_verdict(res, "per epoch")
 
 
 def _line(beyond: float, at_zero: float = 2.3, at_one: float = 2.15e-4) -> dict:

@@ -42,6 +42,14 @@ def test_smoke_writes_every_claim_with_a_verdict(smoke_run):
     assert (out / "claims.pdf").read_bytes()[:5] == b"%PDF-"
     md = (out / "claims.md").read_text()
     assert "JPEG re-encoding" in md  # CIFAR-10 provenance names the JPEG copy
+    # page 1 is the bottom line (issue 40 item 7): a line per claim before the summary, protocols and matrix
+    assert md.index("## Bottom line") < md.index("## Verdict matrix") < md.index("## Protocols and verdict rules")
+    bottom = md[md.index("## Bottom line"):md.index("## Verdict matrix")]
+    assert all(f"| {c['id']} |" in bottom for c in rec["claims"])
+    for c in rec["claims"]:  # every row carries its printed label and, where empirical, its multiplicity block key
+        assert c["label"].startswith(c["verdict"]) and "multiplicity" in c
+        assert c["verdict"] == "partly" or c["label"] == c["verdict"] or c["verdict"] == "underdetermined"
+    assert rec["multiplicity"]["alpha"] == 0.05
 
 
 def test_resume_recomputes_nothing(smoke_run, capsys):
@@ -176,6 +184,32 @@ def test_contrast_rule_outcomes():
     assert contrast(_distance(_block("relu", UP), _block("attn", DOWN))).verdict == NOT
 
 
+STEEP = {s: [v ** 2 for v in vals] for s, vals in DOWN.items()}  # falls about twice as fast as DOWN
+
+
+@pytest.mark.claim("ntk-contrast-mnist", "ntk-contrast-cifar10")
+def test_contrast_with_attention_converging_is_not_holds():
+    """'Does not converge' is not 'converges more slowly' (issue 40 item 2): attention whose own slope interval lies
+    below 0 gives at most 'partly (converges more slowly)', although its slope exceeds ReLU's."""
+    out = _contrast_claim("mnist")(_distance(_block("relu", STEEP), _block("attn", DOWN)))
+    assert out.numbers["difference"]["ci"][0] > 0 and out.numbers["attn"]["ci"][1] < 0
+    assert out.verdict == PARTLY and out.partly_as is PartlyAs.SLOWER and out.label == "partly (converges more slowly)"
+    out = _contrast_claim("mnist")(_distance(_block("relu", FLAT), _block("attn", UP)))
+    assert out.partly_as is PartlyAs.CONVERGENCE_NOT_SHOWN
+
+
+@pytest.mark.claim("ntk-attn-mnist", "ntk-relu-mnist")
+def test_a_secondary_metric_counts_against_as_well_as_for():
+    """Side evidence counts in both directions: both co-primary estimands rise for MLP-Attn, but its centred kernel
+    drift and init-matched distance fall with width, so 'partly (a secondary metric against)', never 'holds'."""
+    rises = ntk_claim("mnist", "attn", "rises")
+    out = rises(_distance(_block("relu", DOWN), _block("attn", UP, secondary=[4.0, 3.0, 2.0, 1.0])))
+    assert out.numbers["co_primary_on_side"] == [True, True]
+    assert set(out.numbers["secondary_against"]) == {"function_lin", "kernel_drift_centred"}
+    assert out.verdict == PARTLY and out.partly_as is PartlyAs.SECONDARY_AGAINST and "against:" in out.ours
+    assert rises(_distance(_block("relu", DOWN), _block("attn", UP, secondary=[1.0, 2.0, 3.0, 4.0]))).verdict == HOLDS
+
+
 @pytest.mark.claim("ntk-relu-mnist")
 def test_claim_row_marks_robust_only_when_both_protocols_agree():
     from verify.claims.ntk import NTK_CLAIMS
@@ -240,3 +274,30 @@ def test_ntk_rule_drops_widths_below_the_gate_and_needs_three():
         if r["width"] == 1024:
             r["gate"] = {"passed": False, "reason": "no plateau after 1 epochs"}
     assert falls(_distance(narrow_fails, _block("attn", UP))).verdict == NA
+
+
+@pytest.mark.claim("landscape-mnist", "landscape-cifar10")
+def test_landscape_claim_is_underdetermined_when_the_normalisation_splits_it():
+    """As measured ReLU is flatter ('does not hold'); per unit loss (it trained to a 4x lower loss) it is sharper
+    ('holds'): the claim reads 'underdetermined (normalisation)' and names both (issue 40 item 2)."""
+    from empirics.landscape import LandscapeRecord, landscape_verdict
+    from verify.claims.landscape import LANDSCAPE_CLAIMS
+
+    def run(seed: int, model: str, value: float, loss: float) -> dict:
+        return {"seed": seed, "model": model, "top_eigenvalue": value, "filter_increase": value, "trace": value,
+                "sharpness_per_input": value, "train_acc": 0.9, "test_acc": 0.8, "train_loss": loss,
+                "interp_argmin_alpha": 1.0, "feature_norm2": 1.0,
+                "interpolation": {"alpha": [0.0, 1.0, 1.5], "train": [2.0, loss, loss * 2]},
+                "gate": {"passed": True, "reason": "passed"}}
+
+    models = {"relu": {"runs": [run(s, "relu", v, 0.025) for s, v in enumerate((0.5, 0.4, 0.6))]},
+              "attn": {"runs": [run(s, "attn", 1.0, 0.1) for s in range(3)]}}
+    summary = {m: {"mean": 1.0, "std": 0.0} for m in ("filter_increase", "top_eigenvalue", "train_acc", "test_acc")}
+    cfg = {"n_train": 10, "width": 16, "hessian_iters": 5, "hutchinson_samples": 2,
+           "train": {"optimizer": "adam", "epochs": 1, "protocol": "x"}}
+    rec = complete(LandscapeRecord, {
+        "models": {k: {"runs": v["runs"], "summary": summary} for k, v in models.items()},
+        "verdict": landscape_verdict({"models": models}).to_dict(), "config": cfg, "data": {"label": "x"}})
+    out = LANDSCAPE_CLAIMS[0].evaluate({"landscape:mnist": rec})
+    assert out.verdict.value == "underdetermined" and out.label == "underdetermined (normalisation)"
+    assert out.numbers["by_normalisation"] == {"as measured": "does not hold", "per unit loss": "holds"}

@@ -150,4 +150,4 @@ def _outcome_dict(o: Outcome) -> dict[str, Any]:
     return {"ours": o.ours, "verdict": Verdict(o.verdict).value, "protocol": o.protocol, "numbers": o.numbers,
             "seeds": o.seeds, "gate": o.gate, "condition": o.condition,
             "partly_as": PartlyAs(o.partly_as).value if o.partly_as and Verdict(o.verdict) is Verdict.PARTLY else None,
-            "label": o.label}
+            "label": o.label, "tests": o.tests}

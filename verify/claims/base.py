@@ -92,7 +92,8 @@ class Outcome:
 
     `gate` is the adequacy condition the rule applied (empty for claims that train nothing);
     `condition` the interval condition that decided the verdict; `partly_as` names what a "partly" stands for
-    (`PartlyAs`; None for other verdicts), `axis` the free choice that makes an "underdetermined" verdict.
+    (`PartlyAs`; None for other verdicts), `axis` the free choice that makes an "underdetermined" verdict; `tests` the
+    deciding tests of its intervals against points (`verify.multiplicity.point_test`), for the multiplicity columns.
     """
 
     ours: str
@@ -104,6 +105,7 @@ class Outcome:
     condition: str = ""
     partly_as: PartlyAs | None = None
     axis: str | None = None
+    tests: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def label(self) -> str:

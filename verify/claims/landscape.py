@@ -19,6 +19,7 @@ from verify.claims.base import (
     kernel_predictor,
     verdict_of,
 )
+from verify.multiplicity import point_test, tests_of
 from verify.presets import PresetSizes, n_train_for
 
 
@@ -97,7 +98,8 @@ def _landscape_claim(ds: str) -> Any:
                            f"{alt_verdict.value}; {ours}", UNDERDETERMINED, protocol, numbers, v.seeds,
                            gate=v.gate or "", condition=condition, axis="normalisation")
         return Outcome(ours, verdict, protocol, numbers, v.seeds, gate=v.gate or "", condition=condition,
-                       partly_as=partly_as)
+                       partly_as=partly_as, tests=tests_of(*(point_test(f"log(ReLU/Attn) {m}", iv[m], 0.0)
+                                                             for m in LANDSCAPE_CRITERIA if m in iv)))
 
     return evaluate
 

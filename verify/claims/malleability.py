@@ -40,6 +40,7 @@ from verify.claims.base import (
     Verdict,
     gated,
 )
+from verify.multiplicity import POWER_DRAWS, point_test, tests_of, tost_power
 from verify.presets import PresetSizes, n_train_for
 
 NO_GAP_BAND = (0.67, 1.5)
@@ -188,9 +189,9 @@ def _opened(res: MalleabilityRecord, pair: Pair = PAPER_PAIR) -> tuple[str, Outc
 
 
 def _done(ours: str, verdict: Verdict, protocol: str, numbers: dict[str, Any], seeds: int | None,
-          condition: str, partly_as: PartlyAs | None = None) -> Outcome:
+          condition: str, partly_as: PartlyAs | None = None, tests: list[dict[str, Any]] | None = None) -> Outcome:
     return Outcome(ours, verdict, protocol, numbers, seeds, GATE_TEXT, condition,
-                   partly_as if verdict is PARTLY else None)
+                   partly_as if verdict is PARTLY else None, tests=tests or [])
 
 
 def _where(res: MalleabilityRecord, intervention: str = "transformed", eps: float | None = None,
@@ -346,7 +347,10 @@ def _flip(res: MalleabilityRecord, ds: str, task: str, pair: Pair) -> Outcome:
                "noise_ratio_ci": noise, "attn_beyond_noise": beyond, "gap_beyond_noise": gap,
                "ratio_above_one": above(raw, 1.0),
                "ratio_overlaps_paper": paper is None or overlaps(raw, *paper), "paper_range": paper}
-    return _done(ours, verdict, protocol, numbers, pa["n_seeds"], condition, partly_as)
+    return _done(ours, verdict, protocol, numbers, pa["n_seeds"], condition, partly_as,
+                 tests_of(point_test("ratio of flip rates vs 1", raw, 1.0),
+                          point_test("Attn excess over noise", ea, 0.0),
+                          point_test("attack-over-noise gap", diff, 0.0)))
 
 
 def _flip_claim(ds: str, task: str) -> Callable[[Results], Outcome]:
@@ -396,6 +400,7 @@ def ratio_outcome(results: Results) -> Outcome:
     recs, protocol, gates = _gated_datasets(results)
     sub: dict[str, Verdict] = {}
     parts, conds, numbers = [], [], {}
+    tests: list[dict[str, Any] | None] = []
     for ds, res in recs.items():
         c = res.summary.find("comparisons", **_where(res), attack=POOLED)
         if ds in gates or c is None:
@@ -404,6 +409,9 @@ def ratio_outcome(results: Results) -> Outcome:
             parts.append(_sub_text(ds, NA, why))
             continue
         v1, cond = factor_judgement(c["ratio_ci"], PAPER_RATIO_V1)
+        near = PAPER_RATIO_V1[0] if c["ratio_ci"]["hi"] < PAPER_RATIO_V1[0] else (
+            PAPER_RATIO_V1[1] if c["ratio_ci"]["lo"] > PAPER_RATIO_V1[1] else 1.0)
+        tests.append(point_test(f"{dataset_label(ds)} ratio vs {near:g}", c["ratio_ci"], near))
         v2, _ = factor_judgement(c["ratio_ci"], PAPER_RATIO_V2)
         noise = c.get("noise_ratio_ci")
         sub[ds] = v1
@@ -417,7 +425,7 @@ def ratio_outcome(results: Results) -> Outcome:
     verdict = combine_datasets(sub)
     numbers["sub_verdicts"] = {ds: v.value for ds, v in sub.items()}
     return _done("; ".join(parts), verdict, protocol, numbers, len(recs["mnist"].config["seeds"]),
-                 "; ".join(conds) + f"; combined: {verdict.value}", combined_partly_as(sub))
+                 "; ".join(conds) + f"; combined: {verdict.value}", combined_partly_as(sub), tests_of(*tests))
 
 
 # ---- no gap (binary CIFAR-10) ---------------------------------------------------------------------
@@ -427,7 +435,8 @@ NO_GAP_RULE = (GATE_FIRST + "Ratio of RAW flip rates Attn/ReLU pooled over FGSM/
                f"holds if both one-sided tests ({TOST_METHOD}) reject, i.e. the ratio is "
                "shown to lie inside the margin (no gap, as the paper reports); does not hold if the 95 % Fieller "
                "interval lies entirely outside the margin (a gap); inconclusive otherwise. The ratio of excesses over "
-               "noise is reported beside it. " + CI_NOTE)
+               "noise is reported beside it, and the equivalence test's power at the observed spread (were the true "
+               "ratio 1). " + CI_NOTE)
 
 
 def no_gap_outcome(res: MalleabilityRecord) -> Outcome:
@@ -446,6 +455,8 @@ def _no_gap(res: MalleabilityRecord) -> Outcome:
     raw, rx = c["ratio_ci"], c["ratio_excess_ci"]
     lo, hi = NO_GAP_BAND
     tost = tost_ratio(raw["per_seed_num"], raw["per_seed_den"], lo, hi)
+    tost = {**tost, "power_at_observed_spread": tost_power(raw["per_seed_num"], raw["per_seed_den"], lo, hi),
+            "power_method": f"{POWER_DRAWS} simulated runs of as many seeds, true ratio 1, the observed covariance"}
     outside = below(raw, lo) or above(raw, hi)
     verdict = HOLDS if tost["equivalent"] else NOT if outside else INCONCLUSIVE
     pa, pr = (res.summary.find("pooled", **where, model=m) for m in PAPER_PAIR)
@@ -454,9 +465,12 @@ def _no_gap(res: MalleabilityRecord) -> Outcome:
             f"pooled excess over noise Attn {ci_txt(pa['excess_ci'])}, ReLU {ci_txt(pr['excess_ci'])}; "
             f"{_per_attack_txt(res, where, list(res.config['attacks']))}; {_counts_txt(res, where)}")
     condition = (f"TOST for a ratio inside [{lo:g}, {hi:g}]: p = {tost['p']:.3g} (< {ALPHA_TOST:g}: "
-                 f"{_yes(tost['equivalent'])}); Fieller interval {x_txt(raw)} entirely outside: {_yes(outside)}")
+                 f"{_yes(tost['equivalent'])}; its power at the observed spread, were the true ratio 1: "
+                 f"{tost['power_at_observed_spread']:.2f}); Fieller interval {x_txt(raw)} entirely outside: "
+                 f"{_yes(outside)}")
     return _done(ours, verdict, protocol, {"ratio_ci": raw, "ratio_excess_ci": rx, "tost": tost}, pa["n_seeds"],
-                 condition)
+                 condition, tests=[{"name": f"TOST inside [{lo:g}, {hi:g}]", "point": None, "p": tost["p"],
+                                    "rejected": bool(tost["equivalent"])}])
 
 
 # ---- adversarial training -------------------------------------------------------------------------
@@ -493,7 +507,8 @@ def _adv(res: MalleabilityRecord, model: str) -> Outcome:
     condition = (f"rise {ci_txt(rise)} above 0: {_yes(above(rise))}, below 0: {_yes(below(rise))}; rise of the "
                  f"excess {ci_txt(rx)} above 0: {_yes(above(rx))}")
     return _done(ours, verdict, protocol, {"rise_ci": rise, "rise_excess_ci": rx}, row["n_seeds"], condition,
-                 PartlyAs.NOISE)
+                 PartlyAs.NOISE, tests_of(point_test("rise of the flip rate", rise, 0.0),
+                                          point_test("rise of the excess over noise", rx, 0.0)))
 
 
 def _adv_claim(ds: str, model: str) -> Callable[[Results], Outcome]:
@@ -532,7 +547,8 @@ def eps_outcome(res: MalleabilityRecord) -> Outcome:
     return _done("; ".join(parts), verdict, protocol,
                  {"excess_diff_ci": cis, "eps_with_attn_higher": wins, "eps_with_attn_lower": losses},
                  len(res.config["seeds"]), f"difference interval above 0 at {wins} of {len(eps_values)} eps, below 0 "
-                 f"at {losses}", PartlyAs.SOME_EPS)
+                 f"at {losses}", PartlyAs.SOME_EPS,
+                 tests_of(*(point_test(f"eps {e} excess difference", ci, 0.0) for e, ci in cis.items())))
 
 
 # ---- new rows: curated removal, adversarial intervention, Spearman rankings -----------------------
@@ -548,6 +564,7 @@ def _two_datasets(results: Results, what: str, judge: Callable[[str, Malleabilit
     protocol = protocol.replace("the two 10-class units", f"the two 10-class units, {what}", 1)
     sub: dict[str, Verdict] = {}
     parts, numbers = [], {}
+    tests: list[dict[str, Any] | None] = []
     for ds, res in recs.items():
         got = gates[ds].ours if ds in gates else judge(ds, res)
         if isinstance(got, str):
@@ -556,12 +573,14 @@ def _two_datasets(results: Results, what: str, judge: Callable[[str, Malleabilit
             continue
         sub[ds] = got[0]
         numbers[ds] = {**got[1], "verdict": got[0].value}
+        tests += [point_test(f"{dataset_label(ds)} {k.removesuffix('_ci').replace('_', ' ')}", ci, 0.0)
+                  for k, ci in got[1].items() if k.endswith("_ci") and isinstance(ci, dict)]
         parts.append(_sub_text(ds, got[0], got[2]))
     verdict = combine_datasets(sub)
     numbers["sub_verdicts"] = {ds: v.value for ds, v in sub.items()}
     return _done("; ".join(parts), verdict, protocol, numbers, len(recs["mnist"].config["seeds"]),
                  ", ".join(f"{dataset_label(ds)} {v.value}" for ds, v in sub.items()) + f"; combined: {verdict.value}",
-                 combined_partly_as(sub))
+                 combined_partly_as(sub), tests_of(*tests))
 
 
 CURATED_RULE = (GATE_FIRST + "Curated intervention, 10 classes, each data set and model: |change of the kernel "

@@ -25,6 +25,7 @@ from verify.claims.base import (
     gate_failures,
     gated,
 )
+from verify.multiplicity import point_test, tests_of
 
 METRIC = "function_abs"
 SECONDARY = ("function_lin", "kernel_drift_centred")
@@ -165,7 +166,9 @@ def ntk_claim(ds: str, kind: str, claimed: str, unit: str | None = None) -> Call
                         "secondary_credit": credit, "secondary_against": against, "gd_mse_slope_interval": gd_si,
                         "gd_mse_widths": g_widths, "co_primary_on_side": co,
                         "secondary": sec, "widths_kept": widths, "dropped": dropped},
-                       si["seeds"], gate=GATE_TEXT, condition=condition, partly_as=partly_as)
+                       si["seeds"], gate=GATE_TEXT, condition=condition, partly_as=partly_as,
+                       tests=tests_of(point_test("function distance slope", si, 0.0),
+                                      point_test("gd-mse slope", gd_si, 0.0)))
 
     return evaluate
 
@@ -214,6 +217,8 @@ def _contrast_claim(ds: str) -> Callable[[Results], Outcome]:
                 f"({diff['seeds']} seeds)")
         return Outcome(ours, verdict, protocol, {"difference": diff, "relu": relu_si, "attn": attn_si},
                        diff["seeds"], gate=GATE_TEXT, partly_as=partly_as,
+                       tests=tests_of(point_test("slope difference", diff, 0.0), point_test("ReLU slope", relu_si, 0.0),
+                                      point_test("Attn slope", attn_si, 0.0)),
                        condition="difference CI > 0, ReLU slope CI < 0 and Attn slope CI not entirely < 0")
 
     return evaluate

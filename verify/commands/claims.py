@@ -22,6 +22,9 @@ from verify.commands._common import emit_json, json_target
 from verify.commands.options import EXECUTOR, PRESET, DataOptions, Param, options
 from verify.executors import ExecutorConfig, default_jobs, executor_from_args, run_units
 from verify.experiments import not_run_units, units_for
+from verify.multiplicity import ALPHA as MULTIPLICITY_ALPHA
+from verify.multiplicity import METHOD as MULTIPLICITY_METHOD
+from verify.multiplicity import across_claims
 from verify.outputs import check_members
 from verify.preregistration import preregistration
 from verify.presets import preset
@@ -122,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     t_st = time.perf_counter()
     n_resamples = preset(args.preset).get("stability_resamples", N_RESAMPLES)
     seed_stability = stability(claims, results, pres, protos, rows, n=n_resamples)
-    rows = [{**r, "stability": seed_stability[r["id"]]} for r in rows]
+    adjusted = across_claims(rows)
+    rows = [{**r, "stability": seed_stability[r["id"]], "multiplicity": adjusted.get(r["id"])} for r in rows]
     stability_s = time.perf_counter() - t_st
     log(f"seed stability: {n_resamples} seed resamples and leave-one-seed-out in {stability_s:.0f} s")
     record = {
@@ -149,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         "preregistration": prereg,
         "reproducibility": reproducibility_block(edges),
         "stability": stability_block(n_resamples, wall_s=stability_s),
+        "multiplicity": {"method": MULTIPLICITY_METHOD, "alpha": MULTIPLICITY_ALPHA},
         "claims": rows,
         "units": unit_meta,
         "results": {name: slim(res.to_dict()) for name, (res, _) in ran.items()},

@@ -1,0 +1,62 @@
+"""Multiplicity and power (issue 40 item 6), each against an independent computation: Holm and Benjamini-Hochberg
+against statsmodels, each interval's p-value against the interval itself (p < 0.05 exactly where the 95 % interval
+excludes the point), the equivalence test's power against its two limits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from statsmodels.stats.multitest import multipletests
+
+from empirics.intervals import fieller, t_interval
+from verify.multiplicity import ALPHA, across_claims, cell, holm, interval_p, point_test, tost_power, within_claim
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_holm_and_bh_equal_statsmodels(seed: int):
+    p = list(np.random.default_rng(seed).uniform(0, 0.2, size=7))
+    assert holm(p) == pytest.approx(list(multipletests(p, method="holm")[1]), abs=1e-12)
+    rows = [{"id": f"c{i}", "empirical": True, "verdict": "holds",
+             "tests": [{"name": "t", "point": 0.0, "rejected": True, "p": pi}]} for i, pi in enumerate(p)]
+    got = across_claims(rows)
+    want = multipletests(p, method="fdr_bh")[1]
+    assert [got[f"c{i}"]["bh_q"] for i in range(len(p))] == pytest.approx(list(want), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_an_intervals_p_rejects_exactly_where_it_excludes_the_point(seed: int):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(rng.uniform(-1, 1), 1.0, size=8)
+    den = rng.uniform(0.2, 0.4, size=8)
+    num = den * rng.uniform(0.5, 2.0) + rng.normal(0, 0.05, size=8)
+    for ci, point in ((t_interval(list(x)), 0.0), (fieller(list(num), list(den)), 1.0)):
+        t = point_test("x", ci, point)
+        assert t is not None
+        if abs(t["p"] - ALPHA) > 1e-9:
+            assert t["rejected"] == (t["p"] < ALPHA), (ci, t)
+    assert np.isnan(interval_p({"lo": 0.1, "hi": 0.2}, 0.0))  # no per-seed values: no p, never invented
+
+
+def test_holm_can_undo_a_verdict_that_rests_on_two_marginal_intervals():
+    block = within_claim([{"name": "a", "point": 0.0, "rejected": True, "p": 0.03},
+                          {"name": "b", "point": 0.0, "rejected": True, "p": 0.04}])
+    assert block is not None and block["survives_holm"] is False and block["claim_p"] == pytest.approx(0.06)
+    assert "does not survive" in cell(block)
+    assert within_claim([]) is None and cell(None) == "-"
+
+
+def test_rows_with_nothing_to_adjust_are_left_out():
+    rows = [{"id": "a", "empirical": True, "verdict": "inconclusive",
+             "tests": [{"name": "t", "point": 0.0, "rejected": False, "p": 0.4}]},
+            {"id": "b", "empirical": False, "verdict": "holds", "tests": []}]
+    assert across_claims(rows) == {}
+
+
+def test_tost_power_at_its_limits():
+    rng = np.random.default_rng(0)
+    den = rng.normal(0.3, 0.01, 10)
+    tight = den + rng.normal(0, 0.002, 10)
+    loose = den + rng.normal(0, 0.3, 10)
+    assert tost_power(tight, den, 0.8, 1.25, draws=200) > 0.95
+    assert tost_power(loose, den, 0.8, 1.25, draws=200) < 0.3
+    assert np.isnan(tost_power([0.3], [0.3], 0.8, 1.25))
