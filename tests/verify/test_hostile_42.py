@@ -440,3 +440,28 @@ def test_an_allocation_that_fails_is_one_line(error: Exception, monkeypatch, cap
     monkeypatch.setattr(theory_cmd, "run", boom)
     code, err = _main(["theory"], capsys)
     assert code == 2 and "ran out of memory" in _one_line(err)
+
+
+def test_ctrl_c_during_pdf_rendering_is_never_lost(tmp_path: Path):
+    """Issue 42 item 6: SIGINT while weasyprint renders the PDF (the HTML already staged) ends the command with 130,
+    one line, no report in the folder and no staging folder left; a user's own file beside it untouched."""
+    import signal
+
+    rec = ROOT / "results" / "claims-quick.json"
+    (tmp_path / "claims.json").write_bytes(rec.read_bytes())
+    (tmp_path / "mine.txt").write_text("the user's")
+    proc = subprocess.Popen([sys.executable, "-m", "verify", "report", str(tmp_path / "claims.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "NTKM_PROGRESS": "0"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(tmp_path.glob(".outputs-*/new/claims.html")):  # the HTML is staged: the PDF is being rendered
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the report ended before its PDF could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert len(err.strip().splitlines()) == 1 and "interrupt" in err.lower(), err
+    assert not (tmp_path / "claims.pdf").exists() and not (tmp_path / "claims.html").exists()
+    assert not list(tmp_path.glob(".outputs-*")) and (tmp_path / "mine.txt").read_text() == "the user's"
