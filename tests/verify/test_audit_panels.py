@@ -150,6 +150,20 @@ def test_lead_estimator_is_the_best_validating_of_the_audits_own(mnist, tmp_path
     assert flipped["lead"] == "ntk"
 
 
+def test_the_lead_is_chosen_by_lds_not_by_the_ceilings_spread():
+    """Issue 43 item 4: empirical Fisher predicts the re-fits better (LDS 0.173 against 0.124) but the bootstrap of
+    its ratio to a wide ceiling has the lower end: the lead is still empirical Fisher; ties on LDS go to the higher
+    lower end; a NaN LDS never leads."""
+    from verify.audit.validity import best_estimator
+
+    scores = {"gn": {"value": 0.124, "lo": 0.07, "fraction_lo": 0.103},
+              "ef": {"value": 0.173, "lo": 0.09, "fraction_lo": 0.099},
+              "ntk": {"value": float("nan"), "lo": float("nan"), "fraction_lo": float("nan")}}
+    assert best_estimator(scores) == "ef"
+    scores["gn"] = {"value": 0.173, "lo": 0.12, "fraction_lo": 0.05}
+    assert best_estimator(scores) == "gn"
+
+
 def _mlp(x: torch.Tensor, y: torch.Tensor) -> nn.Module:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(x.shape[1], 48), nn.ReLU(), nn.Linear(48, 10))

@@ -14,10 +14,10 @@ Every "actual" number is a re-fit (`verify.audit.refit`) minus the control re-fi
   its square root (`ceiling_from_agreement`). Each estimator's LDS is also reported as a fraction of the
   ceiling, with the interval of the ratio from the same bootstrap.
 - **The estimator behind the flip rates** (`lead_estimator`): of the estimators the flip-rate protocol can rank by
-  (`verify.audit.measure.FLIP_ESTIMATORS`: NTK leave-one-out, Gauss-Newton, empirical Fisher) the one that validates
-  best (`best_estimator`: the highest lower end of the fraction of the ceiling). The levers, the flip rates and the
-  budget curves of the audit rank by it, and the two checks below and the verdict are about it. The attribution
-  libraries are scored beside them; one that validates better is named in the verdict's reason.
+  (`verify.audit.measure.FLIP_ESTIMATORS`: NTK leave-one-out, Gauss-Newton, empirical Fisher) the one that
+  predicts the re-fits best (`best_estimator`: the highest LDS, the ceiling applied after the choice). The levers,
+  the flip rates and the budget curves of the audit rank by it, and the two checks below and the verdict are about
+  it. The attribution libraries are scored beside them; one that validates better is named in the verdict's reason.
 - **Removal of the top levers**: the k most helpful training points (largest total influence of that estimator)
   left out and the model fitted again, against k random points; predicted and actual change of the mean test
   loss. The re-fit noise is the spread (std) of the mean test loss over control re-fits with different seeds.
@@ -64,8 +64,8 @@ FRACTION_MIN = 0.5
 ESTIMATOR_LABELS = {**FLIP_ESTIMATORS, **PEER_LABELS}
 TRUSTWORTHY, FRAGILE, INCONCLUSIVE, NOT_MEASURABLE = "trustworthy", "fragile", "inconclusive", "not measurable"
 VALIDITY_RULE = ("the lead estimator is the one of NTK leave-one-out, Gauss-Newton and empirical Fisher with the "
-                 "highest lower end of the 95 % interval of its LDS as a fraction of the noise ceiling; the flip "
-                 "rates, levers and budget curves rank by it; "
+                 "highest LDS against the re-fits (ties: the higher lower end of its interval; the noise ceiling is "
+                 "applied after the choice, not inside it); the flip rates, levers and budget curves rank by it; "
                  f"trustworthy if the lower end of the 95 % interval of the lead estimator's LDS as a fraction of the "
                  f"noise ceiling is at least {FRACTION_MIN:g} and removing the top levers raises the re-fitted test "
                  "loss by more than removing as many random points plus 2 x the re-fit noise; fragile if the upper "
@@ -175,11 +175,14 @@ def lds(pred: np.ndarray, actual: np.ndarray, n_boot: int = 400, seed: int = 0) 
 
 
 def best_estimator(scores: dict[str, dict[str, Any]]) -> str:
-    """The estimator that validates best: the highest lower end of the fraction of the ceiling, then of the LDS."""
+    """The estimator that predicts the re-fits best: the highest LDS, then the highest lower end of its interval.
+    The noise ceiling is applied after the choice, never inside it: every estimator shares one ceiling, so dividing
+    by it cannot reorder the estimates, only the bootstrap spread of the ratio could, and with a wide ceiling
+    interval that spread, not the estimators, would pick the lead (issue 43 item 4)."""
     def key(name: str) -> tuple[float, float]:
         s = scores[name]
-        f, lo = s.get("fraction_lo", np.nan), s["lo"]
-        return (f if np.isfinite(f) else -np.inf, lo if np.isfinite(lo) else -np.inf)
+        value, lo = s["value"], s["lo"]
+        return (value if np.isfinite(value) else -np.inf, lo if np.isfinite(lo) else -np.inf)
     return max(scores, key=key)
 
 
