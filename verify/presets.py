@@ -4,6 +4,8 @@
 - `quick` (default): half an hour on a 2-core CPU; real MNIST / CIFAR-10 subsets (the bundled sample is
   enough when the full data is absent); 10 seeds, one condition (proper training on standardised inputs scaled to
   unit norm, `unit`).
+- `replicate`: quick on ten other seeds (10-19: other data subsets, initialisations and batch orders), the
+  independent replication of quick's verdicts (issue 40 item 1): its time is quick's.
 - `axes`: quick, with proper training judged under both preprocessings (raw pixels and `unit`), so that every
   verdict that depends on the input preprocessing is named ("underdetermined (preprocessing)"): about twice quick
   (its `unit` units are quick's, so `--resume` over a quick run's cache computes only the raw ones).
@@ -25,7 +27,7 @@ from typing import NotRequired, TypedDict
 
 from ntkm.errors import UserInputError
 
-PRESET_NAMES = ("smoke", "quick", "axes", "full", "paper", "gpu")
+PRESET_NAMES = ("smoke", "quick", "replicate", "axes", "full", "paper", "gpu")
 
 
 class PresetSizes(TypedDict):
@@ -89,6 +91,7 @@ PRESETS: dict[str, PresetSizes] = {
         "ntk_gd_mse": True, "stability_resamples": 20,
     },
     "quick": _QUICK,
+    "replicate": {**_QUICK, "seeds": tuple(range(10, 20))},
     "axes": {**_QUICK, "preprocessings": ("raw", "unit")},
     "full": {**_QUICK, "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper"), "ntk_gd_mse": True,
              "adv_max_epochs": 100, "retrain_seeds": 10,

@@ -91,6 +91,11 @@ class AuditConfig:
     lds_repeats: int = field(default=2, metadata={
         "help": "re-fits of each LDS subset with different seeds: their agreement sets the noise ceiling, their mean "
                 "is the target (default: %(default)s)"})
+    lds_max_subsets: int | None = field(default=None, metadata={"metavar": "M",
+        "help": "the adaptive validity panel's budget: after the --lds-subsets pilot it adds as many subsets again "
+                "(each re-fitted --lds-repeats times) while the lead estimator's fraction-of-ceiling interval "
+                "straddles the bar, up to M subsets; equal to --lds-subsets: no adaptation (default: twice "
+                "--lds-subsets)"})
     lds_fraction: float = field(default=0.1, metadata={
         "help": "fraction of training points each LDS subset leaves out (default: %(default)s)"})
     peers: tuple[str, ...] = field(default=PEERS, metadata={
@@ -119,6 +124,11 @@ class AuditConfig:
         "help": "run re-fits of equal training-set size as one stacked computation (torch.func vmap over copies of "
                 "the parameters) where the model allows it: auto (on CUDA; on the CPU, where it measured slower, "
                 "one at a time), on, off (default: %(default)s)"})
+
+    @property
+    def subset_budget(self) -> int:
+        """The most LDS subsets the adaptive validity panel may re-fit (`lds_max_subsets`, else twice the pilot)."""
+        return self.lds_max_subsets if self.lds_max_subsets is not None else 2 * self.lds_subsets
 
     def refit_config(self) -> RefitConfig:
         return RefitConfig(self.refit_epochs, self.refit_lr, self.refit_batch, self.train_fn, self.refit_stack,
@@ -151,6 +161,8 @@ class AuditConfig:
             (self.lds_repeats >= 2,
              f"--lds-repeats must be >= 2 (the noise ceiling needs two re-fits to compare), got {self.lds_repeats}"),
             (0.0 < self.lds_fraction < 1.0, f"--lds-fraction must be in (0, 1), got {self.lds_fraction}"),
+            (self.lds_max_subsets is None or self.lds_max_subsets >= self.lds_subsets,
+             f"--lds-max-subsets must be >= --lds-subsets ({self.lds_subsets}), got {self.lds_max_subsets}"),
             (self.refit_seeds >= 2, f"--refit-seeds must be >= 2 (an interval needs two), got {self.refit_seeds}"),
             (self.outcome_targets >= 1, f"--outcome-targets must be >= 1, got {self.outcome_targets}"),
             (self.target_test is None or 0 <= self.target_test < self.n_test,

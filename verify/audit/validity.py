@@ -44,6 +44,7 @@ the interval, not on the point value, which limits it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,6 +194,93 @@ def lead_estimator(scores: dict[str, dict[str, Any]]) -> str:
     return best_estimator(own) if own else "ntk"
 
 
+#: What the adaptive validity panel does after a round (`adaptive_step`).
+CONTINUE, CLEARS, MISSES, BUDGET, NO_CEILING = "continue", "clears the bar", "misses the bar", "budget spent", \
+    "no ceiling"
+
+
+def adaptive_step(f_lo: float, f_hi: float, ceiling: float, subsets: int, budget: int,
+                  bar: float = FRACTION_MIN) -> str:
+    """After a round of the validity panel: stop where the lead's fraction-of-ceiling interval [f_lo, f_hi] clears
+    the bar (lower end at least `bar`) or misses it (upper end below), or where the re-fits give no ceiling (they do
+    not agree: more subsets of the same re-fits cannot fix that); else continue while fewer than `budget` subsets
+    were re-fitted (issue 43 item 3)."""
+    if not (np.isfinite(ceiling) and ceiling > 0 and np.isfinite(f_lo) and np.isfinite(f_hi)):
+        return NO_CEILING
+    if f_lo >= bar:
+        return CLEARS
+    if f_hi < bar:
+        return MISSES
+    return CONTINUE if subsets < budget else BUDGET
+
+
+def to_settle(s: dict[str, Any], subsets: int, repeats: int, rounds: list[dict[str, Any]],
+              bar: float = FRACTION_MIN) -> dict[str, Any] | None:
+    """What more would settle a straddling interval, where it straddles: the subsets at which the interval's
+    half-width (falling like 1 / sqrt(subsets), the bootstrap's scaling) would leave the bar outside it, the extra
+    re-fits and their time at this run's measured seconds per re-fit. None where the interval does not straddle."""
+    lo, hi, value = s.get("fraction_lo", np.nan), s.get("fraction_hi", np.nan), s.get("fraction", np.nan)
+    if not (np.isfinite(lo) and np.isfinite(hi) and np.isfinite(value)) or not lo < bar <= hi:
+        return None
+    half, gap = (hi - lo) / 2, abs(value - bar)
+    refits = rounds[-1]["refits"] if rounds else subsets * repeats
+    per_refit = rounds[-1]["refit_seconds"] / max(refits, 1) if rounds else float("nan")
+    if gap <= 0:
+        return {"subsets": None,
+                "why": f"the point estimate sits on the bar ({bar:g}): no number of subsets settles it"}
+    need = int(np.ceil(subsets * (half / gap) ** 2))
+    extra = max(0, need - subsets) * repeats
+    return {"subsets": need, "extra_refits": extra, "seconds_here": extra * per_refit,
+            "method": "interval half-width ~ 1/sqrt(subsets) from this run's interval; seconds at this run's mean "
+                      "time per LDS re-fit"}
+
+
+def adaptive_lds(batch: Callable[[int], tuple[list[np.ndarray], np.ndarray]], estimates: dict[str, np.ndarray],
+                 pilot: int, budget: int, seed: int, seconds: Callable[[], float] = lambda: float("nan"),
+                 ) -> tuple[list[np.ndarray], np.ndarray, dict[str, dict[str, Any]], dict[str, Any], str,
+                            dict[str, Any]]:
+    """The validity panel's LDS, adaptive (issue 43 item 3): `batch(k)` re-fits k new subsets (their removed indices,
+    and the changes repeats x k x test points); after the `pilot` subsets, as many again while the lead estimator's
+    fraction-of-ceiling interval straddles the bar (`adaptive_step`), up to `budget` subsets. Returns the removed
+    sets, the changes, the scores, the ceiling, the lead and the record of the rounds (with `to_settle` where the
+    budget ran out first); `seconds()` is the re-fit time spent so far."""
+    removed, reps = batch(pilot)
+    rounds: list[dict[str, Any]] = []
+    while True:
+        preds = {name: np.stack([infl[rem].sum(axis=0) for rem in removed]) for name, infl in estimates.items()}
+        scores, ceiling = score_estimators(preds, reps, seed=seed)
+        lead = lead_estimator(scores)
+        s = scores[lead]
+        step = adaptive_step(s["fraction_lo"], s["fraction_hi"], ceiling["value"], len(removed), budget)
+        rounds.append({"subsets": len(removed), "refits": int(reps.shape[0] * len(removed)), "lead": lead,
+                       "fraction": [s["fraction_lo"], s["fraction_hi"]], "step": step, "refit_seconds": seconds()})
+        if step != CONTINUE:
+            break
+        more = min(len(removed), budget - len(removed))
+        log(f"audit: validity: the lead's fraction of the ceiling [{s['fraction_lo']:.2f}, {s['fraction_hi']:.2f}] "
+            f"straddles {FRACTION_MIN:g}: {more} more subsets (budget {budget})")
+        extra, ch = batch(more)
+        removed, reps = removed + extra, np.concatenate([reps, ch], axis=1)
+    adaptive = {"rounds": rounds, "stopped": rounds[-1]["step"], "budget_subsets": budget, "pilot_subsets": pilot,
+                "to_settle": to_settle(scores[lead], len(removed), reps.shape[0], rounds)}
+    return removed, reps, scores, ceiling, lead, adaptive
+
+
+def settle_text(adaptive: dict[str, Any]) -> str:
+    """What the adaptive panel did and, where its budget ran out first, what more would settle the verdict."""
+    last = adaptive["rounds"][-1]
+    done = (f"{last['subsets']} subsets re-fitted ({adaptive['pilot_subsets']} pilot, budget "
+            f"{adaptive['budget_subsets']}): {last['step']}")
+    more = adaptive.get("to_settle")
+    if not more:
+        return done
+    if more.get("subsets") is None:
+        return f"{done}; {more['why']}"
+    return (f"{done}; about {more['subsets']} subsets would settle it ({more['extra_refits']} more re-fits, "
+            f"{more['seconds_here'] / 60:.1f} min on this machine at this run's re-fit time; rerun with "
+            f"--lds-max-subsets {more['subsets']})")
+
+
 def _median_margin_point(out: np.ndarray, yt: np.ndarray) -> int | None:
     """A correctly predicted test point of median margin (None when none is correct)."""
     pred = labels_of(out)
@@ -251,21 +339,31 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
     log(f"audit: validity: {subsets} subsets leaving out {r} random points each, re-fitted {repeats} times")
     bases = [base_loss] + [per_example_loss(refit.control(x, y, seed + q, ev)["test"], yt_np, out_dim)
                            for q in range(1, repeats)]
-    removed, reps = [rng.choice(n, r, replace=False) for _ in range(subsets)], np.zeros((repeats, subsets, t))
-    keeps = [torch.as_tensor(np.setdiff1d(np.arange(n), rem), device=x.device) for rem in removed]
-    outs = refit.outputs_many([RefitJob(x, y, seed + q, {"test": xt}, keeps[m])
-                               for m in range(subsets) for q in range(repeats)])
-    for m in range(subsets):
-        for q in range(repeats):
-            reps[q, m] = per_example_loss(outs[m * repeats + q]["test"], yt_np, out_dim) - bases[q]
+    estimates = {"ntk": ntk_per_test, "gn": gn_per_test, **others}
+
+    spent = [0.0]
+
+    def batch(count: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """`count` new subsets, each re-fitted `repeats` times against its seed's control: (removed, changes)."""
+        before = refit.seconds
+        rem = [rng.choice(n, r, replace=False) for _ in range(count)]
+        keeps = [torch.as_tensor(np.setdiff1d(np.arange(n), d), device=x.device) for d in rem]
+        outs = refit.outputs_many([RefitJob(x, y, seed + q, {"test": xt}, keeps[m])
+                                   for m in range(count) for q in range(repeats)])
+        ch = np.zeros((repeats, count, t))
+        for m in range(count):
+            for q in range(repeats):
+                ch[q, m] = per_example_loss(outs[m * repeats + q]["test"], yt_np, out_dim) - bases[q]
+        spent[0] += refit.seconds - before
+        return rem, ch
+
+    lds = adaptive_lds(batch, estimates, subsets, max(subsets, cfg.subset_budget), seed, lambda: spent[0])
+    removed, reps, scores, ceiling, lead, adaptive = lds
+    subsets = len(removed)
     actual = reps.mean(axis=0)
-    preds = {name: np.stack([infl[rem].sum(axis=0) for rem in removed])
-             for name, infl in {"ntk": ntk_per_test, "gn": gn_per_test, **others}.items()}
-    scores, ceiling = score_estimators(preds, reps, seed=seed)
     for name, sc in scores.items():
         sc["label"] = ESTIMATOR_LABELS.get(name, name)
-    lead = lead_estimator(scores)
-    lead_per_test = {"ntk": ntk_per_test, "gn": gn_per_test, **others}[lead]
+    lead_per_test = estimates[lead]
     total = lead_per_test.sum(axis=1)
     k = max(1, min(n - 1, round(tau * n)))
     order = np.argsort(-total, kind="stable")
@@ -283,8 +381,11 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
     brittle = _brittleness(refit, data, lead_per_test, ctrl["test"], cfg)
     nonfinite = int((~np.isfinite(reps)).sum())
     verdict, why = _verdict(gate, scores, ceiling, (beyond, lead), nonfinite)
+    if verdict == INCONCLUSIVE:
+        why += "; " + settle_text(adaptive)
     return {"refit": refit.cfg.describe(), "refit_kind": refit.cfg.kind, "control": gate,
             "subsets": subsets, "fraction": fraction, "left_out": int(r), "repeats": repeats, "lds": scores,
+            "adaptive": adaptive,
             "ceiling": ceiling, "best": best_estimator(scores), "lead": lead, "lead_label": ESTIMATOR_LABELS[lead],
             "fraction_min": FRACTION_MIN,
             "noise": {"refits": len(noise_means), "mean_test_loss": noise_means, "sd": noise_sd},

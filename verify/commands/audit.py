@@ -85,7 +85,8 @@ CONFIG = options(
     "n", "n_test", "steps", "baseline_seeds", "reference", "ref_width", "ref_epochs", "hessian_iters",
     "hessian_points", "bound_eps", "top_k", "seed", "max_memory_gb", "projection_dim", "projection_kind", "data_dir",
     Param("panels", default="", parse=_panels),
-    "refit_epochs", "refit_lr", "refit_batch", "train_fn", "lds_subsets", "lds_repeats", "lds_fraction",
+    "refit_epochs", "refit_lr", "refit_batch", "train_fn", "lds_subsets", "lds_max_subsets", "lds_repeats",
+    "lds_fraction",
     "refit_seeds", Param("peers", parse=_peers),
     "outcome_targets", "target_test", "poison_fraction", "curve_attack", "device", "refit_stack",
 )
