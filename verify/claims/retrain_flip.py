@@ -14,6 +14,7 @@ from empirics.retrain_flip import RetrainFlipRecord
 from empirics.vocab import PAPER_MODELS, model_name
 from verify.claims import units
 from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, Claim, Outcome, PartlyAs, Results
+from verify.power import P_ATTACK, P_BASELINE, TARGET, design_points, flip_power
 from verify.presets import PresetSizes
 
 MODELS = PAPER_MODELS
@@ -85,7 +86,9 @@ FLIP_RETRAIN_RULE = (
     "flip rate; partly if it lies above its two baselines but not above 2L-ReLU's rate; does not hold if its upper "
     "end lies below the larger of its two baselines or below 2L-ReLU's rate; inconclusive otherwise; not "
     "measurable if any network (reference or retrained) fails the gate or no selected point of MLP-Attn has a "
-    "clean effect beyond its seed noise. Fixed before its first run (D24)")
+    "clean effect beyond its seed noise. Fixed before its first run (D24). Its power at the design's size (to reach "
+    "'holds' at a true flip rate of 0.5 against a baseline of 0.3, simulated: verify.power) is printed beside it, "
+    "not judged (D28)")
 
 
 def _pct(ci: list[float]) -> str:
@@ -137,6 +140,14 @@ def flip_retrain_outcome(rs: dict[str, RetrainFlipRecord]) -> Outcome:
         return Outcome(f"not measurable: no selected point's clean effect lies beyond the seed noise. {ours}", NA,
                        protocol, numbers, gate=GATE_TEXT)
     a = attn.flips["attack"]["training"]
+    pairs = int(attn.seed_flips["training"].get("n_pairs") or a["n_points"])
+    power = {"points": a["n_points"], "p_attack": P_ATTACK, "p_baseline": P_BASELINE,
+             "power": flip_power(a["n_points"], seed_pairs=pairs),
+             "design_points": design_points(retrain_seeds=len(cfg["seeds"])), "method": "verify.power (simulated)"}
+    numbers = {**numbers, "power": power}
+    ours += (f"; power of this design to reach 'holds' at a true flip rate {P_ATTACK:g} against a baseline "
+             f"{P_BASELINE:g}: {power['power']:.2f} (simulated; {power['design_points'] or 'more than 200'} points "
+             f"would give {TARGET:g})")
     baseline = max(attn.flips["random"]["training"]["flip_rate"], attn.seed_flips["training"]["rate"])
     relu_rate = relu.flips["attack"]["training"]["flip_rate"]
     lo, hi = a["flip_ci"]
