@@ -168,14 +168,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"{len(rows)} claims (headline: theory as checked, empirical rows under proper training): "
           f"{summary_line(record['summary'])} ({record['wall_s']:.0f} s, preset {args.preset})")
     names = [condition(*k) for k in conditions(pres, protos)]
-    print("  " + "".join(f"{n:<20} " for n in names) + "claim")
+    print("  " + "".join(f"{n:<36} " for n in names) + "claim")
     for r in rows:
         if r["empirical"]:
             split = "  (underdetermined: preprocessing)" if r["preprocessing_split"] else ""
-            print("  " + "".join(f"{r['by_condition'][n]['verdict']:<20} " for n in names) + r["id"]
+            print("  " + "".join(f"{r['by_condition'][n]['label']:<36} " for n in names) + r["id"]
                   + ("  (robust)" if r["robust"] else split) + ("  fragile" if r["stability"].get("fragile") else ""))
         else:
-            print(f"  {r['verdict']:<{21 * len(names) - 1}} {r['id']}")
+            print(f"  {r['label']:<{37 * len(names) - 1}} {r['id']}")
     print("wrote " + ", ".join(str(p) for p in [out / "claims.json", *written]))
     return 0 if written.pdf_ok else 3
 
