@@ -60,3 +60,16 @@ def test_tost_power_at_its_limits():
     assert tost_power(tight, den, 0.8, 1.25, draws=200) > 0.95
     assert tost_power(loose, den, 0.8, 1.25, draws=200) < 0.3
     assert np.isnan(tost_power([0.3], [0.3], 0.8, 1.25))
+
+
+def test_vectorised_tost_power_equals_tost_ratio_draw_by_draw():
+    """The power's vectorised test is `empirics.intervals.tost_ratio`, draw for draw (the same simulated runs)."""
+    from empirics.intervals import tost_ratio
+
+    rng = np.random.default_rng(4)
+    den = rng.normal(0.3, 0.05, 8)
+    num = den * 1.1 + rng.normal(0, 0.04, 8)
+    cov = np.cov(np.vstack([num, den]))
+    sims = np.random.default_rng(0).multivariate_normal([den.mean(), den.mean()], cov, size=(300, 8), method="svd")
+    loop = np.mean([tost_ratio(s[:, 0], s[:, 1], 0.8, 1.25)["equivalent"] for s in sims])
+    assert tost_power(num, den, 0.8, 1.25, draws=300) == pytest.approx(loop, abs=1e-12)
