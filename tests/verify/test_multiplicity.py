@@ -73,3 +73,10 @@ def test_vectorised_tost_power_equals_tost_ratio_draw_by_draw():
     sims = np.random.default_rng(0).multivariate_normal([den.mean(), den.mean()], cov, size=(300, 8), method="svd")
     loop = np.mean([tost_ratio(s[:, 0], s[:, 1], 0.8, 1.25)["equivalent"] for s in sims])
     assert tost_power(num, den, 0.8, 1.25, draws=300) == pytest.approx(loop, abs=1e-12)
+
+
+def test_the_t_p_value_is_scipys_one_sample_t_test():
+    from scipy import stats
+
+    x = list(np.random.default_rng(7).normal(0.3, 1.0, 9))
+    assert interval_p(t_interval(x), 0.1) == pytest.approx(stats.ttest_1samp(x, 0.1).pvalue, rel=1e-12)

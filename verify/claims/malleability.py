@@ -470,7 +470,9 @@ def _no_gap(res: MalleabilityRecord) -> Outcome:
                  f"{_yes(outside)}")
     return _done(ours, verdict, protocol, {"ratio_ci": raw, "ratio_excess_ci": rx, "tost": tost}, pa["n_seeds"],
                  condition, tests=[{"name": f"TOST inside [{lo:g}, {hi:g}]", "point": None, "p": tost["p"],
-                                    "rejected": bool(tost["equivalent"])}])
+                                    "rejected": bool(tost["equivalent"])},
+                                   *tests_of(point_test("ratio vs the nearer end of the margin", raw,
+                                                        hi if raw["value"] > hi else lo))])
 
 
 # ---- adversarial training -------------------------------------------------------------------------
