@@ -19,6 +19,7 @@ from empirics.models import ModelSpec
 from empirics.protocols import PROPER, protocol_config
 from verify.audit.config import AuditConfig
 from verify.audit.measure import (
+    ESTIMATORS,
     FLIP_ESTIMATORS,
     GenericKernels,
     Network,
@@ -60,7 +61,7 @@ CFG = AuditConfig("model", "train", tau=0.25, steps=2, baseline_seeds=2, hessian
 
 
 @pytest.mark.parametrize("kind", ["user", "attn"])
-@pytest.mark.parametrize("estimator", ["gn", "ef"])
+@pytest.mark.parametrize("estimator", [n for n, e in ESTIMATORS.items() if e.rescore is not None])
 def test_flip_rates_by_another_estimator_equal_a_full_recomputation(kind: str, estimator: str):
     t = _data()
     net = _user(t) if kind == "user" else _attn(t)

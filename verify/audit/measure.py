@@ -143,7 +143,36 @@ def _seed(base: int, name: str, k: int = 0) -> int:
 #: from the kernel rows of the perturbed points and the model's loss residuals there. The attribution libraries'
 #: scores are validated beside them but would need their factors fitted again for every perturbed set, so they do not
 #: drive the flip rates.
-FLIP_ESTIMATORS = {"ntk": "NTK leave-one-out", "gn": "Gauss-Newton", "ef": "empirical Fisher (exact, dual)"}
+@dataclass(frozen=True)
+class KernelEstimator:
+    """One of the audit's own influence estimators, each computed from the network's empirical NTK (issue 41 item
+    1: an estimator is an object, so a branch is a call): its name, its label, and `rescore`, which gives its
+    per-test influence on a (perturbed) training set's kernels and loss residuals at the clean data's ridges; None
+    for NTK leave-one-out, whose influence is the kernel machine's own (`influence_from_kernels`)."""
+
+    name: str
+    label: str
+    rescore: Callable[[Estimated, np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None
+
+
+#: The audit's own estimators, by name (the flip rates, levers and budget curves can rank by each).
+ESTIMATORS: dict[str, KernelEstimator] = {e.name: e for e in (
+    KernelEstimator("ntk", "NTK leave-one-out"),
+    KernelEstimator("gn", "Gauss-Newton",
+                    lambda est, K2, Kst2, r2: gn_influence_mean(K2, Kst2, r2, est.r_test, est.clean.ridge)),
+    KernelEstimator("ef", "empirical Fisher (exact, dual)",
+                    lambda est, K2, Kst2, r2: ef_influence(*ef_grams_mean(K2, Kst2, r2, est.r_test), est.ef_ridge)),
+)}
+FLIP_ESTIMATORS = {name: e.label for name, e in ESTIMATORS.items()}
+
+
+def kernel_estimator(name: str) -> KernelEstimator:
+    """The registered estimator `name`; an unknown name is a one-line error."""
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown estimator {name!r}; one of {', '.join(ESTIMATORS)}") from None
+
 
 #: `probe(chosen, attack, eps, seed)`: attack the training points `chosen` and return the comparison of influence
 #: before and after (`empirics.malleability.compare`) with the influence on the perturbed set.
@@ -174,7 +203,7 @@ class Estimated:
 
     def result(self, name: str) -> InfluenceResult:
         """The clean influence of estimator `name` (NTK leave-one-out's predictions and losses)."""
-        if name == "ntk":
+        if kernel_estimator(name).rescore is None:
             return self.clean
         per = self.per_test[name]
         return replace(self.clean, per_test=per, total=per.sum(axis=1))
@@ -184,13 +213,10 @@ class Estimated:
         """Estimator `name`'s influence on a perturbed training set with kernels `K2`, `Kst2` and (for Gauss-Newton
         and empirical Fisher) loss residuals `r_train()`, at the clean data's ridges."""
         new = influence_from_kernels(K2, Kst2, self.Y, self.Yt, yt, ridge=self.clean.ridge)
-        if name == "ntk":
+        rescore = kernel_estimator(name).rescore
+        if rescore is None:
             return new
-        r2 = r_train()
-        if name == "gn":
-            per = gn_influence_mean(K2, Kst2, r2, self.r_test, self.clean.ridge)
-        else:
-            per = ef_influence(*ef_grams_mean(K2, Kst2, r2, self.r_test), self.ef_ridge)
+        per = rescore(self, K2, Kst2, r_train())
         return replace(new, per_test=per, total=per.sum(axis=1))
 
 
@@ -261,8 +287,7 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str =
     """Every audit measurement for one network (see the module docstring) on the data `t`, the flip rates ranking by
     `estimator` (a `FLIP_ESTIMATORS` name; the audit passes the one its validity panel found best): its JSON-ready
     record, and the context the panels work from. `est`: the network's estimates when already made."""
-    if estimator not in FLIP_ESTIMATORS:
-        raise ValueError(f"unknown estimator {estimator!r}; one of {', '.join(FLIP_ESTIMATORS)}")
+    kernel_estimator(estimator)
     est = est if est is not None else estimate_network(net, t, cfg)
     label, model, provider, n_params, width = net.label, net.model, net.provider, net.n_params, net.width
     times, peak = dict(est.times), dict(est.peak)
