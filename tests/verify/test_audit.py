@@ -439,6 +439,15 @@ def test_risk_level_is_issued_only_for_a_model_above_chance_with_trustworthy_inf
     assert not at_chance["passed"] and "below 0.190" in at_chance["reason"]
     r = assess_risk(user, False, 0.3, at_chance, VALID)
     assert r["level"] == NOT_MEASURABLE and r["reason"] == at_chance["reason"] and not r["validated"]
+    # the one thing to do next comes first, where the record says why no level was issued (issue 43 item 7)
+    assert r["advice"][0].startswith("The model has not learnt") and r["next_step"] == r["advice"][0]
+    straddling = {**_fragile(0.05, 0.20), "verdict": "inconclusive",
+                  "adaptive": {"to_settle": {"subsets": 130, "extra_refits": 164, "seconds_here": 600.0}}}
+    s = assess_risk(user, False, 0.3, ok, straddling)
+    assert s["advice"][0].startswith("Rerun with --lds-max-subsets 130 (164 more re-fits, about 10 min")
+    no_control = {**_fragile(0.05, 0.20), "control": {"passed": False, "reason": "test accuracy fell"}}
+    assert "--train-fn" in assess_risk(user, False, 0.3, ok, no_control)["advice"][0]
+    assert assess_risk(user, False, 0.3, ok, VALID)["next_step"] == ""
 
 
 def test_not_validated_reason_without_a_ceiling_says_why_instead_of_nan():

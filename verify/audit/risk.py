@@ -160,6 +160,27 @@ ADVICE = {
 }
 
 
+def next_step(level: str, gate: dict[str, Any] | None, validity: dict[str, Any] | None) -> str:
+    """The one thing to do next, where the record says why no level was issued (issue 43 item 7): the model has not
+    learnt (below the accuracy gate), the re-fits do not reproduce it, or the validity panel ran out of subsets
+    before its interval cleared the bar (with the subsets that would settle it); '' otherwise."""
+    if level == NOT_MEASURABLE and gate is not None and not gate.get("passed", True):
+        return (f"The model has not learnt ({gate.get('reason', 'below the accuracy gate')}): train it further and "
+                "audit it again; influence of a model that has not learnt describes nothing it relies on.")
+    if level != NOT_VALIDATED or not validity:
+        return ""
+    control = (validity.get("control") or {})
+    if control and not control.get("passed", True):
+        return ("Pass your training recipe with --train-fn: the warm-start re-fits do not reproduce the model you "
+                f"saved ({control.get('reason', 'the control re-fit is not adequate')}).")
+    more = (validity.get("adaptive") or {}).get("to_settle") or {}
+    if more.get("subsets"):
+        return (f"Rerun with --lds-max-subsets {more['subsets']} ({more['extra_refits']} more re-fits, about "
+                f"{more['seconds_here'] / 60:.0f} min on this machine): the validity interval straddles the bar, and "
+                "that many subsets would settle it.")
+    return ""
+
+
 def assess_risk(models: dict[str, Any], trained: bool, eps: float, gate: dict[str, Any] | None = None,
                 validity: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record's risk entry for the measured `models` (`user`, and `relu` / `attn` when `trained`): the level by
@@ -200,6 +221,8 @@ def assess_risk(models: dict[str, Any], trained: bool, eps: float, gate: dict[st
         if why:
             risk["level"], risk["reason"] = NOT_VALIDATED, why
     risk["validated"] = risk["level"] in RISK_LEVELS
-    risk["advice"] = ADVICE[risk["level"]]
+    step = next_step(risk["level"], gate, validity)
+    risk["next_step"] = step
+    risk["advice"] = ([step] if step else []) + ADVICE[risk["level"]]
     risk["gate"] = GATE_TEXT
     return risk
