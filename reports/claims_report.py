@@ -301,11 +301,9 @@ def _headline(ours: str) -> str:
 
 
 def multiplicity_cell(claim: dict[str, Any]) -> str:
-    """Holm and Benjamini-Hochberg beside the unadjusted verdict (`verify.multiplicity.cell`); '-' where nothing
-    is adjusted or in records written before it."""
-    from verify.multiplicity import cell
-
-    return cell(claim.get("multiplicity"))
+    """Holm and Benjamini-Hochberg beside the unadjusted verdict, as the run wrote it (`verify.multiplicity.cell`);
+    '-' where nothing is adjusted or in records written before it."""
+    return (claim.get("multiplicity") or {}).get("text") or "-"
 
 
 def bottom_line(record: dict[str, Any]) -> list[dict[str, str]]:

@@ -109,7 +109,7 @@ def across_claims(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     q = stats.false_discovery_control([blocks[i]["claim_p"] for i in ids], method="bh") if ids else []
     for i, qi in zip(ids, q, strict=True):
         blocks[i] = {**blocks[i], "bh_q": float(qi), "survives_bh": bool(qi <= ALPHA)}
-    return {i: b for i, b in blocks.items() if b is not None}
+    return {i: {**b, "text": cell(b)} for i, b in blocks.items() if b is not None}
 
 
 def cell(block: dict[str, Any] | None) -> str:

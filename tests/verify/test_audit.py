@@ -442,7 +442,7 @@ def test_risk_level_is_issued_only_for_a_model_above_chance_with_trustworthy_inf
     # the one thing to do next comes first, where the record says why no level was issued (issue 43 item 7)
     assert r["advice"][0].startswith("The model has not learnt") and r["next_step"] == r["advice"][0]
     straddling = {**_fragile(0.05, 0.20), "verdict": "inconclusive",
-                  "adaptive": {"to_settle": {"subsets": 130, "extra_refits": 164, "seconds_here": 600.0}}}
+                  "adaptive": {"to_settle": {"subsets": 130, "extra_refits": 164, "seconds": 600.0}}}
     s = assess_risk(user, False, 0.3, ok, straddling)
     assert s["advice"][0].startswith("Rerun with --lds-max-subsets 130 (164 more re-fits, about 10 min")
     no_control = {**_fragile(0.05, 0.20), "control": {"passed": False, "reason": "test accuracy fell"}}

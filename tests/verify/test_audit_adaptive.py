@@ -70,7 +70,7 @@ def test_a_straddling_case_spends_its_budget_and_is_inconclusive():
     assert "24 subsets re-fitted (6 pilot, budget 24): budget spent" in text
     more = ad["to_settle"]
     assert more["subsets"] > 24 and more["extra_refits"] == (more["subsets"] - 24) * REPEATS
-    assert more["seconds_here"] == pytest.approx(more["extra_refits"] * 12.0 / (24 * REPEATS))
+    assert more["seconds"] == pytest.approx(more["extra_refits"] * 12.0 / (24 * REPEATS))
     assert f"--lds-max-subsets {more['subsets']}" in text
 
 

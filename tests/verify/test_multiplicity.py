@@ -21,6 +21,7 @@ def test_holm_and_bh_equal_statsmodels(seed: int):
     got = across_claims(rows)
     want = multipletests(p, method="fdr_bh")[1]
     assert [got[f"c{i}"]["bh_q"] for i in range(len(p))] == pytest.approx(list(want), abs=1e-12)
+    assert all(got[f"c{i}"]["text"] == cell(got[f"c{i}"]) for i in range(len(p)))
 
 
 @pytest.mark.parametrize("seed", range(20))

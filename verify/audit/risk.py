@@ -176,7 +176,7 @@ def next_step(level: str, gate: dict[str, Any] | None, validity: dict[str, Any] 
     more = (validity.get("adaptive") or {}).get("to_settle") or {}
     if more.get("subsets"):
         return (f"Rerun with --lds-max-subsets {more['subsets']} ({more['extra_refits']} more re-fits, about "
-                f"{more['seconds_here'] / 60:.0f} min on this machine): the validity interval straddles the bar, and "
+                f"{more['seconds'] / 60:.0f} min on this machine): the validity interval straddles the bar, and "
                 "that many subsets would settle it.")
     return ""
 

@@ -224,13 +224,13 @@ def to_settle(s: dict[str, Any], subsets: int, repeats: int, rounds: list[dict[s
         return None
     half, gap = (hi - lo) / 2, abs(value - bar)
     refits = rounds[-1]["refits"] if rounds else subsets * repeats
-    per_refit = rounds[-1]["refit_seconds"] / max(refits, 1) if rounds else float("nan")
+    per_refit = rounds[-1]["seconds"] / max(refits, 1) if rounds else float("nan")
     if gap <= 0:
         return {"subsets": None,
                 "why": f"the point estimate sits on the bar ({bar:g}): no number of subsets settles it"}
     need = int(np.ceil(subsets * (half / gap) ** 2))
     extra = max(0, need - subsets) * repeats
-    return {"subsets": need, "extra_refits": extra, "seconds_here": extra * per_refit,
+    return {"subsets": need, "extra_refits": extra, "seconds": extra * per_refit,
             "method": "interval half-width ~ 1/sqrt(subsets) from this run's interval; seconds at this run's mean "
                       "time per LDS re-fit"}
 
@@ -253,7 +253,7 @@ def adaptive_lds(batch: Callable[[int], tuple[list[np.ndarray], np.ndarray]], es
         s = scores[lead]
         step = adaptive_step(s["fraction_lo"], s["fraction_hi"], ceiling["value"], len(removed), budget)
         rounds.append({"subsets": len(removed), "refits": int(reps.shape[0] * len(removed)), "lead": lead,
-                       "fraction": [s["fraction_lo"], s["fraction_hi"]], "step": step, "refit_seconds": seconds()})
+                       "fraction": [s["fraction_lo"], s["fraction_hi"]], "step": step, "seconds": seconds()})
         if step != CONTINUE:
             break
         more = min(len(removed), budget - len(removed))
@@ -277,7 +277,7 @@ def settle_text(adaptive: dict[str, Any]) -> str:
     if more.get("subsets") is None:
         return f"{done}; {more['why']}"
     return (f"{done}; about {more['subsets']} subsets would settle it ({more['extra_refits']} more re-fits, "
-            f"{more['seconds_here'] / 60:.1f} min on this machine at this run's re-fit time; rerun with "
+            f"{more['seconds'] / 60:.1f} min on this machine at this run's re-fit time; rerun with "
             f"--lds-max-subsets {more['subsets']})")
 
 

@@ -86,9 +86,9 @@ FLIP_RETRAIN_RULE = (
     "flip rate; partly if it lies above its two baselines but not above 2L-ReLU's rate; does not hold if its upper "
     "end lies below the larger of its two baselines or below 2L-ReLU's rate; inconclusive otherwise; not "
     "measurable if any network (reference or retrained) fails the gate or no selected point of MLP-Attn has a "
-    "clean effect beyond its seed noise. Fixed before its first run (D24). Its power at the design's size (to reach "
-    "'holds' at a true flip rate of 0.5 against a baseline of 0.3, simulated: verify.power) is printed beside it, "
-    "not judged (D28)")
+    "clean effect beyond its seed noise. Its power at the design's size (to reach 'holds' at a true flip rate of 0.5 "
+    "against a baseline of 0.3, simulated: verify.power) is printed beside it, not judged (added in D28). Fixed "
+    "before its first run (D24)")
 
 
 def _pct(ci: list[float]) -> str:
