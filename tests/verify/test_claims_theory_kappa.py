@@ -14,6 +14,7 @@ from theory.paper import PAPER_KAPPA
 from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, UNDERDETERMINED
 from verify.claims.kappa import (
     KAPPA_CLAIMS,
+    binary_kappa_tests,
     evaluate_binary_kappa,
     evaluate_premise,
     judge_binary_kappa,
@@ -148,6 +149,8 @@ def test_binary_rule_reaches_each_outcome_at_ten_seeds() -> None:
     different n is underdetermined; below at some n and undecided elsewhere is partly; undecided everywhere is
     inconclusive."""
     assert judge_binary_kappa({32: LOWER, 64: LOWER})[0] == HOLDS
+    tests = binary_kappa_tests({32: LOWER, 64: AROUND})  # the deciding tests behind the multiplicity columns
+    assert [t["rejected"] for t in tests] == [True, False] and tests[0]["p"] < 0.05 < tests[1]["p"]
     assert judge_binary_kappa({32: HIGHER, 64: HIGHER, 120: HIGHER})[0] == NOT
     assert judge_binary_kappa({32: AROUND, 64: HIGHER})[0] == NOT
     assert judge_binary_kappa({32: LOWER, 64: HIGHER})[0] == UNDERDETERMINED

@@ -29,6 +29,7 @@ from verify.claims.base import (
     Verdict,
     unavailable,
 )
+from verify.multiplicity import point_test, tests_of
 from verify.presets import PresetSizes
 
 # ---- condition numbers on real data (Sec. 4.3) ------------------------------------------------
@@ -226,10 +227,20 @@ def _ratios(rows: list[dict[str, Any]], ds: str) -> dict[int, list[float]]:
     return dict(sorted(out.items()))
 
 
+def _log_ratio_intervals(ratios: dict[int, list[float]]) -> dict[int, dict[str, Any]]:
+    """Per n, the t interval over seeds of log(binary / 10-class kappa)."""
+    return {n: t_interval([math.log(q) if q > 0 and math.isfinite(q) else math.nan for q in qs])
+            for n, qs in ratios.items()}
+
+
+def binary_kappa_tests(ratios: dict[int, list[float]]) -> list[dict[str, Any]]:
+    """The deciding tests of `BINARY_KAPPA_RULE`: each n's log-ratio interval against 0 (`verify.multiplicity`)."""
+    return tests_of(*(point_test(f"n={n} log kappa ratio", ci, 0.0) for n, ci in _log_ratio_intervals(ratios).items()))
+
+
 def judge_binary_kappa(ratios: dict[int, list[float]]) -> tuple[Verdict, str]:
     """`BINARY_KAPPA_RULE` on {n: [binary / 10-class kappa ratio per seed]}: (verdict, condition)."""
-    cis = {n: t_interval([math.log(q) if q > 0 and math.isfinite(q) else math.nan for q in qs])
-           for n, qs in ratios.items()}
+    cis = _log_ratio_intervals(ratios)
     lower = [n for n, ci in cis.items() if ci["hi"] < 0]
     higher = [n for n, ci in cis.items() if ci["lo"] > 0]
     verdict = (HOLDS if len(lower) == len(cis) else UNDERDETERMINED if lower and higher else NOT if higher
@@ -274,7 +285,7 @@ def evaluate_binary_kappa(results: Results) -> Outcome:
                    {"rows": rows, "ratio_by_n": {"cifar10": {str(n): q for n, q in cifar.items()},
                                                  "mnist": {str(n): q for n, q in mnist.items()}}},
                    seeds=len(rec.seeds), condition=condition,
-                   partly_as=PartlyAs.SOME_N if verdict is PARTLY else None)
+                   partly_as=PartlyAs.SOME_N if verdict is PARTLY else None, tests=binary_kappa_tests(cifar))
 
 
 KAPPA_CLAIMS = [
