@@ -32,7 +32,7 @@ def test_an_intervals_p_rejects_exactly_where_it_excludes_the_point(seed: int):
     num = den * rng.uniform(0.5, 2.0) + rng.normal(0, 0.05, size=8)
     for ci, point in ((t_interval(list(x)), 0.0), (fieller(list(num), list(den)), 1.0)):
         t = point_test("x", ci, point)
-        assert t is not None
+        assert t is not None and t["point"] == point
         if abs(t["p"] - ALPHA) > 1e-9:
             assert t["rejected"] == (t["p"] < ALPHA), (ci, t)
     assert np.isnan(interval_p({"lo": 0.1, "hi": 0.2}, 0.0))  # no per-seed values: no p, never invented

@@ -214,17 +214,17 @@ def adaptive_step(f_lo: float, f_hi: float, ceiling: float, subsets: int, budget
     return CONTINUE if subsets < budget else BUDGET
 
 
-def to_settle(s: dict[str, Any], subsets: int, repeats: int, rounds: list[dict[str, Any]],
+def to_settle(s: dict[str, Any], subsets: int, repeats: int, last: dict[str, Any],
               bar: float = FRACTION_MIN) -> dict[str, Any] | None:
     """What more would settle a straddling interval, where it straddles: the subsets at which the interval's
     half-width (falling like 1 / sqrt(subsets), the bootstrap's scaling) would leave the bar outside it, the extra
-    re-fits and their time at this run's measured seconds per re-fit. None where the interval does not straddle."""
+    re-fits and their time at the measured seconds per re-fit of the panel's `last` round. None where the interval
+    does not straddle."""
     lo, hi, value = s.get("fraction_lo", np.nan), s.get("fraction_hi", np.nan), s.get("fraction", np.nan)
     if not (np.isfinite(lo) and np.isfinite(hi) and np.isfinite(value)) or not lo < bar <= hi:
         return None
     half, gap = (hi - lo) / 2, abs(value - bar)
-    refits = rounds[-1]["refits"] if rounds else subsets * repeats
-    per_refit = rounds[-1]["seconds"] / max(refits, 1) if rounds else float("nan")
+    per_refit = last["seconds"] / max(last["refits"], 1)
     if gap <= 0:
         return {"subsets": None,
                 "why": f"the point estimate sits on the bar ({bar:g}): no number of subsets settles it"}
@@ -262,7 +262,7 @@ def adaptive_lds(batch: Callable[[int], tuple[list[np.ndarray], np.ndarray]], es
         extra, ch = batch(more)
         removed, reps = removed + extra, np.concatenate([reps, ch], axis=1)
     adaptive = {"rounds": rounds, "stopped": rounds[-1]["step"], "budget_subsets": budget, "pilot_subsets": pilot,
-                "to_settle": to_settle(scores[lead], len(removed), reps.shape[0], rounds)}
+                "to_settle": to_settle(scores[lead], len(removed), reps.shape[0], rounds[-1])}
     return removed, reps, scores, ceiling, lead, adaptive
 
 
