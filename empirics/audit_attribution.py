@@ -29,6 +29,8 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -39,13 +41,6 @@ from empirics.common import Tensors
 from empirics.losses import loss_fn
 
 _aten = torch.ops.aten
-KRONFLUENCE = ("ekfac", "kfac", "identity")
-PEERS = (*KRONFLUENCE, "trak")
-PEER_LABELS = {"ekfac": "kronfluence EK-FAC", "kfac": "kronfluence KFAC",
-               "identity": "kronfluence gradient dot product (identity)", "trak": "TRAK (traker, one model)"}
-#: The module each estimator imports and the distribution that provides it.
-LIBRARY = {"ekfac": ("kronfluence", "kronfluence"), "kfac": ("kronfluence", "kronfluence"),
-           "identity": ("kronfluence", "kronfluence"), "trak": ("trak", "traker")}
 INSTALL = "pip install '.[attribution]'"
 #: Largest TRAK projection (its documented default); at most half the training points and at most the parameters,
 #: since TRAK inverts the projected gradients' X^T X without a ridge, singular once the projection exceeds either.
@@ -58,7 +53,7 @@ NOT_INSTALLED, NOT_APPLICABLE, FAILED, OK = "not installed", "not applicable", "
 
 def installed(name: str) -> str | None:
     """The version of the library behind estimator `name`, or None when it cannot be imported."""
-    module, dist = LIBRARY[name]
+    module, dist = peer(name).module, peer(name).distribution
     if importlib.util.find_spec(module) is None:
         return None
     try:
@@ -176,10 +171,12 @@ def _task(out_dim: int) -> Any:
     return OwnLoss()
 
 
-def kronfluence_scores(model: nn.Module, data: Tensors, strategy: str, seed: int, batch_size: int = 128) -> np.ndarray:
+def kronfluence_scores(model: nn.Module, data: Tensors, strategy: str, seed: int, batch_size: int = 128,
+                       damping: float | None = None) -> np.ndarray:
     """kronfluence pairwise scores of `strategy` ("ekfac", "kfac", "identity"), as influence (n, t) of `data`'s training
-    on its test points; default damping (`ScoreArguments()`), true Fisher (`FactorArguments(strategy=...)`). `model` is
-    changed (prepared)."""
+    on its test points; `damping` is `ScoreArguments(damping_factor=...)` (None: the library's documented heuristic,
+    0.1 x the mean eigenvalue; the identity strategy ignores it), true Fisher (`FactorArguments(strategy=...)`).
+    `model` is changed (prepared)."""
     from kronfluence.analyzer import Analyzer, prepare_model
     from kronfluence.arguments import FactorArguments, ScoreArguments
     from torch.utils.data import TensorDataset
@@ -201,7 +198,7 @@ def kronfluence_scores(model: nn.Module, data: Tensors, strategy: str, seed: int
                            factor_args=FactorArguments(strategy=strategy), overwrite_output_dir=True)
         an.compute_pairwise_scores(scores_name="s", factors_name=strategy, query_dataset=test, train_dataset=train,
                                    per_device_query_batch_size=max(1, min(bs, len(xt))), per_device_train_batch_size=bs,
-                                   score_args=ScoreArguments(), overwrite_output_dir=True)
+                                   score_args=ScoreArguments(damping_factor=damping), overwrite_output_dir=True)
         scores = an.load_pairwise_scores("s")["all_modules"]
     return scores.double().cpu().numpy().T.copy()
 
@@ -260,6 +257,72 @@ def trak_scores(model: nn.Module, data: Tensors, seed: int, batch_size: int = 64
     return np.asarray(scores, dtype=np.float64).reshape(n, t)
 
 
+# --- the registry -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LibraryPeer:
+    """One library estimator the validity panel scores beside the suite's own: what it is called, the library it
+    needs, what it can score, and how (`score(model, data, seed)` -> influence (n, t); `config(n, n_params)` -> the
+    configuration it ran with, as the report prints it)."""
+
+    name: str
+    label: str
+    module: str
+    distribution: str
+    #: It tracks `nn.Linear` / `nn.Conv2d` modules only (kronfluence): needs one, and the wiring check first.
+    tracks_layers: bool
+    #: Fewest model outputs it can score (TRAK's classification margin needs two).
+    min_outputs: int
+    score: Callable[[nn.Module, Tensors, int], np.ndarray]
+    config: Callable[[int, int], str]
+
+
+def _kronfluence(strategy: str, damping: float | None, text: str) -> LibraryPeer:
+    return LibraryPeer(strategy, text, "kronfluence", "kronfluence", tracks_layers=True, min_outputs=1,
+                       score=partial(_kron_score, strategy=strategy, damping=damping),
+                       config=lambda n, p: _kron_config(strategy, damping))
+
+
+def _kron_score(model: nn.Module, data: Tensors, seed: int, strategy: str, damping: float | None) -> np.ndarray:
+    return kronfluence_scores(model, data, strategy, seed, damping=damping)
+
+
+def _kron_config(strategy: str, damping: float | None) -> str:
+    if strategy == IDENTITY:
+        return "FactorArguments(strategy='identity'): no preconditioning"
+    how = "kronfluence's documented heuristic, 0.1 x the mean eigenvalue" if damping is None else f"{damping:g}"
+    return f"FactorArguments(strategy='{strategy}'), ScoreArguments(damping_factor={damping}) ({how}), true Fisher"
+
+
+#: kronfluence's identity-preconditioned strategy: the gradient dot product the wiring check compares with autograd.
+IDENTITY = "identity"
+#: Every library peer, in the report's order. kronfluence's EK-FAC and KFAC use the library's documented damping
+#: heuristic (`damping_factor=None`: 0.1 x the mean eigenvalue); its default of 1e-8 leaves the inverse of a
+#: near-singular curvature unregularised, which scored EK-FAC at LDS 0.36 against 0.74 with the heuristic on the
+#: issue's logistic regression (issue 43 item 4).
+PEER_REGISTRY: dict[str, LibraryPeer] = {p.name: p for p in (
+    _kronfluence("ekfac", None, "kronfluence EK-FAC"),
+    _kronfluence("kfac", None, "kronfluence KFAC"),
+    _kronfluence(IDENTITY, None, "kronfluence gradient dot product (identity)"),
+    LibraryPeer("trak", "TRAK (traker, one model)", "trak", "traker", tracks_layers=False, min_outputs=2,
+                score=lambda model, data, seed: trak_scores(model, data, seed),
+                config=lambda n, p: (f"TRAKer(task='image_classification'), one model, normal projection to "
+                                     f"{trak_proj_dim(n, p)} dimensions, float32")),
+)}
+PEERS = tuple(PEER_REGISTRY)
+KRONFLUENCE = tuple(n for n, p in PEER_REGISTRY.items() if p.tracks_layers)
+PEER_LABELS = {n: p.label for n, p in PEER_REGISTRY.items()}
+
+
+def peer(name: str) -> LibraryPeer:
+    """The peer called `name`; an unknown name is a one-line error listing them."""
+    try:
+        return PEER_REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown library peer {name!r}; one of {', '.join(PEER_REGISTRY)}") from None
+
+
 # --- all of them -------------------------------------------------------------------------------------------------
 
 
@@ -298,7 +361,7 @@ def _peer_rows(net: nn.Module, graph: torch.fx.GraphModule | None, data: Tensors
     missing = {nm: installed(nm) for nm in names}
     for nm in names:
         if missing[nm] is None:
-            rows[nm] = _row(nm, NOT_INSTALLED, f"{LIBRARY[nm][1]} is not installed: {INSTALL}")
+            rows[nm] = _row(nm, NOT_INSTALLED, f"{peer(nm).distribution} is not installed: {INSTALL}")
     todo = [nm for nm in names if nm not in rows]
     if not todo:
         return rows
@@ -313,32 +376,26 @@ def _peer_rows(net: nn.Module, graph: torch.fx.GraphModule | None, data: Tensors
         return rows
     wiring: dict[str, Any] | None = None
     for nm in todo:
-        version = missing[nm]
-        if nm in KRONFLUENCE and not made:
-            rows[nm] = _row(nm, NOT_APPLICABLE, "the model has no linear or conv2d layer (kronfluence tracks only "
+        version, est = missing[nm], peer(nm)
+        if est.tracks_layers and not made:
+            rows[nm] = _row(nm, NOT_APPLICABLE, f"the model has no linear or conv2d layer ({est.module} tracks only "
                             "those)", version=version)
             continue
-        if nm == "trak" and out_dim < 2:
-            rows[nm] = _row(nm, NOT_APPLICABLE, "TRAK's classification margin needs at least two classes",
-                            version=version)
+        if out_dim < est.min_outputs:
+            rows[nm] = _row(nm, NOT_APPLICABLE, f"{est.label} needs at least {est.min_outputs} model outputs (its "
+                            "classification margin)", version=version)
             continue
         try:
-            if nm in KRONFLUENCE and wiring is None:
+            if est.tracks_layers and wiring is None:
                 wiring = wiring_check(copy.deepcopy(model), data, seed)
             tic = time.perf_counter()
-            if nm in KRONFLUENCE:
-                if not wiring["passed"]:
-                    rows[nm] = _row(nm, FAILED, f"the wiring check failed: kronfluence's identity scores differ from "
-                                    f"autograd's gradient dot products by {wiring['max_rel_diff']:.2g} (relative)",
-                                    version=version, wiring=wiring)
-                    continue
-                infl = kronfluence_scores(copy.deepcopy(model), data, nm, seed)
-                config = ("FactorArguments(strategy='identity'): no preconditioning" if nm == "identity" else
-                          f"FactorArguments(strategy='{nm}'), ScoreArguments() (default damping), true Fisher")
-            else:
-                infl = trak_scores(copy.deepcopy(model), data, seed)
-                config = (f"TRAKer(task='image_classification'), one model, normal projection to "
-                          f"{trak_proj_dim(len(x), sum(p.numel() for p in model.parameters()))} dimensions, float32")
+            if est.tracks_layers and not wiring["passed"]:
+                rows[nm] = _row(nm, FAILED, f"the wiring check failed: kronfluence's identity scores differ from "
+                                f"autograd's gradient dot products by {wiring['max_rel_diff']:.2g} (relative)",
+                                version=version, wiring=wiring)
+                continue
+            infl = est.score(copy.deepcopy(model), data, seed)
+            config = est.config(len(x), sum(p.numel() for p in model.parameters()))
         except Exception as exc:  # noqa: BLE001 - a library failing on this model: the row says how
             rows[nm] = _row(nm, FAILED, _first_line(exc), version=version)
             continue
@@ -347,5 +404,5 @@ def _peer_rows(net: nn.Module, graph: torch.fx.GraphModule | None, data: Tensors
             rows[nm] = _row(nm, FAILED, f"scores of shape {infl.shape} with non-finite values", version=version)
             continue
         rows[nm] = _row(nm, OK, version=version, config=config, seconds=secs, influence=infl,
-                        **({"wiring": wiring} if nm in KRONFLUENCE else {}))
+                        **({"wiring": wiring} if est.tracks_layers else {}))
     return rows

@@ -81,8 +81,7 @@ from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig
 from ntkm import tables
 from ntkm.codec import Record, encode, stable_hash
-from ntkm.errors import UserInputError
-from theory import gram, kernels, krr
+from theory import kernels, krr
 
 #: The gd-mse estimand (module docstring), co-primary in the NTK-distance claims.
 GD_METRIC = "gd_function_change"
@@ -299,15 +298,7 @@ def analytic_features(spec: ModelSpec, x_tr: np.ndarray, x: np.ndarray) -> np.nd
     """The input map of `spec`'s model in Thm 4.2 (raw inputs, linearized attention with `spec`'s options, or softmax
     attention; the context from the training rows `x_tr`) on the rows `x` of preprocessed inputs. Only for kinds
     with an analytic reference (`empirics.kinds`); any other is an error, never another kind's kernel."""
-    features = KINDS[spec.kind].features
-    if features == "linear-attention":
-        return gram.attention_features(x_tr, x, k=spec.attn_layers, rank=spec.attn_rank, centre=spec.attn_centre)
-    if features == "softmax-attention":
-        return kernels.softmax_attention_features(x_tr, x, spec.temperature)
-    if features == "identity":
-        return x
-    raise UserInputError(f"model '{spec.kind}' has no closed-form reference kernel (its reference is "
-                         f"{KINDS[spec.kind].reference}); use empirics.distance.reference_kernels")
+    return KINDS[spec.kind].strategy.analytic(spec, x_tr, x)
 
 
 def analytic_kernels(spec: ModelSpec, x_tr: np.ndarray, x_te: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

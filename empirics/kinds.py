@@ -6,18 +6,23 @@ capability flags the experiments ask about. Code asks the table (`kind(name).rec
 comparing strings, and an unsupported combination is a one-line `UserInputError`, never a silent fallback
 (an unknown kind has no reference kernel; an attack that cannot rebuild a kind's context says so).
 
-How to add a kind: add its value to `vocab.Model`, an entry to `KINDS` with its flags, its network in
-`empirics.models` (a `TwoLayerNet` feature strategy, or its own class if parameters besides `W` train), its analytic
-features in `empirics.distance.analytic_features` if `reference` is "analytic"; `tests/empirics/test_kinds.py`
-then checks it against its reference over every registered kind.
+How to add a kind: add its value to `vocab.Model` and an entry to `KINDS` with its feature strategy and flags; a new
+strategy is one more `empirics.features.FeatureStrategy` (its context, torch and analytic features and price are
+its methods, so nothing else branches on it), and a kind whose parameters besides `W` train gets its own network
+class in `empirics.models`. `tests/empirics/test_kinds.py` then checks it against its reference over every
+registered kind, and `tests/empirics/test_features.py` checks that its context is rebuilt on perturbed data.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from empirics.vocab import Model
 from ntkm.errors import UserInputError
+
+if TYPE_CHECKING:
+    from empirics.features import FeatureStrategy
 
 #: Where a kind's infinite-width reference kernel comes from.
 ANALYTIC, MONTE_CARLO = "analytic", "monte-carlo"
@@ -27,9 +32,10 @@ ANALYTIC, MONTE_CARLO = "analytic", "monte-carlo"
 class Kind:
     """One model kind.
 
-    features: how the head's input is computed (`identity`: the preprocessed input; `linear-attention`:
-        `normalise(C^k x)` with the training-set context C; `softmax-attention`: softmax attention over the training
-        inputs; `trained-attention`: Q, K, V projections that train with the head).
+    features: the name of how the head's input is computed; `strategy` is its `empirics.features.FeatureStrategy`
+        (`identity`: the preprocessed input; `linear-attention`: `normalise(C^k x)` with the training-set context C;
+        `softmax-attention`: softmax attention over the training inputs; `trained-attention`: Q, K, V projections
+        that train with the head).
     reference: `analytic` (the closed form of Thm 4.2 on the kind's features, `theory.kernels`) or `monte-carlo`
         (the mean empirical NTK over initialisations, `empirics.mc_reference`; no closed form exists).
     has_context: its features depend on the training set (an attention context).
@@ -53,16 +59,25 @@ class Kind:
     def name(self) -> str:
         return self.model.value
 
+    @property
+    def strategy(self) -> FeatureStrategy:
+        """The feature strategy object every feature decision is asked of (imported here, not at the top, so that
+        the kind table stays importable without torch: the claims registry and `--plan` read it)."""
+        from empirics.features import strategy
+
+        return strategy(self.features)
+
 
 #: The paper's comparison, (treated, control): MLP-Attn against 2L-ReLU. Code that needs the paper's two networks reads
 #: them here (a variant is compared as (variant, control)), never by writing their names.
 PAPER_PAIR: tuple[str, str] = (Model.ATTN.value, Model.RELU.value)
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind(Model.RELU, "identity", ANALYTIC, has_context=False, attention_options=False, recomputed_context=False,
-         trains_attention=False, description="the paper's two-layer ReLU network"),
-    Kind(Model.ATTN, "linear-attention", ANALYTIC, has_context=True, attention_options=True, recomputed_context=True,
-         trains_attention=False, description="the paper's MLP on linearized attention over the training set"),
+    Kind(Model.RELU, "identity", ANALYTIC, has_context=False, attention_options=False,
+         recomputed_context=False, trains_attention=False, description="the paper's two-layer ReLU network"),
+    Kind(Model.ATTN, "linear-attention", ANALYTIC, has_context=True, attention_options=True,
+         recomputed_context=True, trains_attention=False,
+         description="the paper's MLP on linearized attention over the training set"),
     Kind(Model.SOFTMAX, "softmax-attention", ANALYTIC, has_context=True, attention_options=False,
          recomputed_context=False, trains_attention=False,
          description="softmax attention over the training set, T = sqrt(d) or 1/sqrt(d) on unit-norm inputs"),

@@ -33,8 +33,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from empirics.context_product import factor_is_cheaper
 from empirics.datasets import INPUT_PREPROCESSINGS, input_statistics
+from empirics.features import QKV_DIM, normalise
+from empirics.features import attention_context as attention_context
+from empirics.features import attention_features as attention_features
+from empirics.features import gram_factor as gram_factor
+from empirics.features import softmax_attention_features as softmax_attention_features
 from empirics.kinds import kind, kinds_where
 from ntkm.errors import UserInputError
 
@@ -70,7 +74,7 @@ class ModelSpec:
     seed: int = 0
     attn_centre: bool = False
     attn_temperature: float | None = None
-    qkv_dim: int = 64
+    qkv_dim: int = QKV_DIM
     preprocess: str = "raw"
     channels: int = 1
 
@@ -118,15 +122,11 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        """Input dimension of the head `W`: `qkv_dim` for kind "qkv", else d."""
-        return self.qkv_dim if kind(self.kind).features == "trained-attention" else self.d
+        """Input dimension of the head `W`: `qkv_dim` for the trained attention (kind "qkv"), else d."""
+        return kind(self.kind).strategy.head_dim(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _normalise(h: torch.Tensor) -> torch.Tensor:
-    return h / h.norm(dim=1, keepdim=True).clamp_min(1e-30)
 
 
 def reference_statistics(reference: torch.Tensor, channels: int) -> tuple[np.ndarray, np.ndarray]:
@@ -155,52 +155,7 @@ def apply_preprocess(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if mode == "raw":
         return x
     h = (x - module.input_shift) / module.input_scale
-    return _normalise(h) if mode == "unit" else h
-
-
-def attention_context(x_train: torch.Tensor, rank: int | None = None, centre: bool = False) -> torch.Tensor:
-    """`C = X^T X` (d x d), or its rank-r truncation `V_r S_r^2 V_r^T`. Differentiable in X.
-
-    `centre`: the context of the mean-removed inputs, `(X - mu)^T (X - mu)`.
-    """
-    if centre:
-        x_train = x_train - x_train.mean(dim=0)
-    if rank is None:
-        return x_train.T @ x_train
-    _, s, vh = torch.linalg.svd(x_train, full_matrices=False)
-    r = min(rank, s.shape[0])
-    v = vh[:r].T
-    return (v * s[:r] ** 2) @ v.T
-
-
-def attention_features(x: torch.Tensor, context: torch.Tensor | None, layers: int = 1,
-                       factor: torch.Tensor | None = None) -> torch.Tensor:
-    """`normalise(C^k x)` row by row; intermediate rescaling does not change the result.
-
-    `factor`: an n x d `X` with `C = X^T X`, given when `h C = (h X^T) X` is cheaper (`factor_is_cheaper`);
-    then `context` is not read. Equal to the d x d product up to floating-point rounding, and as differentiable.
-    """
-    h = x
-    for _ in range(layers):
-        h = _normalise(h @ context if factor is None else (h @ factor.T) @ factor)  # C symmetric: (C h^T)^T = h C
-    return h
-
-
-def gram_factor(x_train: torch.Tensor, rank: int | None = None, centre: bool = False) -> torch.Tensor | None:
-    """The n x d `X` (mean-removed for `centre`) with `attention_context(x_train, rank, centre) = X^T X`, where
-    the context is the plain Gram and the factor is cheaper (`factor_is_cheaper`); else None (a rank-r truncation
-    keeps the d x d product)."""
-    if rank is not None or not factor_is_cheaper(*x_train.shape):
-        return None
-    return x_train - x_train.mean(dim=0) if centre else x_train
-
-
-def softmax_attention_features(x: torch.Tensor, keys: torch.Tensor, temperature: float) -> torch.Tensor:
-    """`normalise(softmax(x X^T / T) X)`: softmax attention of each row of `x` over the rows of `keys`."""
-    if keys.shape[0] == 0:
-        raise UserInputError("the softmax model has no training set as its context; build it with the training "
-                             "inputs or call set_context(x_train)")
-    return _normalise(torch.softmax(x @ keys.T / temperature, dim=1) @ keys)
+    return normalise(h) if mode == "unit" else h
 
 
 class _SuiteBase(nn.Module):
@@ -263,38 +218,13 @@ class TwoLayerNet(_SuiteBase):
         _init_head(self, spec, gen, dtype)
         _register_preprocess(self, spec, x_train if reference is None else reference, dtype)
         x_train = None if x_train is None else self.preprocess_inputs(x_train.to(dtype))
-        if info.features == "softmax-attention":
-            ctx = (x_train.to(dtype) if x_train is not None
-                   else torch.zeros(0, spec.d, dtype=dtype, device=self.W.device))
-            self.register_buffer("context", ctx.clone())
-        elif info.features == "linear-attention":
-            if x_train is None:
-                raise UserInputError("MLP-Attn needs the training inputs to build its attention context")
-            self.register_buffer("context", attention_context(x_train.to(dtype), spec.attn_rank, spec.attn_centre))
-            self.register_buffer("context_factor", self._factor_of(x_train.to(dtype)), persistent=False)
-            if spec.attn_centre:
-                self.register_buffer("context_mean", x_train.to(dtype).mean(dim=0))
-        else:
-            self.register_buffer("context", torch.zeros(0, dtype=dtype, device=self.W.device))
+        info.strategy.build_context(self, x_train, dtype)
 
     def set_context(self, x_train: torch.Tensor) -> None:
-        """Rebuild `C` from (possibly perturbed) training inputs (raw pixels; the input statistics stay fixed)."""
+        """Rebuild `C` from (possibly perturbed) training inputs (raw pixels; the input statistics stay fixed): the
+        kind's feature strategy rebuilds whatever context it keeps (`empirics.features`)."""
         x_train = self.preprocess_inputs(x_train.to(self.context.dtype))
-        features = kind(self.spec.kind).features
-        if features == "softmax-attention":
-            self.context = x_train.to(self.context.dtype).clone()
-        elif features == "linear-attention":
-            x_train = x_train.to(self.context.dtype)
-            self.context = attention_context(x_train, self.spec.attn_rank, self.spec.attn_centre)
-            self.context_factor = self._factor_of(x_train)
-            if self.spec.attn_centre:
-                self.context_mean = x_train.mean(dim=0)
-
-    def _factor_of(self, x_train: torch.Tensor) -> torch.Tensor:
-        """The buffer `context_factor`: `gram_factor` of the preprocessed `x_train` (a copy, n x d), or an empty
-        placeholder (1-d, so the choice is static under tracing and export) where the d x d product is used."""
-        f = gram_factor(x_train, self.spec.attn_rank, self.spec.attn_centre)
-        return x_train.new_zeros(0) if f is None else f.clone()
+        kind(self.spec.kind).strategy.rebuild_context(self, x_train)
 
     def __setattr__(self, name: str, value: object) -> None:
         """Assigning `context` directly drops the factor (which no longer matches it): `C` is then used."""
@@ -318,22 +248,7 @@ class TwoLayerNet(_SuiteBase):
         x = self.preprocess_inputs(x)
         if context_inputs is not None:
             context_inputs = self.preprocess_inputs(context_inputs)
-        features = kind(self.spec.kind).features
-        if features == "identity":
-            return x
-        if features == "softmax-attention":
-            keys = self.context if context_inputs is None else context_inputs
-            return softmax_attention_features(x, keys, self.spec.temperature)
-        rank, centre = self.spec.attn_rank, self.spec.attn_centre
-        if context_inputs is None:
-            factor = self.context_factor if self.context_factor.dim() == 2 else None  # else the empty placeholder
-            ctx = self.context
-            mean = self.context_mean if centre else None
-        else:  # C is built only where the factor is not cheaper
-            factor = gram_factor(context_inputs, rank, centre)
-            ctx = attention_context(context_inputs, rank, centre) if factor is None else None
-            mean = context_inputs.mean(dim=0) if centre else None
-        return attention_features(x if mean is None else x - mean, ctx, self.spec.attn_layers, factor)
+        return kind(self.spec.kind).strategy.features(self, x, context_inputs)
 
 
 class QKVAttentionNet(_SuiteBase):
@@ -347,7 +262,7 @@ class QKVAttentionNet(_SuiteBase):
     def __init__(self, spec: ModelSpec, x_train: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
                  reference: torch.Tensor | None = None):
         super().__init__()
-        if kind(spec.kind).features != "trained-attention":
+        if not kind(spec.kind).trains_attention:
             raise UserInputError(f"QKVAttentionNet is model 'qkv', not '{spec.kind}'")
         self.spec = spec
         gen = torch.Generator().manual_seed(spec.seed)
@@ -358,9 +273,7 @@ class QKVAttentionNet(_SuiteBase):
             setattr(self, name, nn.Parameter(w))
         _register_preprocess(self, spec, x_train if reference is None else reference, dtype)
         x_train = None if x_train is None else self.preprocess_inputs(x_train.to(dtype))
-        ctx = (attention_context(x_train) if x_train is not None
-               else torch.zeros(spec.d, spec.d, dtype=dtype, device=self.W.device))
-        self.register_buffer("context", ctx)
+        kind(spec.kind).strategy.build_context(self, x_train, dtype)
 
     @property
     def alpha(self) -> float:
@@ -369,7 +282,7 @@ class QKVAttentionNet(_SuiteBase):
 
     def set_context(self, x_train: torch.Tensor) -> None:
         """Rebuild `C` from (possibly perturbed) training inputs (raw pixels; the input statistics stay fixed)."""
-        self.context = attention_context(self.preprocess_inputs(x_train.to(self.context.dtype)))
+        kind(self.spec.kind).strategy.rebuild_context(self, self.preprocess_inputs(x_train.to(self.context.dtype)))
 
     def mixing(self, context: torch.Tensor | None = None) -> torch.Tensor:
         """`M = K^T C V` (k x k), so that the unnormalised features are `u = (x Q) M`."""
@@ -379,8 +292,8 @@ class QKVAttentionNet(_SuiteBase):
 
     def features(self, x: torch.Tensor, context_inputs: torch.Tensor | None = None) -> torch.Tensor:
         """`x~ = normalise(x Q M)` on preprocessed `x`; `context_inputs` rebuilds `C` differentiably (attacks)."""
-        ctx = None if context_inputs is None else attention_context(self.preprocess_inputs(context_inputs))
-        return _normalise((self.preprocess_inputs(x) @ (self.alpha * self.W_Q)) @ self.mixing(ctx))
+        ctx_inputs = None if context_inputs is None else self.preprocess_inputs(context_inputs)
+        return kind(self.spec.kind).strategy.features(self, self.preprocess_inputs(x), ctx_inputs)
 
 
 SuiteNet = TwoLayerNet | QKVAttentionNet

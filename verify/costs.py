@@ -22,7 +22,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from empirics.context_product import context_product_macs
 from empirics.kinds import KINDS
 
 #: Input dimension per data set.
@@ -225,8 +224,6 @@ def unit_seconds(name: str, cfg: Mapping[str, Any], prim: Primitives,
 #: The constants of `Analytic`, each the seconds of one unit of its feature.
 CONSTANT_NAMES = ("step", "flop", "step_plateau_relu", "flop_plateau_relu", "step_plateau_attn", "flop_plateau_attn",
                   "flop_fullbatch_relu", "flop_fullbatch_attn", "kernel", "solve", "eig", "unit")
-#: The dimension of the query, key and value projections of model qkv (`empirics.models.ModelSpec.qkv_dim`).
-QKV_DIM = 64
 
 
 def _family(kind: str) -> str:
@@ -241,15 +238,8 @@ def flops(kind: str, d: int, n: int, m: int) -> tuple[float, float]:
     attention's projections per example and its k x k mixing matrix through the d x d context per batch."""
     per_example = d * m + m * OUT
     per_batch = 0.0
-    features = KINDS[kind].features
-    if features == "linear-attention":
-        per_example += context_product_macs(n, d)
-    elif features == "softmax-attention":
-        per_example += 2 * n * d
-    elif features == "trained-attention":
-        per_example += d * QKV_DIM + QKV_DIM * QKV_DIM
-        per_batch += d * d * QKV_DIM + d * QKV_DIM * QKV_DIM
-    return per_example, per_batch
+    extra_example, extra_batch = KINDS[kind].strategy.macs(d, n)
+    return per_example + extra_example, per_batch + extra_batch
 
 
 @dataclass(frozen=True)

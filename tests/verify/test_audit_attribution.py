@@ -101,7 +101,8 @@ def test_wiring_check_passes_and_a_miswired_library_fails_every_kronfluence_row(
 
 def test_kfac_is_the_closed_form_gauss_newton_influence_of_a_linear_least_squares_model():
     """One linear layer, one output, half squared error: the Gauss-Newton Hessian is E[a a^T] exactly and K-FAC's
-    factors are E[a a^T] and the (sampled) E[g^2], a scalar; so KFAC's influence is the exact one times a constant."""
+    factors are E[a a^T] and the (sampled) E[g^2], a scalar; so KFAC's influence is the exact one times a constant
+    (at the library's default damping of 1e-8; the audit's peers use its heuristic, checked below)."""
     pytest.importorskip("kronfluence")
     g = torch.Generator().manual_seed(1)
     n, t, d = 200, 15, 6
@@ -110,7 +111,7 @@ def test_kfac_is_the_closed_form_gauss_newton_influence_of_a_linear_least_square
     torch.manual_seed(1)
     lin = nn.Linear(d, 1)
     model = FlatInput(lin, (d,))
-    infl = aa.kronfluence_scores(model, Tensors(x, y, xt, yt, 1), "kfac", 0)
+    infl = aa.kronfluence_scores(model, Tensors(x, y, xt, yt, 1), "kfac", 0, damping=1e-8)  # ~undamped
     a, at = (torch.cat([v, torch.ones(len(v), 1)], 1).double().numpy() for v in (x, xt))
     with torch.no_grad():
         r = (lin(x)[:, 0] - (2.0 * y - 1.0)).double().numpy()
@@ -119,6 +120,14 @@ def test_kfac_is_the_closed_form_gauss_newton_influence_of_a_linear_least_square
     exact = grads @ np.linalg.solve(a.T @ a / n, grads_t.T)
     corr = np.corrcoef(infl.ravel(), exact.ravel())[0, 1]
     assert corr > 0.9999, corr
+    # the documented heuristic (damping_factor=None) adds 0.1 x the mean eigenvalue of the K-FAC curvature c a^T a / n
+    # (c the scalar gradient factor), so its influence is the exact one with a ridge of 0.1 x mean eig(a^T a / n)
+    heur = aa.kronfluence_scores(model, Tensors(x, y, xt, yt, 1), "kfac", 0, damping=None)
+    cov = a.T @ a / n
+    ridge = 0.1 * np.mean(np.linalg.eigvalsh(cov))
+    damped = grads @ np.linalg.solve(cov + ridge * np.eye(len(cov)), grads_t.T)
+    assert np.corrcoef(heur.ravel(), damped.ravel())[0, 1] > 0.9999
+    assert np.corrcoef(heur.ravel(), exact.ravel())[0, 1] < np.corrcoef(heur.ravel(), damped.ravel())[0, 1]
 
 
 class FixedReadout(nn.Module):

@@ -131,6 +131,40 @@ def test_validity_verdict_follows_whether_influence_can_predict_the_fit(fit, ver
 
 
 
+@pytest.mark.parametrize("design", ["fresh", "paired"])
+def test_lds_refits_are_seeded_by_the_design(design, mnist, tmp_path):
+    """`--lds-seeds fresh` gives every LDS re-fit its own seed, clear of the control seeds; `paired` re-fits every
+    subset with the seeds seed, seed + 1. A fit that ignores its seed scores the same under both (the level each
+    change is taken from is a constant per test point, which the rank correlation over subsets cannot see)."""
+    from verify.audit.seeding import FRESH_OFFSET
+
+    log = Path(tmp_path) / "seeds.txt"
+    path = Path(tmp_path) / "seeded.py"
+    path.write_text(FITS + f"""
+
+def recorded_fit(x, y, seed):
+    with open({str(log)!r}, "a") as fh:
+        fh.write(f"{{len(x)}} {{seed}}\\n")
+    return ridge_fit(x, y, seed)
+""")
+    x, y = _binary(mnist.x_train, mnist.y_train, 80)
+    xt, yt = _binary(mnist.x_test, mnist.y_test, 30)
+    refit = Refitter(nn.Identity(), [], RefitConfig(train_fn=f"{path}:recorded_fit"), 1, (1, 28, 28))
+    with refit.fitted(x, y, 0) as saved:
+        _, inf, gn, acc = _influences(saved, x, y, xt, yt, 1)
+    cfg = AuditConfig("model", "train", tau=0.1, lds_subsets=6, lds_max_subsets=6, lds_fraction=0.1, refit_seeds=3,
+                      seed=0, lds_seeds=design)
+    v = validity_panel(refit, Tensors(x, y, xt, yt, 1), Estimates(inf.per_test, gn), acc, cfg)
+    assert v["lds_seeds"]["design"] == design
+    rows = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+    lds_seeds = [s for n, s in rows if n == 80 - v["left_out"] and s >= FRESH_OFFSET]
+    if design == "fresh":
+        assert sorted(lds_seeds) == list(range(FRESH_OFFSET, FRESH_OFFSET + v["subsets"] * v["repeats"]))
+    else:
+        assert lds_seeds == [] and {s for n, s in rows if n == 80 - v["left_out"]} <= {0, 1}
+    assert v["verdict"] == "trustworthy" and v["ceiling"]["value"] == pytest.approx(1.0)
+
+
 def test_lead_estimator_is_the_best_validating_of_the_audits_own(mnist, tmp_path):
     """With NTK influence negated (useless) and Gauss-Newton the good one, the panel leads with Gauss-Newton: the
     verdict and the lever removal are about it; a library estimator as good as it is scored but never the lead (its

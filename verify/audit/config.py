@@ -14,6 +14,7 @@ from ntkm.errors import UserInputError
 from verify.audit.budget import REALISTIC_EPS
 from verify.audit.projection import AUTO_DIM
 from verify.audit.refit import STACK_MODES, RefitConfig
+from verify.audit.seeding import SEEDINGS
 from verify.modelio import parse_shape
 
 AUDIT_ATTACKS = ("fgsm", "pgd", "mim")
@@ -91,6 +92,12 @@ class AuditConfig:
     lds_repeats: int = field(default=2, metadata={
         "help": "re-fits of each LDS subset with different seeds: their agreement sets the noise ceiling, their mean "
                 "is the target (default: %(default)s)"})
+    lds_seeds: str = field(default="fresh", metadata={"choices": tuple(SEEDINGS),
+        "help": "seeds of the LDS re-fits: fresh (a new seed for every re-fit of every subset, so that subsets share "
+                "no batch order and the repeats' agreement is the noise ceiling's honest input) or paired (every "
+                "subset re-fitted with the same seeds seed, seed + 1, ..., each against the control of its seed: the "
+                "design before issue 43 item 4, which shares each seed's noise across subsets and inflates the "
+                "repeats' agreement) (default: %(default)s)"})
     lds_max_subsets: int | None = field(default=None, metadata={"metavar": "M",
         "help": "the adaptive validity panel's budget: after the --lds-subsets pilot it adds as many subsets again "
                 "(each re-fitted --lds-repeats times) while the lead estimator's fraction-of-ceiling interval "

@@ -1,13 +1,14 @@
 """Validity panel of the audit: does the influence predict what re-fitting the model really does?
 
-Every "actual" number is a re-fit (`verify.audit.refit`) minus the control re-fit with the same seed.
+Every "actual" number is a re-fit (`verify.audit.refit`) minus a control re-fit on the full training set.
 
 - **Linear datamodeling score (LDS**, Park et al. 2023, TRAK): `subsets` random subsets, each leaving out
-  a fraction `fraction` of the training points; each is fitted again `repeats` times with different seeds
-  (each against the control of its seed). Predicted change of test point t's loss: the sum of the left-out
-  points' influences on t (NTK leave-one-out, Gauss-Newton, empirical Fisher); actual: the mean over the
-  repeats of the re-fitted model's loss of t minus the control's. LDS is the Spearman correlation over subsets, averaged
-  over test points; its 95 % interval is a bootstrap that resamples subsets and test points together.
+  a fraction `fraction` of the training points; each is fitted again `repeats` times, by default with a fresh
+  seed for every re-fit (`verify.audit.seeding`: subsets share no seed's noise, which would count as agreement).
+  Predicted change of test point t's loss: the sum of the left-out points' influences on t (NTK leave-one-out,
+  Gauss-Newton, empirical Fisher); actual: the mean over the repeats of the re-fitted model's loss of t minus the
+  control's. LDS is the Spearman correlation over subsets, averaged over test points; its 95 % interval is a
+  bootstrap that resamples subsets and test points together.
 - **Noise ceiling**: re-fits are noisy (another batch order moves every loss), so even a perfect predictor
   cannot reach LDS 1. Two repeats of the same subset agree at a rank correlation r1 (per test point, over
   subsets, averaged); the mean of k repeats then has reliability k r1 / (1 + (k - 1) r1) and the ceiling is
@@ -58,6 +59,7 @@ from empirics.progress import log
 from verify.audit.config import AuditConfig
 from verify.audit.measure import FLIP_ESTIMATORS
 from verify.audit.refit import RefitJob, Refitter, labels_of, per_example_loss, refit_adequacy
+from verify.audit.seeding import seeding
 
 #: The bar of validation, fixed before any measurement: the lower end of the 95 % interval of an estimator's LDS as a
 #: fraction of the noise ceiling must reach it (half of what a perfect predictor of the re-fits could reach).
@@ -312,9 +314,9 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
                    cfg: AuditConfig) -> dict[str, Any]:
     """LDS against the noise ceiling, top-lever removal, brittleness and the verdict (see the module docstring) of
     the estimates `est` on `data`, for the saved model of train and test accuracy `saved_acc`: `cfg.lds_subsets`
-    subsets leaving out `cfg.lds_fraction` of the points, each re-fitted `cfg.lds_repeats` times (seeds seed, seed +
-    1, ...), each against its own control; the re-fit noise from `cfg.refit_seeds - 1` seeds; the top `cfg.tau` levers
-    removed; the brittleness of test point `cfg.target_test`."""
+    subsets leaving out `cfg.lds_fraction` of the points, each re-fitted `cfg.lds_repeats` times with the seeds of
+    `cfg.lds_seeds` (`verify.audit.seeding`); the re-fit noise from `cfg.refit_seeds - 1` seeds; the top `cfg.tau`
+    levers removed; the brittleness of test point `cfg.target_test`."""
     x, y, xt, yt, out_dim = data.x_train, data.y_train, data.x_test, data.y_test, data.out_dim
     ntk_per_test, gn_per_test, others = est.ntk, est.gn, est.others
     tau, subsets, fraction, repeats, seed = cfg.tau, cfg.lds_subsets, cfg.lds_fraction, cfg.lds_repeats, cfg.seed
@@ -337,18 +339,20 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
     noise_sd = float(np.std(noise_means, ddof=1))
     r = max(1, min(n - 1, round(fraction * n)))
     log(f"audit: validity: {subsets} subsets leaving out {r} random points each, re-fitted {repeats} times")
+    design = seeding(cfg.lds_seeds)
     bases = [base_loss] + [per_example_loss(refit.control(x, y, seed + q, ev)["test"], yt_np, out_dim)
-                           for q in range(1, repeats)]
+                           if design.paired else base_loss for q in range(1, repeats)]
     estimates = {"ntk": ntk_per_test, "gn": gn_per_test, **others}
 
-    spent = [0.0]
+    spent, drawn = [0.0], [0]
 
     def batch(count: int) -> tuple[list[np.ndarray], np.ndarray]:
-        """`count` new subsets, each re-fitted `repeats` times against its seed's control: (removed, changes)."""
-        before = refit.seconds
+        """`count` new subsets, each re-fitted `repeats` times with the seeds of the design: (removed, changes)."""
+        before, first = refit.seconds, drawn[0]
+        drawn[0] += count
         rem = [rng.choice(n, r, replace=False) for _ in range(count)]
         keeps = [torch.as_tensor(np.setdiff1d(np.arange(n), d), device=x.device) for d in rem]
-        outs = refit.outputs_many([RefitJob(x, y, seed + q, {"test": xt}, keeps[m])
+        outs = refit.outputs_many([RefitJob(x, y, design.seed(seed, first + m, q, repeats), {"test": xt}, keeps[m])
                                    for m in range(count) for q in range(repeats)])
         ch = np.zeros((repeats, count, t))
         for m in range(count):
@@ -385,6 +389,7 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
         why += "; " + settle_text(adaptive)
     return {"refit": refit.cfg.describe(), "refit_kind": refit.cfg.kind, "control": gate,
             "subsets": subsets, "fraction": fraction, "left_out": int(r), "repeats": repeats, "lds": scores,
+            "lds_seeds": {"design": design.name, "text": design.text},
             "adaptive": adaptive,
             "ceiling": ceiling, "best": best_estimator(scores), "lead": lead, "lead_label": ESTIMATOR_LABELS[lead],
             "fraction_min": FRACTION_MIN,
