@@ -157,3 +157,85 @@ def ef_influence_explicit(J_train: np.ndarray, J_test: np.ndarray, r_train: np.n
     n, p = g.shape
     h = g.T @ g / n + damping * np.eye(p)
     return g @ np.linalg.solve(h, gt.T) / n
+
+
+#: Largest dual dimension n c of the exact generalised Gauss-Newton solve (`ggn_influence_mean`): an (n c)^2 float64
+#: matrix (512 MiB at this size) and its Cholesky factorisation (seconds on 2 cores); above it the estimator says so.
+GGN_MAX_DIM = 8192
+
+
+def output_hessians(r_train: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Each training point's Hessian of its loss in the outputs (n, c, c): cross-entropy (c > 1) `diag(p) - p p^T`
+    with `p = r + Y` (the residual plus the one-hot target is the softmax); one output, `0.5 (f - y)^2`: 1."""
+    r, Y = np.asarray(r_train, dtype=np.float64), np.asarray(Y, dtype=np.float64)
+    n, c = r.shape
+    if c == 1:
+        return np.ones((n, 1, 1))
+    p = r + Y
+    return np.einsum("ia,ab->iab", p, np.eye(c)) - p[:, :, None] * p[:, None, :]
+
+
+def _sqrt_psd(h: np.ndarray) -> np.ndarray:
+    """Symmetric square roots of a stack of PSD matrices (n, c, c); rounding below 0 is clipped."""
+    e, v = np.linalg.eigh((h + h.transpose(0, 2, 1)) / 2)
+    return (v * np.sqrt(np.clip(e, 0.0, None))[:, None, :]) @ v.transpose(0, 2, 1)
+
+
+def ggn_dual_kernel(K: np.ndarray, hessians: np.ndarray) -> np.ndarray:
+    """`M = B^1/2 (K (x) I_c) B^1/2` (n c x n c): the curvature of the generalised Gauss-Newton Hessian in the dual,
+    `M[(j, a), (k, b)] = K_jk (B_j^1/2 B_k^1/2)[a, b]`, built one block row at a time."""
+    K = np.asarray(K, dtype=np.float64)
+    bh = _sqrt_psd(np.asarray(hessians, dtype=np.float64))
+    n, c = bh.shape[0], bh.shape[1]
+    m = np.empty((n, c, n, c))
+    for j in range(n):
+        m[j] = (K[j][:, None, None] * (bh[j][None] @ bh)).transpose(1, 0, 2)
+    return m.reshape(n * c, n * c)
+
+
+def ggn_influence_mean(K: np.ndarray, K_test_train: np.ndarray, r_train: np.ndarray, r_test: np.ndarray,
+                       hessians: np.ndarray, ridge: float) -> np.ndarray:
+    """Influence (n, t) with the generalised Gauss-Newton Hessian `H = (1/n) sum_i J_i^T B_i J_i + lambda I` (`B_i`
+    the loss's Hessian in the outputs, `output_hessians`; for cross-entropy the softmax's, which `gn_influence_mean`
+    leaves out) and `Theta = K (x) I_c`, exact in the dual through Woodbury with `U = B^1/2 J`; `ridge = n lambda`:
+
+        influence[i, t] = [K_ti (r_i . r_t) - v_i^T (M + ridge I)^-1 w_t] / ridge,
+        v_i = B^1/2 (K[:, i] (x) r_i),  w_t = B^1/2 (K[:, t] (x) r_t),  M = `ggn_dual_kernel`.
+
+    For a model linear in its parameters this is the textbook influence function (Koh & Liang 2017) with the exact
+    Hessian of the regularised loss. `ggn_influence_explicit` is its P x P reference."""
+    K = np.asarray(K, dtype=np.float64)
+    Kt = np.asarray(K_test_train, dtype=np.float64)
+    r, rt = np.asarray(r_train, dtype=np.float64), np.asarray(r_test, dtype=np.float64)
+    n, c = r.shape
+    _check(n, r, rt, ridge)
+    if n * c > GGN_MAX_DIM:
+        raise UserInputError(f"the exact generalised Gauss-Newton solve needs an {n * c} x {n * c} matrix (n c > "
+                             f"{GGN_MAX_DIM}); use fewer training points (--n) or another estimator")
+    bh = _sqrt_psd(np.asarray(hessians, dtype=np.float64))
+    m = ggn_dual_kernel(K, hessians)
+    v = np.einsum("ji,jab,ib->jai", K, bh, r).reshape(n * c, n)
+    w = np.einsum("tj,jab,tb->jat", Kt, bh, rt).reshape(n * c, -1)
+    s = Kt.T * (r @ rt.T)
+    return (s - _solve(m + ridge * np.eye(n * c), v).T @ w) / ridge
+
+
+def ggn_ridge(K: np.ndarray, hessians: np.ndarray, ridge_rel: float) -> float:
+    """The absolute ridge of `ggn_influence_mean`: `ridge_rel` times the mean diagonal of its dual kernel `M` (the
+    rule of the NTK leave-one-out ridge, `empirics.influence.resolve_ridge`, on the curvature the solve inverts)."""
+    bh = _sqrt_psd(np.asarray(hessians, dtype=np.float64))
+    diag = np.einsum("j,jab,jba->", np.diag(np.asarray(K, dtype=np.float64)), bh, bh)
+    return max(float(ridge_rel * diag / (bh.shape[0] * bh.shape[1])), 1e-12)
+
+
+def ggn_influence_explicit(J_train: np.ndarray, J_test: np.ndarray, r_train: np.ndarray, r_test: np.ndarray,
+                           hessians: np.ndarray, damping: float) -> np.ndarray:
+    """Reference: form `H = (1/n) sum_i J_i^T B_i J_i + damping I` (P x P) and solve. Jacobians (n, c, P), (t, c, P)."""
+    J, Jt = np.asarray(J_train, dtype=np.float64), np.asarray(J_test, dtype=np.float64)
+    r, rt = np.asarray(r_train, dtype=np.float64), np.asarray(r_test, dtype=np.float64)
+    n, _, p = J.shape
+    _check(n, r, rt, damping)
+    h = np.einsum("iap,iab,ibq->pq", J, np.asarray(hessians, dtype=np.float64), J) / n + damping * np.eye(p)
+    g = np.einsum("icp,ic->pi", J, r)
+    gt = np.einsum("tcp,tc->pt", Jt, rt)
+    return g.T @ np.linalg.solve(h, gt) / n

@@ -13,7 +13,14 @@ from torch import nn
 
 from empirics.audit_ntk import ModelJacobian
 from empirics.common import Tensors, train_network
-from empirics.gauss_newton import ef_grams_mean, ef_influence, gn_influence_mean, loss_residuals
+from empirics.gauss_newton import (
+    ef_grams_mean,
+    ef_influence,
+    ggn_influence_mean,
+    gn_influence_mean,
+    loss_residuals,
+    output_hessians,
+)
 from empirics.malleability import n_top
 from empirics.models import ModelSpec
 from empirics.protocols import PROPER, protocol_config
@@ -79,10 +86,13 @@ def test_flip_rates_by_another_estimator_equal_a_full_recomputation(kind: str, e
     again = estimate_network(fresh, Tensors(x_new, t.y_train, t.x_test, t.y_test, t.out_dim), CFG)
     with torch.no_grad():
         r2 = loss_residuals(net.model(x_new), t.y_train)
-    if estimator == "gn":
-        want = gn_influence_mean(again.K, again.Kst, r2, est.r_test, est.clean.ridge)
-    else:
-        want = ef_influence(*ef_grams_mean(again.K, again.Kst, r2, est.r_test), est.ef_ridge)
+    full = {  # each estimator recomputed from scratch on the full perturbed kernels (a new one needs its line here)
+        "gn": lambda: gn_influence_mean(again.K, again.Kst, r2, est.r_test, est.clean.ridge),
+        "ef": lambda: ef_influence(*ef_grams_mean(again.K, again.Kst, r2, est.r_test), est.ef_ridge),
+        "ggn": lambda: ggn_influence_mean(again.K, again.Kst, r2, est.r_test, output_hessians(r2, again.Y),
+                                          est.ggn_ridge),
+    }
+    want = full[estimator]()
     got = np.asarray(rec["attacks"]["pgd"]["new_total"])
     # The user model's kernel comes from float32 Jacobians: its perturbed rows, recomputed in another batch than the
     # full recomputation's, differ by float32 roundings (about 2e-8 relative measured); the suite's model is float64.

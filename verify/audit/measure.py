@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,16 @@ from empirics.attacks import ATTACKS, AttackConfig, attack
 from empirics.audit_ntk import JacobianFeatures, ModelJacobian, ProjectedJacobian
 from empirics.audit_structured import ProjectedStructured
 from empirics.common import Tensors
-from empirics.gauss_newton import ef_grams_mean, ef_influence, gn_influence_mean, loss_residuals
+from empirics.gauss_newton import (
+    GGN_MAX_DIM,
+    ef_grams_mean,
+    ef_influence,
+    ggn_influence_mean,
+    ggn_ridge,
+    gn_influence_mean,
+    loss_residuals,
+    output_hessians,
+)
 from empirics.influence import InfluenceResult, influence_from_kernels, model_kernels
 from empirics.intervals import spearman
 from empirics.losses import predict_labels, targets
@@ -162,6 +171,9 @@ ESTIMATORS: dict[str, KernelEstimator] = {e.name: e for e in (
                     lambda est, K2, Kst2, r2: gn_influence_mean(K2, Kst2, r2, est.r_test, est.clean.ridge)),
     KernelEstimator("ef", "empirical Fisher (exact, dual)",
                     lambda est, K2, Kst2, r2: ef_influence(*ef_grams_mean(K2, Kst2, r2, est.r_test), est.ef_ridge)),
+    KernelEstimator("ggn", "generalised Gauss-Newton (loss Hessian, exact, dual)",
+                    lambda est, K2, Kst2, r2: ggn_influence_mean(K2, Kst2, r2, est.r_test, output_hessians(r2, est.Y),
+                                                                 est.ggn_ridge)),
 )}
 FLIP_ESTIMATORS = {name: e.label for name, e in ESTIMATORS.items()}
 
@@ -200,6 +212,10 @@ class Estimated:
     seconds: dict[str, float]
     times: dict[str, float]
     peak: dict[str, float]
+    #: The generalised Gauss-Newton solve's ridge (`empirics.gauss_newton.ggn_ridge`; NaN where it was not run).
+    ggn_ridge: float = float("nan")
+    #: The registered estimators not computed on this network, with why (e.g. a dual too large to solve exactly).
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def result(self, name: str) -> InfluenceResult:
         """The clean influence of estimator `name` (NTK leave-one-out's predictions and losses)."""
@@ -273,13 +289,23 @@ def estimate_network(net: Network, t: Tensors, cfg: AuditConfig) -> Estimated:
     ef_ridge = EF_RIDGE_REL * float(np.trace(S)) / len(S)
     ef_per_test = ef_influence(S, St, ef_ridge) if ef_ridge > 0 else np.full_like(gn_per_test, np.nan)
     est_s["ef"] = times["kernel"] + time.perf_counter() - tic_ef
+    per_test = {"ntk": clean.per_test, "gn": gn_per_test, "ef": ef_per_test}
+    skipped, ggn_rho = {}, float("nan")
+    if len(x) * c <= GGN_MAX_DIM:
+        tic_ggn = time.perf_counter()
+        hess = output_hessians(r_tr, Y)
+        ggn_rho = ggn_ridge(K, hess, cfg.ridge_rel)
+        per_test["ggn"] = ggn_influence_mean(K, Kst, r_tr, r_te, hess, ggn_rho)
+        est_s["ggn"] = times["kernel"] + time.perf_counter() - tic_ggn
+    else:
+        skipped["ggn"] = (f"its exact dual is {len(x) * c} x {len(x) * c} (n x classes), above {GGN_MAX_DIM}: "
+                          "audit fewer training points (--n)")
     times["influence"] = time.perf_counter() - tic
     peak["influence"] = peak_rss_gib()
     with torch.no_grad():
         acc = (float((predict_labels(out_tr) == y).double().mean()),
                float((predict_labels(out_te) == yt).double().mean()))
-    return Estimated(K, Kst, Y, Yt, clean, {"ntk": clean.per_test, "gn": gn_per_test, "ef": ef_per_test}, r_tr, r_te,
-                     ef_ridge, acc, est_s, times, peak)
+    return Estimated(K, Kst, Y, Yt, clean, per_test, r_tr, r_te, ef_ridge, acc, est_s, times, peak, ggn_rho, skipped)
 
 
 def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str = "ntk",

@@ -211,7 +211,7 @@ class _Refits:
 
 
 def _validate(run: AuditRun, est: Estimated) -> _Refits:
-    """The control re-fit and its adequacy, then the validity panel: the audit's three estimators of `est` and the
+    """The control re-fit and its adequacy, then the validity panel: the audit's own estimators of `est` and the
     attribution libraries scored against re-fits, which names the estimator the flip rates will rank by."""
     cfg, st, t, model, loaded = run.cfg, run.st, run.t, run.model, run.loaded
     out: dict[str, Any] = {"run": [p for p in PANELS if p in cfg.panels]}
@@ -240,11 +240,10 @@ def _validate(run: AuditRun, est: Estimated) -> _Refits:
                              "batches") if loaded.static_batch else \
                 st.run("attribution libraries", peer_estimators, model, graph, t, cfg.peers, cfg.seed,
                        lambda g: FlatInput(g, input_shape))
-        others = {"ef": est.per_test["ef"],
-                  **{k: r.pop("influence") for k, r in peers.items() if r["status"] == OK}}
+        others = {**est.per_test, **{k: r.pop("influence") for k, r in peers.items() if r["status"] == OK}}
         estimates = Estimates(est.per_test["ntk"], est.per_test["gn"], others)
         out["validity"] = st.run("validity", validity_panel, refit, t, estimates, est.accuracy, cfg)
-        estimator_rows(out["validity"], est.seconds, peers)
+        estimator_rows(out["validity"], est.seconds, peers, est.skipped)
     return _Refits(out, refit)
 
 

@@ -17,7 +17,7 @@ That level is issued only when it can be trusted (`assess_risk`, rules fixed bef
 - **not measurable** when a flip rate is NaN, or when the user's model fails `MODEL_GATE_RULE` (no better than
   chance on `--test`): the influence of a model that has learnt nothing says nothing about its training data;
 - **not validated** when the validity panel did not run (`--skip validity`) or its verdict is not trustworthy
-  (`verify.audit.validity`: the lead estimator, the one of the audit's three that validates best and that the flip
+  (`verify.audit.validity`: the lead estimator, the one of the audit's own that validates best and that the flip
   rates rank by, must reach `FRACTION_MIN` of the noise ceiling of the re-fits, and removing its top levers must beat
   random removal); the record keeps the level the
   scale would give as `unvalidated_level`, the best LDS reached and what would help.

@@ -15,7 +15,8 @@ Every "actual" number is a re-fit (`verify.audit.refit`) minus a control re-fit 
   its square root (`ceiling_from_agreement`). Each estimator's LDS is also reported as a fraction of the
   ceiling, with the interval of the ratio from the same bootstrap.
 - **The estimator behind the flip rates** (`lead_estimator`): of the estimators the flip-rate protocol can rank by
-  (`verify.audit.measure.FLIP_ESTIMATORS`: NTK leave-one-out, Gauss-Newton, empirical Fisher) the one that
+  (`verify.audit.measure.FLIP_ESTIMATORS`: NTK leave-one-out, Gauss-Newton, empirical Fisher, generalised
+  Gauss-Newton with the loss's own Hessian) the one that
   predicts the re-fits best (`best_estimator`: the highest LDS, the ceiling applied after the choice). The levers,
   the flip rates and the budget curves of the audit rank by it, and the two checks below and the verdict are about
   it. The attribution libraries are scored beside them; one that validates better is named in the verdict's reason.
@@ -401,11 +402,16 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
             "verdict": verdict, "reason": why, "rule": VALIDITY_RULE}
 
 
-def estimator_rows(val: dict[str, Any], seconds: dict[str, float], peers: dict[str, dict[str, Any]]) -> None:
+def estimator_rows(val: dict[str, Any], seconds: dict[str, float], peers: dict[str, dict[str, Any]],
+                   skipped: dict[str, str] | None = None) -> None:
     """Adds to each scored estimator's LDS entry its time (the audit's own: with the kernel they share) and, for a
-    library estimator, its version, configuration and wiring check; the library estimators that could not be scored
-    go under `unscored`, with their status and why."""
+    library estimator, its version, configuration and wiring check; the estimators that could not be scored (a
+    library's, or one of the audit's own that `skipped` says was not run, with why) go under `unscored`, with their
+    status and why."""
     scores = val.get("lds") or {}
+    for name, why in (skipped or {}).items():
+        val.setdefault("unscored", {})[name] = {"label": ESTIMATOR_LABELS.get(name, name), "status": "not run",
+                                                "reason": why}
     for name, sec in seconds.items():
         if name in scores:
             scores[name]["seconds"] = float(sec)
