@@ -347,7 +347,8 @@ def retrain_study(cfg: RetrainConfig) -> dict[str, Any]:
 class RetrainSetting:
     """The network, data and protocol of a retraining study (`ProtocolRetrainConfig`, and
     `empirics.retrain_flip.RetrainFlipConfig`): `model` trained under the named `protocol` for at most `epochs` on
-    `n_train` points of `dataset`, with the networks' fixed input layer `preprocess`."""
+    `n_train` points of `dataset`, with the networks' fixed input layer `preprocess` (`lr_power`: the exponent of the
+    width-consistent protocol's schedule where not its primary one, the schedule axis)."""
 
     dataset: str = "mnist"
     task: str = "10class"
@@ -362,6 +363,7 @@ class RetrainSetting:
     data_dir: str | None = None
     device: str = "auto"
     preprocess: str = "raw"
+    lr_power: float | None = None
 
 
 @dataclass(frozen=True)
@@ -480,7 +482,8 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
     xte = torch.as_tensor(_pool(ds.x_test, ds.image_shape, cfg.pool), dtype=torch.float32, device=device)
     spec = ModelSpec(cfg.model, xtr.shape[1], cfg.width, t.out_dim, seed=cfg.seed, preprocess=cfg.preprocess,
                      channels=input_channels(ds))
-    tcfg = protocol_config(cfg.protocol, cfg.epochs, seed=cfg.seed, dataset=cfg.dataset, preprocess=cfg.preprocess)
+    tcfg = protocol_config(cfg.protocol, cfg.epochs, seed=cfg.seed, dataset=cfg.dataset, preprocess=cfg.preprocess,
+                           lr_power=cfg.lr_power)
     Yt = targets(t.y_test, t.out_dim, torch.float64).cpu().numpy()
 
     def fit(keeps: list[np.ndarray]) -> list[tuple[nn.Module, Any]]:

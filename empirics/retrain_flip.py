@@ -164,7 +164,8 @@ def retrain_flip_study(cfg: RetrainFlipConfig) -> RetrainFlipRecord:
                          channels=input_channels(ds))
 
     def tcfg(seed: int) -> Any:
-        return protocol_config(cfg.protocol, cfg.epochs, seed=seed, dataset=cfg.dataset, preprocess=cfg.preprocess)
+        return protocol_config(cfg.protocol, cfg.epochs, seed=seed, dataset=cfg.dataset, preprocess=cfg.preprocess,
+                               lr_power=cfg.lr_power)
 
     train_loss = loss_fn(t.out_dim, tcfg(0).loss)
     Yt = targets(yt, t.out_dim, torch.float64)

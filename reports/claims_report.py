@@ -263,9 +263,15 @@ def condition_names(record: dict[str, Any]) -> list[str]:
     return next((list(_outcomes(c)) for c in record["claims"] if c.get("empirical")), ["paper", "proper"])
 
 
+#: The claims protocols' labels (`verify.claims.base.CLAIMS_PROTOCOLS`, which reports may not import; a test checks
+#: they agree).
+CONDITION_LABELS = {"paper": "paper protocol", "proper": "proper training",
+                    "proper-quarter": "proper training, lr exponent 1/4"}
+
+
 def _condition_label(name: str) -> str:
     protocol, _, pre = name.partition("+")
-    return {"paper": "paper protocol", "proper": "proper training"}.get(protocol, protocol) + f", {pre or 'raw'}"
+    return CONDITION_LABELS.get(protocol, protocol) + f", {pre or 'raw'}"
 
 
 def stability_cell(claim: dict[str, Any]) -> str:
@@ -326,15 +332,18 @@ def _fragile(claim: dict[str, Any]) -> str:
 
 
 def _agreement(claim: dict[str, Any]) -> str:
-    """'yes' (every condition agrees, none unmeasurable), 'no', the preprocessing split it names, or '-' when the
-    run judged one condition (nothing was compared)."""
+    """'yes' (every condition agrees, none unmeasurable), 'no', the preprocessing and schedule splits it names, or '-'
+    when the run judged one condition (nothing was compared)."""
     if len(_outcomes(claim)) < 2:
         return "-"
     if claim["robust"]:
         return "yes"
     split = claim.get("preprocessing_split") or {}
-    return "no" + "".join(f"; underdetermined (preprocessing) under {p}: "
-                          + ", ".join(f"{pre} {v}" for pre, v in per.items()) for p, per in split.items())
+    schedule = claim.get("schedule_split") or {}
+    return ("no" + "".join(f"; underdetermined (preprocessing) under {p}: "
+                           + ", ".join(f"{pre} {v}" for pre, v in per.items()) for p, per in split.items())
+            + "".join(f"; underdetermined (schedule) under {c}: " + ", ".join(f"{lab} {v}" for lab, v in per.items())
+                      for c, per in schedule.items()))
 
 
 def _by_condition_summary(record: dict[str, Any]) -> dict[str, Any]:

@@ -69,28 +69,37 @@ def landscape_unit(**kwargs: Any) -> LandscapeRecord:
 
 def protocol_train(p: PresetSizes, protocol: str, dataset: str | None = None, preprocess: str = "raw"
                    ) -> dict[str, Any]:
-    """The training config (as a dict) of claims protocol `protocol` ("paper" or "proper") at preset `p`:
-    the paper's setup for `paper_epochs`, or the width-consistent protocol up to `epochs` (its rate is the
-    pilot's choice for `dataset` and the input `preprocess`, `empirics.protocols.proper_lr`)."""
-    from empirics.protocols import PAPER, PROPER, protocol_config
+    """The training config (as a dict) of claims protocol `protocol` (`verify.claims.base.CLAIMS_PROTOCOLS`) at
+    preset `p`: the paper's setup for `paper_epochs`, or the width-consistent protocol up to `epochs` (its rate is the
+    pilot's choice for `dataset` and the input `preprocess`, `empirics.protocols.proper_lr`, at the protocol's exponent
+    on the schedule axis where it names one)."""
+    from empirics.protocols import protocol_config
+    from verify.claims.base import claims_protocol
 
-    if protocol == "paper":
-        return asdict(protocol_config(PAPER, p["paper_epochs"]))
-    return asdict(protocol_config(PROPER, p["epochs"], dataset=dataset, preprocess=preprocess))
+    cp = claims_protocol(protocol)
+    return asdict(protocol_config(cp.training, p[cp.epochs_key], dataset=dataset, preprocess=preprocess,
+                                  lr_power=cp.lr_power))
 
 
 def retrain_unit(train: dict[str, Any], **kwargs: Any) -> RetrainRecord:
     """The leave-one-out retraining check under the unit's protocol (`empirics.influence`)."""
     from empirics.influence import ProtocolRetrainConfig, protocol_retrain_study
+    from empirics.protocols import schedule_axis_power
 
-    return protocol_retrain_study(ProtocolRetrainConfig(protocol=train["protocol"], epochs=train["epochs"], **kwargs))
+    power = schedule_axis_power(train, kwargs.get("dataset", "mnist"), kwargs.get("preprocess", "raw"))
+    return protocol_retrain_study(ProtocolRetrainConfig(protocol=train["protocol"], epochs=train["epochs"],
+                                                        **({"lr_power": power} if power is not None else {}),
+                                                        **kwargs))
 
 
 def retrain_flip_unit(train: dict[str, Any], **kwargs: Any) -> RetrainFlipRecord:
     """The retrain-based flip study under the unit's protocol (`empirics.retrain_flip`)."""
+    from empirics.protocols import schedule_axis_power
     from empirics.retrain_flip import RetrainFlipConfig, retrain_flip_study
 
+    power = schedule_axis_power(train, kwargs.get("dataset", "mnist"), kwargs.get("preprocess", "raw"))
     return retrain_flip_study(RetrainFlipConfig(protocol=train["protocol"], epochs=train["epochs"],
+                                                **({"lr_power": power} if power is not None else {}),
                                                 **config_kwargs(kwargs)))
 
 

@@ -160,7 +160,7 @@ def registered_parts(preset_name: str) -> dict[str, Any]:
 
     p = preset(preset_name)
     protocols = {}
-    for name in PROTOCOLS:
+    for name in dict.fromkeys([*PROTOCOLS, *p["protocols"]]):  # a schedule-axis protocol joins where a preset runs it
         cfg = protocol_train(p, name)
         protocols[name] = {"description": DESCRIPTIONS[cfg["protocol"]], "train": cfg}
     from verify.multiplicity import METHOD as MULTIPLICITY

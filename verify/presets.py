@@ -9,8 +9,13 @@
 - `axes`: quick, with proper training judged under both preprocessings (raw pixels and `unit`), so that every
   verdict that depends on the input preprocessing is named ("underdetermined (preprocessing)"): about twice quick
   (its `unit` units are quick's, so `--resume` over a quick run's cache computes only the raw ones).
-- `full`: quick's sizes and seeds under every condition (paper and proper protocols x raw and standardised
-  unit-norm inputs) and with the gd-mse estimand of the NTK rows: hours on a 2-core CPU (README, Presets).
+- `schedule`: quick, with proper training judged under both learning-rate schedules of the schedule axis (the rate's
+  exponent of decrease with width 1/2, quick's, and 1/4, protocol `proper-quarter`, each at its piloted anchor), so
+  that every verdict that depends on the schedule is named ("underdetermined (schedule)", issue 40 item 3): about
+  twice quick (its exponent-1/2 units are quick's, so `--resume` over a quick run's cache computes only the others).
+- `full`: quick's sizes and seeds under every condition (paper and proper protocols, proper at both schedules, x raw
+  and standardised unit-norm inputs) and with the gd-mse estimand of the NTK rows: hours on a 2-core CPU (README,
+  Presets).
 - `paper`: the paper's reported scale (500 epochs, widths to 4096, larger n); meant for a GPU.
 - `gpu`: the decisive experiments at the paper's scale, for one GPU: the NTK-distance sweeps (paper protocol and its
   gd-mse twins) at widths 16-4,096, n = 5,000 and 10 seeds on both data sets, the 10-class and binary flip units at
@@ -27,7 +32,7 @@ from typing import NotRequired, TypedDict
 
 from ntkm.errors import UserInputError
 
-PRESET_NAMES = ("smoke", "quick", "replicate", "axes", "full", "paper", "gpu")
+PRESET_NAMES = ("smoke", "quick", "replicate", "axes", "schedule", "full", "paper", "gpu")
 
 
 class PresetSizes(TypedDict):
@@ -52,7 +57,7 @@ class PresetSizes(TypedDict):
     kappa_ns: tuple[int, ...]
     n_train_by_dataset: dict[str, int]
     preprocessings: tuple[str, ...]
-    #: The claims protocols (`verify.claims.base.PROTOCOLS`) `verify claims` judges every empirical claim under.
+    #: The claims protocols (`verify.claims.base.CLAIMS_PROTOCOLS`) `verify claims` judges every empirical claim under.
     protocols: tuple[str, ...]
     #: Whether each NTK-distance network also gets its gd-mse twin (the co-primary estimand of the NTK rows).
     ntk_gd_mse: bool
@@ -93,7 +98,9 @@ PRESETS: dict[str, PresetSizes] = {
     "quick": _QUICK,
     "replicate": {**_QUICK, "seeds": tuple(range(10, 20))},
     "axes": {**_QUICK, "preprocessings": ("raw", "unit")},
-    "full": {**_QUICK, "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper"), "ntk_gd_mse": True,
+    "schedule": {**_QUICK, "protocols": ("proper", "proper-quarter")},
+    "full": {**_QUICK, "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper", "proper-quarter"),
+             "ntk_gd_mse": True,
              "adv_max_epochs": 100, "retrain_seeds": 10,
              "retrain_flip_sets": ("mnist:10class", "mnist:binary", "cifar10:10class")},
     "paper": {
@@ -128,7 +135,8 @@ PRESET_KEYS = {
                       "model; channel, the standardisation alone, is available to the single commands); each is one "
                       "more run of every empirical unit per protocol",
     "protocols": "claims protocols every empirical claim is judged under (paper: the reported setup; proper: the "
-                 "width-consistent protocol); quick judges proper only, full and paper both",
+                 "width-consistent protocol; proper-quarter: the same at lr exponent 1/4, the schedule axis); quick "
+                 "judges proper only, schedule proper at both exponents, full all three, paper paper and proper",
     "retrain_seeds": "retrain seeds of the retrain-based flip rows (each point's actual effect is measured under every "
                      "seed, so that its seed-to-seed noise is known): 3 unless given (their cost grows linearly; "
                      "README, Presets)",

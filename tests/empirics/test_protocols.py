@@ -141,7 +141,7 @@ def test_pilot_records_are_what_the_protocol_uses():
     import json
     from pathlib import Path
 
-    from empirics.protocols import LR_REF_WIDTH, PILOT_RECORDS, PROPER_LR
+    from empirics.protocols import LR_POWERS, LR_REF_WIDTH, PILOT_RECORDS, PROPER_LR, PROPER_LR_BY_POWER, proper_lr
 
     root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("pilot_lr", root / "scripts" / "pilot_lr.py")
@@ -159,6 +159,10 @@ def test_pilot_records_are_what_the_protocol_uses():
                        and r["preprocess"] == pre for r in block["runs"])
             chosen = pilot.choose(block["runs"])["chosen"]
             assert chosen == block["chosen"] and (chosen["lr16"], chosen["power"]) == PROPER_LR[pre][ds]
+            for power in LR_POWERS:  # the schedule axis: each exponent's anchor by the same rule on its own runs
+                own = pilot.choose([r for r in block["runs"] if r["power"] == power])["chosen"]
+                assert own == {"lr16": PROPER_LR_BY_POWER[pre][ds][power], "power": power}
+                assert proper_lr(ds, pre, power) == (own["lr16"], power)
 
 
 def test_pilot_rule_prefers_more_adequate_cells_then_lower_loss():

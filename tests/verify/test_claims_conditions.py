@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from empirics.protocols import proper_lr
 from verify.claims import PROTOCOLS, Claim, Outcome, Verdict, claim_row, claim_units, conditions, units
-from verify.claims.base import HOLDS, NA, NOT, PREPROCESSINGS
+from verify.claims.base import CLAIMS_PROTOCOLS, HOLDS, NA, NOT, PARTLY, PREPROCESSINGS, claims_protocol
 from verify.experiments import units_for
 from verify.presets import PRESET_NAMES, preset
 
@@ -24,7 +24,8 @@ def test_one_unit_per_condition_with_the_preprocessing_in_its_config():
     for name in PRESET_NAMES:  # raw first (the headline and `by_protocol` are raw's), only what the claims know
         pres = preset(name)["preprocessings"]
         assert ("raw" not in pres or pres[0] == "raw") and set(pres) <= set(PREPROCESSINGS), name
-        assert set(preset(name)["protocols"]) <= set(PROTOCOLS) and preset(name)["protocols"], name
+        assert set(preset(name)["protocols"]) <= set(CLAIMS_PROTOCOLS) and preset(name)["protocols"], name
+        assert any(claims_protocol(p).varies is None for p in preset(name)["protocols"]), name  # a headline
     assert preset("smoke")["preprocessings"] == ("raw",)
     both = [n for n in PRESET_NAMES if {"raw", "unit"} <= set(preset(n)["preprocessings"])]
     assert both  # the issue: every empirical claim is also run on standardised inputs
@@ -134,3 +135,74 @@ def test_agreement_everywhere_is_robust_and_raw_only_is_as_before():
     missing = claim_row(_claim(), {"u@paper": {"v": "holds"}, "u@proper": {"v": "holds"}}, ("raw", "channel"))
     assert missing["by_condition"]["proper+channel"]["verdict"] == "not measurable here"
     assert "u@proper+channel was not run" in missing["by_condition"]["proper+channel"]["protocol"]
+
+
+def _schedule_results(half: Verdict, quarter: Verdict) -> dict:
+    return {units.at("u", "proper", "unit"): {"v": half.value}, units.at("u", "proper-quarter", "unit"):
+            {"v": quarter.value}}
+
+
+def test_the_schedule_axis_makes_underdetermined_where_the_exponents_disagree():
+    """Issue 40 item 3: the headline stays proper training at exponent 1/2; where exponent 1/4 gives another measured
+    verdict it is "underdetermined (schedule)" naming both; agreement is robust; 'not measurable' is no split."""
+    p = preset("schedule")
+    pres, protos = p["preprocessings"], p["protocols"]
+    split = claim_row(_claim(), _schedule_results(HOLDS, NOT), pres, protos)
+    assert split["verdict"] == "underdetermined" and split["label"] == "underdetermined (schedule)"
+    assert "lr exponent 1/4: does not hold" in split["ours"] and "proper training: holds" in split["ours"]
+    assert list(split["schedule_split"]) == ["proper+unit"] and list(split["by_protocol"]) == list(protos)
+    same = claim_row(_claim(), _schedule_results(PARTLY, PARTLY), pres, protos)
+    assert same["verdict"] == PARTLY.value and same["robust"] and not same["schedule_split"]
+    na = claim_row(_claim(), _schedule_results(HOLDS, NA), pres, protos)
+    assert na["verdict"] == HOLDS.value and not na["schedule_split"] and not na["robust"]
+    assert claim_row(_claim(), _schedule_results(NOT, HOLDS), pres, ("proper",))["verdict"] == NOT.value
+
+
+def test_schedule_units_train_at_their_exponent_and_the_rest_is_quick():
+    made, quick = units_for("schedule"), units_for("quick")
+    quarter = {n: u for n, u in made.items() if "@proper-quarter" in n}
+    assert quarter and set(made) - set(quarter) == set(quick)
+    assert all(made[n].config == quick[n].config for n in quick)  # exponent 1/2: quick's units, quick's cache keys
+    for name, unit in quarter.items():
+        twin = quick[name.replace("@proper-quarter", "@proper")]
+        assert unit.config["train"]["lr_width_power"] == 0.25 and twin.config["train"]["lr_width_power"] == 0.5
+        assert {**unit.config, "train": twin.config["train"]} == twin.config  # nothing else differs
+
+
+def test_an_unknown_claims_protocol_is_one_line():
+    import pytest
+
+    from ntkm.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="proper-quarter"):
+        claims_protocol("proper-tenth")
+
+
+def test_the_reports_label_every_claims_protocol_as_the_registry_does():
+    from reports.claims_report import CONDITION_LABELS
+
+    assert CONDITION_LABELS == {name: c.label for name, c in CLAIMS_PROTOCOLS.items()}
+
+
+def test_a_schedule_run_trains_each_exponent_and_records_both(tmp_path, monkeypatch):
+    """The schedule axis end to end at smoke sizes: the retrain study (which rebuilds its training config from the
+    protocol's name) trains at exponent 1/4 under `proper-quarter` and at 1/2 under `proper`, and the record has both
+    conditions, the schedule split field and the protocol's description."""
+    import json
+
+    from verify import presets
+    from verify.cli import main
+
+    both = {**presets.PRESETS["smoke"], "protocols": ("proper", "proper-quarter")}
+    monkeypatch.setitem(presets.PRESETS, "smoke", both)
+    out = tmp_path / "out"
+    assert main(["claims", "--preset", "smoke", "--only", "influence-retrain", "--out", str(out), "--no-pdf",
+                 "--jobs", "1"]) == 0
+    rec = json.loads((out / "claims.json").read_text())
+    row = next(c for c in rec["claims"] if c["id"] == "influence-retrain")
+    assert list(row["by_condition"]) == ["proper", "proper-quarter"] and "schedule_split" in row
+    assert "lr exponent 0.25" in rec["protocols"]["proper-quarter"]["description"]
+    # the study's own config: the primary schedule needs no exponent (its record as before the axis), the variant 1/4
+    for cond, power in (("proper", "null"), ("proper-quarter", "0.25")):
+        assert f'"lr_power": {power}' in json.dumps(rec["results"][f"influence-retrain:relu@{cond}"]), cond
+

@@ -11,6 +11,7 @@ import pytest
 from verify.cli import main
 from verify.experiments import units_for
 from verify.plan import _ranges
+from verify.presets import preset
 
 #: Claims whose units are quick to compute (the theory checks, kappa on MNIST).
 CHEAP = "thm4.1,kappa-mnist"
@@ -107,7 +108,8 @@ def test_quick_plans_no_new_retrain_flip_unit_and_names_the_rows_it_does_not_run
                  "flip-retrain-cifar10", "--json", "-"]) == 0
     full = json.loads(capsys.readouterr().out)
     est = {r["unit"]: r["estimated_s"] for r in full["units"]}
-    assert len(est) == 3 * 2 * 4 and "not_run" not in full and all(s > 0 for s in est.values())
+    conds = len(preset("full")["protocols"]) * len(preset("full")["preprocessings"])  # 3 x 2 (with the schedule axis)
+    assert len(est) == 3 * 2 * conds and "not_run" not in full and all(s > 0 for s in est.values())
     for cond in ("paper", "proper+unit"):
         assert est[f"flip-retrain:cifar10:10class:attn@{cond}"] > est[f"flip-retrain:attn@{cond}"]
         assert est[f"flip-retrain:mnist:binary:attn@{cond}"] == pytest.approx(est[f"flip-retrain:attn@{cond}"],

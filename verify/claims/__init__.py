@@ -24,6 +24,7 @@ from verify.claims.base import (
     PartlyAs,
     Results,
     Verdict,
+    claims_protocol,
     not_run_reason,
     unavailable,
 )
@@ -114,6 +115,23 @@ def preprocessing_splits(by_condition: dict[str, dict[str, Any]],
     return out
 
 
+def schedule_splits(by_condition: dict[str, dict[str, Any]], preprocessings: tuple[str, ...],
+                    protocols: Iterable[str] = PROTOCOLS) -> dict[str, dict[str, str]]:
+    """Per preprocessing, the verdicts of a protocol and of its schedule-axis variant (`CLAIMS_PROTOCOLS[...].varies`)
+    where both were measured and they differ (issue 40 item 3), keyed by the varied protocol and preprocessing."""
+    out = {}
+    for v in protocols:
+        base = claims_protocol(v).varies
+        if base is None or base not in protocols:
+            continue
+        for pre in preprocessings:
+            pair = {p: by_condition.get(units.condition(p, pre), {}).get("verdict") for p in (base, v)}
+            measured = {x for x in pair.values() if x is not None and x != NA.value}
+            if len(measured) > 1:
+                out[units.condition(base, pre)] = {claims_protocol(p).label: x for p, x in pair.items()}
+    return out
+
+
 def claim_row(claim: Claim, results: Results, preprocessings: Iterable[str] = ("raw",),
               protocols: Iterable[str] = PROTOCOLS) -> dict[str, Any]:
     """One row of the claims table. An empirical claim carries one outcome per condition (protocol x
@@ -134,15 +152,25 @@ def claim_row(claim: Claim, results: Results, preprocessings: Iterable[str] = ("
     by_condition = {units.condition(p, pre): _outcome_dict(evaluate_claim(claim, results, p, pre))
                     for p, pre in conditions(pres, protos)}
     per = {p: by_condition[units.condition(p, pres[0])] for p in protos}
-    head = per[protos[-1]]
+    main = [p for p in protos if claims_protocol(p).varies is None]
+    lead = main[-1] if main else protos[-1]
+    head = per[lead]
     splits = preprocessing_splits(by_condition, pres, protos)
-    if protos[-1] in splits:
-        named = "; ".join(f"{pre}: {v}" for pre, v in splits[protos[-1]].items())
+    by_schedule = schedule_splits(by_condition, pres, protos)
+    if lead in splits:
+        named = "; ".join(f"{pre}: {v}" for pre, v in splits[lead].items())
         head = {**head, "verdict": UNDERDETERMINED.value, "label": f"{UNDERDETERMINED.value} (preprocessing)",
-                "partly_as": None, "ours": f"underdetermined (preprocessing), under {protos[-1]} training: {named}",
+                "partly_as": None, "ours": f"underdetermined (preprocessing), under {lead} training: {named}",
                 "condition": "the measured verdicts differ between input preprocessings"}
+    elif units.condition(lead, pres[0]) in by_schedule:
+        named = "; ".join(f"{label}: {v}" for label, v in by_schedule[units.condition(lead, pres[0])].items())
+        head = {**head, "verdict": UNDERDETERMINED.value, "label": f"{UNDERDETERMINED.value} (schedule)",
+                "partly_as": None, "ours": f"underdetermined (schedule), lr exponent 1/2 against 1/4: {named}",
+                "condition": "the measured verdicts differ between the learning-rate schedules (the exponent of the "
+                             "rate's decrease with width)"}
     verdicts = {o["verdict"] for o in by_condition.values()}
     return {**row, **head, "by_protocol": per, "by_condition": by_condition, "preprocessing_split": splits,
+            "schedule_split": by_schedule,
             "robust": len(by_condition) > 1 and len(verdicts) == 1 and Verdict.NA.value not in verdicts}
 
 

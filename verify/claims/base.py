@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 from empirics.vocab import LandscapeVerdict, model_short
+from ntkm.errors import UserInputError
 from theory import checks as theory_checks
 
 #: Unit name -> its result as the cache holds it: the unit's typed record (`verify.runner.Unit.record`), or a dict.
@@ -79,6 +80,40 @@ def verdict_label(verdict: Verdict | str, partly_as: PartlyAs | str | None, axis
 #: The two training protocols of every empirical claim: the paper's reported setup, and one that trains
 #: both networks properly (see `empirics.protocols`). Unit names carry the protocol as `name@protocol`.
 PROTOCOLS = ("paper", "proper")
+
+
+@dataclass(frozen=True)
+class ClaimsProtocol:
+    """A claims protocol: its label in reports, the training protocol of `empirics.protocols` it runs (by name, so
+    that this table imports without torch), which of the preset's epochs bound it, and, for a protocol on the
+    schedule axis (issue 40 item 3), the width-consistent exponent it trains at and the protocol whose verdicts it is
+    compared with (`varies`: their measured verdicts differing make the headline "underdetermined (schedule)")."""
+
+    name: str
+    label: str
+    training: str
+    epochs_key: str
+    lr_power: float | None = None
+    varies: str | None = None
+
+
+#: Every claims protocol a preset may name (`protocols`): the two of `PROTOCOLS` and the schedule axis's other
+#: exponent (the width-consistent protocol at lr exponent 1/4 with its own piloted anchor).
+CLAIMS_PROTOCOLS: dict[str, ClaimsProtocol] = {c.name: c for c in (
+    ClaimsProtocol("paper", "paper protocol", "paper", "paper_epochs"),
+    ClaimsProtocol("proper", "proper training", "width-consistent", "epochs"),
+    ClaimsProtocol("proper-quarter", "proper training, lr exponent 1/4", "width-consistent", "epochs", lr_power=0.25,
+                   varies="proper"),
+)}
+
+
+def claims_protocol(name: str) -> ClaimsProtocol:
+    """The claims protocol called `name`; an unknown name is a one-line error listing them."""
+    try:
+        return CLAIMS_PROTOCOLS[name]
+    except KeyError:
+        raise UserInputError(f"unknown claims protocol '{name}'; choose one of {', '.join(CLAIMS_PROTOCOLS)}") \
+            from None
 #: The input preprocessings every empirical claim may be judged under (`empirics.models.ModelSpec.preprocess`):
 #: raw [0, 1] pixels (the paper's setup as restated), per-channel standardisation, and standardisation then unit
 #: norm (the presets' standardised condition, docs/DEVIATIONS.md D19). Which of them a run uses is the preset's

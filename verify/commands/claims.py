@@ -171,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
     print("  " + "".join(f"{n:<36} " for n in names) + "claim")
     for r in rows:
         if r["empirical"]:
-            split = "  (underdetermined: preprocessing)" if r["preprocessing_split"] else ""
+            split = ("  (underdetermined: preprocessing)" if r["preprocessing_split"] else
+                     "  (underdetermined: schedule)" if r.get("schedule_split") else "")
             print("  " + "".join(f"{r['by_condition'][n]['label']:<36} " for n in names) + r["id"]
                   + ("  (robust)" if r["robust"] else split) + ("  fragile" if r["stability"].get("fragile") else ""))
         else:
@@ -238,14 +239,19 @@ def summary_line(s: dict[str, int]) -> str:
 
 
 def protocol_descriptions(preset_name: str) -> dict[str, Any]:
-    """What the two claims protocols are at this preset (recorded in claims.json and printed in the report)."""
+    """What the claims protocols are at this preset (recorded in claims.json and printed in the report)."""
+    from verify.claims.base import claims_protocol
     from verify.experiments import protocol_train
 
     p = preset(preset_name)
     out = {}
     for name in p["protocols"]:
-        cfg = protocol_train(p, name)
-        out[name] = {"protocol": cfg["protocol"], "description": DESCRIPTIONS[cfg["protocol"]], "train": cfg}
+        cfg, cp = protocol_train(p, name), claims_protocol(name)
+        text = DESCRIPTIONS[cfg["protocol"]]
+        if cp.lr_power is not None:
+            text += (f"; here at lr exponent {cp.lr_power:g} instead, each data set at its own piloted anchor (the "
+                     f"schedule axis: compared with '{cp.varies}')")
+        out[name] = {"protocol": cfg["protocol"], "description": text, "train": cfg}
     return out
 
 
