@@ -159,6 +159,23 @@ def levers(result: dict[str, Any], path: str | Path, per_row: int = 6) -> Path:
     return save_figure(fig, path)
 
 
+def lever_strip(result: dict[str, Any], path: str | Path, count: int = 8) -> Path | None:
+    """The first page's thumbnails: the top `count` levers as they are in your data, each with its class and role
+    (None when the inputs are not images)."""
+    items = result["levers"][:count]
+    shape = result["data"]["image_shape"]
+    if not shape or len(shape) != 3 or not items:
+        return None
+    fig, axes = plt.subplots(1, len(items), figsize=(0.9 * len(items), 1.25), squeeze=False)
+    for ax, it in zip(axes[0], items, strict=True):
+        img, cmap = _image(it["pixels"], shape)
+        ax.imshow(img, cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+        ax.set_title(f"{it['class']}\n{it['role']}", fontsize=6, color="#cf222e" if it["flipped_by"] else "#222")
+        ax.axis("off")
+    fig.tight_layout(w_pad=0.3)
+    return save_figure(fig, path)
+
+
 def _lever_bars(items: list[dict[str, Any]], path: str | Path, estimator: str = "NTK leave-one-out") -> Path:
     fig, ax = plt.subplots(figsize=(7.0, 0.25 * max(4, len(items)) + 0.8))
     labels = [f"#{it['index']} ({it['class']})" for it in items]
@@ -336,6 +353,9 @@ def all_figures(result: dict[str, Any], folder: str | Path) -> dict[str, Path]:
         "levers": levers(result, folder / "levers.png"),
         "spectra": spectra(result, folder / "spectra.png"),
     }
+    strip = lever_strip(result, folder / "lever_strip.png")
+    if strip is not None:
+        out["lever_strip"] = strip
     panels = result.get("panels", {})
     if "by_eps" in panels.get("budget", {}):
         out["budget"] = budget(panels["budget"], folder / "budget.png")

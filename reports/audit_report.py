@@ -113,6 +113,7 @@ def report_context(result: dict[str, Any], figures: dict[str, str], realistic_re
         "model_name": Path(model["path"]).name, "model": model, "data": result["data"], "created": result["created"],
         "risk": risk, "summary": summary, "key_rows": key_rows, "sharp_rows": sharp_rows, "cfg": cfg,
         "n_selected": k, "references_note": refs, "levers": result["levers"], "user": user,
+        "result_lever_classes": result.get("lever_classes") or [],
         "worst_label": worst, "attack_names": [a.upper() for a in cfg["attacks"]], "diag": result["diagnostics"],
         "definitions": result["definitions"], "fig": figures, "model_rows": model_rows,
         "data_rows": _flat_rows({"train": result["data"]["train"], "test": result["data"]["test"],

@@ -215,6 +215,41 @@ def test_suite_trained_model_audit_end_to_end(data, tmp_path, capsys):
     assert rec["model"]["spec_path"] == str(spec)
 
 
+def test_attributions_are_exported_as_plain_arrays_and_levers_by_class(data, tmp_path, capsys):
+    """`--attributions` (issue 43 item 7): the lead estimator's training x test influence as an .npz that loads
+    without pickle; its row sums are the totals the flip rates rank by, its levers the record's; the record says
+    what the file is; the per-class table counts the levers against the classes' shares; --render cannot export."""
+    ds = data["ds"]
+    t = Tensors(torch.as_tensor(ds.x_train), torch.as_tensor(ds.y_train), torch.as_tensor(ds.x_test),
+                torch.as_tensor(ds.y_test), 10)
+    tr = train_network(ModelSpec("relu", 784, 32, 10), t, TrainConfig(epochs=2))
+    weights, _ = save_model(tr.model, tmp_path / "relu.safetensors")
+    out = tmp_path / "relu.pdf"
+    code, stdout, err = _audit(["--model", str(weights), "--train", data["train"], "--test", data["test"], *SMALL,
+                                *NO_PANELS, "--no-reference", "--out", str(out), "--json", "--html",
+                                "--attributions"], capsys)
+    assert code == 0, err
+    rec = json.loads(out.with_suffix(".json").read_text())
+    npz = np.load(tmp_path / "relu-attributions.npz", allow_pickle=False)
+    user = rec["models"]["user"]
+    assert npz["influence"].shape == (60, 20) == tuple(rec["attributions"]["shape"])
+    assert rec["attributions"] == {"estimator": user["estimator"], "shape": [60, 20], "file": "relu-attributions.npz"}
+    np.testing.assert_allclose(npz["influence"].sum(axis=1), user["estimator_total"], rtol=1e-12, atol=1e-15)
+    assert npz["levers"].tolist() == user["selected"] and str(npz["estimator"]) == user["estimator"]
+    y = npz["train_labels"]
+    classes = rec["lever_classes"]
+    assert sum(c["levers"] for c in classes) == len(user["selected"])
+    for c in classes:
+        assert c["levers"] == int(np.sum(y[user["selected"]] == c["label"])) == c["helpful"] + c["harmful"]
+        assert c["share_of_training"] == pytest.approx(np.mean(y == c["label"]))
+        assert c["over"] == pytest.approx(c["share_of_levers"] / c["share_of_training"])
+    assert "Where the levers lie" in out.with_suffix(".html").read_text()
+    assert "relu-attributions.npz" in stdout
+    code, _, err = _audit(["--render", str(out.with_suffix(".json")), "--out", str(tmp_path / "again.pdf"),
+                           "--attributions"], capsys)
+    assert code == 2 and "rerun the audit with --attributions" in err
+
+
 def test_report_rerenders_from_json_and_survives_missing_weasyprint(cnn_report, tmp_path, capsys, monkeypatch):
     import reports.render as render
 

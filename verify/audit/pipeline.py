@@ -120,6 +120,34 @@ def _levers(user: dict[str, Any], split: Split, cfg: AuditConfig) -> list[dict[s
     return out
 
 
+def lever_classes(user: dict[str, Any], split: Split) -> list[dict[str, Any]]:
+    """Where the levers lie (issue 43 item 7): for each class, how many of the top-k training points by |influence|
+    of the lead estimator (`user["selected"]`) belong to it, helpful and harmful, beside its share of the training
+    set; `over` is the ratio of the two shares (above 1: the class holds more of the levers than of the data)."""
+    y = np.asarray(split.y)
+    total = np.asarray(user["estimator_total"])
+    sel = np.asarray(user["selected"], dtype=int)
+    rows = []
+    for c in np.unique(y):
+        mine = sel[y[sel] == c]
+        share, base = len(mine) / max(len(sel), 1), float(np.mean(y == c))
+        rows.append({"label": int(c), "class": split.classes[int(c)] if split.classes and c < len(split.classes)
+                     else str(int(c)), "levers": int(len(mine)), "helpful": int((total[mine] > 0).sum()),
+                     "harmful": int((total[mine] <= 0).sum()), "share_of_levers": share, "share_of_training": base,
+                     "over": share / base if base > 0 else float("nan")})
+    return sorted(rows, key=lambda r: (-r["levers"], r["label"]))
+
+
+def attributions(user: dict[str, Any], ctx: NetworkContext, train: Split, test: Split) -> dict[str, Any]:
+    """The lead estimator's influence of every training point on every test point's loss (training x test; positive:
+    the point helps, removing it raises that loss), for `--attributions` (`write_outputs` saves it as .npz, the JSON
+    record keeps only what it is)."""
+    per = np.asarray(ctx.estimated.per_test[ctx.estimator], dtype=np.float64)
+    return {"estimator": ctx.estimator, "shape": list(per.shape), "influence": per,
+            "train_labels": np.asarray(train.y), "test_labels": np.asarray(test.y),
+            "levers": np.asarray(user["selected"], dtype=np.int64)}
+
+
 def _diagnostics(x: np.ndarray, cfg: AuditConfig, models: dict[str, Any]) -> dict[str, Any]:
     cn = condition_numbers(x.astype(np.float64))
     k1, src1 = (cn["kappa"], "kappa") if math.isfinite(cn["kappa"]) else (cn["kappa_eff"], "kappa_eff")
@@ -388,6 +416,8 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     gate = model_gate(user["test_acc"], test.y, out_dim)
     risk = assess_risk(models, cfg.reference, cfg.eps, gate, panels.get("validity"))
     levers = _levers(user, train, cfg)
+    by_class = lever_classes(user, train)
+    attrib = attributions(user, ctx, train, test)
     for m in models.values():
         m.pop("adversarial_pixels", None)
     diag = _diagnostics(train.x, cfg, models)
@@ -409,6 +439,8 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         "models": models,
         "risk": risk,
         "levers": levers,
+        "lever_classes": by_class,
+        "attributions": attrib,
         "panels": panels,
         "diagnostics": diag,
         "definitions": DEFINITIONS,
@@ -435,6 +467,22 @@ def summary_name(out: Path) -> str:
     return f"{out.stem}-summary.md"
 
 
+def attributions_name(out: Path) -> str:
+    """The exported attributions beside the PDF (`--attributions`): `<stem>-attributions.npz`."""
+    return f"{out.stem}-attributions.npz"
+
+
+#: The member that marks an .npz as this suite's exported attributions (so a stale one may be replaced).
+ATTRIBUTIONS_MARK = "ntkm_audit_attributions"
+
+
+def _save_attributions(path: Path, attrib: dict[str, Any]) -> None:
+    """The lead estimator's per-test influence and what it is, as plain arrays (no pickled objects)."""
+    arrays = {k: np.asarray(v) for k, v in attrib.items() if k not in ("shape", "file")}
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **{ATTRIBUTIONS_MARK: np.asarray(1)}, **arrays)
+
+
 def earlier_audit_file(path: Path) -> bool:
     """Whether an existing file is an earlier audit's output (so it may be removed as stale): a PDF, the
     audit HTML, or an audit JSON record; anything else with that name is left alone."""
@@ -449,14 +497,18 @@ def earlier_audit_file(path: Path) -> bool:
         return b"Training-data malleability audit" in head
     if path.suffix == ".md":
         return head.startswith(SUMMARY_MARKER.encode())
+    if path.suffix == ".npz":
+        return head.startswith(b"PK") and f"{ATTRIBUTIONS_MARK}.npy".encode() in head
     return b'"experiment": "audit"' in head
 
 
 def write_outputs(result: dict[str, Any], out: str | Path, html: bool = False, json_out: bool = False,
-                  summary: bool = False) -> int:
+                  summary: bool = False, attributions: bool = False) -> int:
     """Render everything, stage the PDF (and HTML / JSON) as one output set, then swap it in.
 
-    `summary` adds the Markdown summary for a pull-request comment (`verify.audit.ci.summary_markdown`).
+    `summary` adds the Markdown summary for a pull-request comment (`verify.audit.ci.summary_markdown`);
+    `attributions` the lead estimator's per-test influence as `<stem>-attributions.npz` (the JSON keeps its name and
+    shape; a record re-rendered from JSON has no array to write).
     Returns 0, or `PDF_UNAVAILABLE_EXIT` (3) when weasyprint cannot run: the HTML is then written anyway.
     A stale member of the set (e.g. last run's PDF when this run could make none) is removed, so the
     files beside each other always come from the same run.
@@ -470,8 +522,20 @@ def write_outputs(result: dict[str, Any], out: str | Path, html: bool = False, j
     out = Path(out).expanduser().absolute()
 
     pdf_name, html_name, json_name, md_name = output_members(out)
+    npz_name = attributions_name(out)
+    attrib = result.get("attributions") or {}
+    has_array = isinstance(attrib.get("influence"), np.ndarray)
+    if attributions and not has_array:
+        raise UserInputError("--attributions needs the audit's arrays, which a record re-rendered from JSON does not "
+                             "hold; rerun the audit with --attributions")
+    if attrib:
+        result = {**result, "attributions": {"estimator": str(attrib["estimator"]), "shape": list(attrib["shape"]),
+                                             "file": npz_name if attributions else attrib.get("file")}}
     problem, pdf_ok = "", True
-    with output_set(out.parent, output_members(out), owned=earlier_audit_file, manifest=False) as staged:
+    with output_set(out.parent, (*output_members(out), npz_name), owned=earlier_audit_file,
+                    manifest=False) as staged:
+        if attributions:
+            _save_attributions(staged.path(npz_name), attrib)
         page = render_report(result, REALISTIC_REASON)
         try:
             write_pdf(staged.path(pdf_name), page)

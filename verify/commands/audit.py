@@ -29,7 +29,7 @@ from verify.audit.ci import (
     read_record,
 )
 from verify.audit.config import AUDIT_ATTACKS, PANELS, PEERS, AuditConfig
-from verify.audit.pipeline import output_members, run_audit, summary_name, write_outputs
+from verify.audit.pipeline import attributions_name, output_members, run_audit, summary_name, write_outputs
 from verify.commands.options import Param, choices, options, values
 from verify.outputs import check_members, check_output_dir
 from verify.presets import parse_choices
@@ -60,6 +60,10 @@ class AuditCommandOptions:
     json: bool = field(default=False, metadata={"help": "also write every number as JSON beside the PDF"})
     summary: bool = field(default=False, metadata={
         "help": "also write a Markdown summary for a pull-request comment beside the PDF (OUT-summary.md)"})
+    attributions: bool = field(default=False, metadata={
+        "help": "also export the lead estimator's influence of every training point on every test point's loss "
+                "(training x test; positive: the point helps) with the labels and the levers, as OUT-attributions.npz "
+                "(plain arrays: np.load without pickle)"})
     fail_on: str | None = field(default=None, metadata={
         "help": f"exit {FAIL_ON_EXIT} (after writing every output) when the risk level reaches medium or high, or "
                 "when no level could be issued (not measurable, not validated) (default: never)",
@@ -90,7 +94,8 @@ CONFIG = options(
     "refit_seeds", Param("peers", parse=_peers),
     "outcome_targets", "target_test", "poison_fraction", "curve_attack", "device", "refit_stack",
 )
-ACTION, *OUTPUTS = options(AuditCommandOptions, "action", "out", "html", "json", "summary", "fail_on", "render")
+ACTION, *OUTPUTS = options(AuditCommandOptions, "action", "out", "html", "json", "summary", "attributions", "fail_on",
+                          "render")
 OPTIONS = (ACTION, *CONFIG, *OUTPUTS)
 
 
@@ -126,23 +131,27 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(out.parent, "--out")
     pdf_name, html_name, json_name, md_name = output_members(out)
     check_members(out.parent, [pdf_name, *[n for n, on in ((html_name, args.html), (json_name, args.json),
-                                                          (md_name, args.summary)) if on]])
+                                                          (md_name, args.summary),
+                                                          (attributions_name(out), args.attributions)) if on]])
     if args.render:
         result = read_record(args.render, "--render", schema=False)
         try:
-            code = write_outputs(result, out, html=args.html, json_out=args.json, summary=args.summary)
+            code = write_outputs(result, out, html=args.html, json_out=args.json, summary=args.summary,
+                                 attributions=args.attributions)
         except (KeyError, TypeError, AttributeError, ValueError, IndexError, jinja2.UndefinedError) as exc:
             raise UserInputError(f"--render {args.render} lacks fields this version draws ({exc}); rerun the "
                                  "audit") from None
     else:
         result = run_audit(config_from_args(args))
-        code = write_outputs(result, out, html=args.html, json_out=args.json, summary=args.summary)
+        code = write_outputs(result, out, html=args.html, json_out=args.json, summary=args.summary,
+                             attributions=args.attributions)
     risk = result["risk"]
     user = result["models"]["user"]
     written = [str(out)] if code == 0 else []
     written += [str(out.with_suffix(".html"))] if (args.html or code) else []
     written += [str(out.with_suffix(".json"))] if args.json else []
     written += [str(out.with_name(summary_name(out)))] if args.summary else []
+    written += [str(out.with_name(attributions_name(out)))] if args.attributions else []
     print(f"malleability risk: {risk['level'].upper()} — worst-case flip rate {100 * user['worst_flip_rate']:.1f}% "
           f"({user['worst_attack'].upper()}), random noise {100 * user['baseline']['mean']:.1f}% ± "
           f"{100 * user['baseline']['std']:.1f}%, references {100 * risk['relu_reference']:.1f}% (2L-ReLU) / "
