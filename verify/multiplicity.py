@@ -8,9 +8,11 @@ one-sample t test of its per-seed values; Fieller's interval for a ratio of pair
 paired t test of num - r0 den rejects). Then:
 
 - **Holm** within each claim's deciding tests (family-wise error 0.05 over the intervals one verdict rests on);
-- **Benjamini-Hochberg** across the headline verdicts of the claims judged on seed intervals (the empirical claims
-  and binary-cifar-kappa; false discovery rate 0.05), each claim's
+- **Benjamini-Hochberg** across the headline verdicts of the claims judged on sampled intervals (the empirical
+  claims, over seeds, or over removed points for the influence rows, whose Spearman intervals are tested by Fisher's
+  z and sign shares by the exact binomial test; and binary-cifar-kappa; false discovery rate 0.05), each claim's
   p-value the largest Holm-adjusted p of the tests its verdict needed to reject (a verdict needs all of them).
+  thm4.7-premise is a deterministic computation on fixed images (no sampling): it has no test to adjust.
 
 Both are printed beside the unadjusted verdict ("survives" or "does not survive"); the verdict itself is the
 pre-registered one. A claim whose verdict rests on no rejection (inconclusive, not measurable) has nothing to adjust.
@@ -69,6 +71,31 @@ def point_test(name: str, ci: dict[str, Any] | None, point: float) -> dict[str, 
         return None
     lo, hi = _ends(ci)
     return {"name": name, "point": point, "rejected": bool(lo > point or hi < point), "p": interval_p(ci, point)}
+
+
+def rank_test(name: str, rho: dict[str, Any], n: int, point: float) -> dict[str, Any] | None:
+    """A deciding test on a Spearman correlation over `n` points (the influence rows' bootstrap interval `rho["ci"]`
+    against `point`): rejected where the interval excludes the point, as the rule decides; its p-value from the
+    Fisher z-transform with the Spearman standard error sqrt(1.06 / (n - 3)) (Fieller, Hartley and Pearson 1957), the
+    closed-form test the bootstrap interval approximates. None without an interval or with n < 5."""
+    value, ci = rho.get("value"), rho.get("ci")
+    if ci is None or value is None or not math.isfinite(float(value)) or n < 5:
+        return None
+    r = min(max(float(value), -0.999999), 0.999999)
+    z = (math.atanh(r) - math.atanh(min(max(point, -0.999999), 0.999999))) / math.sqrt(1.06 / (n - 3))
+    lo, hi = float(ci[0]), float(ci[1])
+    return {"name": name, "point": point, "rejected": bool(lo > point or hi < point),
+            "p": float(2 * stats.norm.sf(abs(z)))}
+
+
+def share_test(name: str, k: int, n: int, point: float, ci: Sequence[float]) -> dict[str, Any] | None:
+    """A deciding test on a share of `k` in `n` (its Wilson interval `ci`) against `point`: rejected where the interval
+    excludes it; the exact binomial test's p-value (scipy). None with no points."""
+    if n < 1:
+        return None
+    lo, hi = float(ci[0]), float(ci[1])
+    return {"name": name, "point": point, "rejected": bool(lo > point or hi < point),
+            "p": float(stats.binomtest(int(k), int(n), point).pvalue)}
 
 
 def tests_of(*tests: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -39,6 +39,10 @@ def test_control_rule_reaches_each_verdict(rec, expected):
     assert out.verdict == expected
     if expected != NA:
         assert out.numbers["sign_ci"] == list(wilson(rec.sign_agreement, 24))
+        # its deciding tests (issue 40 item 6): each rejects exactly where the rule's interval excludes its point
+        rho, sign = out.tests
+        assert rho["rejected"] == (rec.spearman["ci"][0] > 0) and sign["rejected"] == (out.numbers["sign_ci"][0] > 0.5)
+        assert (expected == HOLDS) == (rho["rejected"] and sign["rejected"])
 
 
 def _results(flip, retrain_lo: float, control: RetrainRecord) -> dict:

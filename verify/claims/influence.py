@@ -15,6 +15,7 @@ from reports.text import fmt
 from verify.claims import units
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, PartlyAs, Results
 from verify.claims.retrain_flip import FLIP_RETRAIN_UNITS, retrain_flip_verdict, set_units
+from verify.multiplicity import rank_test, share_test, tests_of
 from verify.presets import PresetSizes
 
 MODELS = PAPER_MODELS
@@ -87,9 +88,11 @@ def _retrain_claim() -> Callable[[Results], Outcome]:
                            NA, protocol, numbers, gate=GATE_TEXT)
         lows = [r.spearman["ci"][0] for r in rs.values()]
         verdict = HOLDS if min(lows) > 0.5 else PARTLY if min(lows) > 0 or max(lows) > 0.5 else NOT
+        tests = tests_of(*(rank_test(f"{model_name(m)} Spearman vs {point:g}", r.spearman, len(r.points), point)
+                           for m, r in rs.items() for point in (0.5, 0.0)))
         return Outcome("; ".join(parts), verdict, protocol, numbers, gate=GATE_TEXT,
                        condition=f"lower ends of the Spearman intervals {', '.join(fmt(v) for v in lows)} vs 0.5 and 0",
-                       partly_as=PartlyAs.WEAK if verdict is PARTLY else None)
+                       partly_as=PartlyAs.WEAK if verdict is PARTLY else None, tests=tests)
 
     return evaluate
 
@@ -123,9 +126,12 @@ def control_outcome(r: RetrainRecord) -> Outcome:
         return Outcome(f"not measurable: below the adequacy gate ({r.training['gate']['reason']}). {ours}", NA,
                        protocol, numbers, gate=GATE_TEXT)
     rho_ok, sign_ok = rho["ci"][0] > 0, sign[0] > 0.5
+    tests = tests_of(rank_test("Spearman vs 0", rho, n, 0.0),
+                     share_test("sign agreement vs 50 %", round(r.sign_agreement * n), n, 0.5, sign))
     return Outcome(ours, HOLDS if rho_ok and sign_ok else NOT, protocol, numbers, gate=GATE_TEXT,
                    condition=f"Spearman lower end {fmt(rho['ci'][0])} > 0: {'yes' if rho_ok else 'no'}; sign "
-                             f"agreement lower end {100 * sign[0]:.0f} % > 50 %: {'yes' if sign_ok else 'no'}")
+                             f"agreement lower end {100 * sign[0]:.0f} % > 50 %: {'yes' if sign_ok else 'no'}",
+                   tests=tests)
 
 
 VALIDITY_RULE = ("Influence validity (D23): the flip rates and rankings are NTK leave-one-out influence of the trained "
