@@ -138,7 +138,7 @@ def test_cnn_torchscript_audit_end_to_end(cnn_report):
     out = cnn_report["out"]
     assert out.read_bytes()[:5] == b"%PDF-"
     html = out.with_suffix(".html").read_text()
-    assert html.count("data:image/png;base64,") == 7
+    assert html.count("data:image/png;base64,") == 8  # with the first page's lever thumbnails
     for title in ("(validity)", "Budget curves", "Outcome: what altering", "Planted-poison self-test"):
         assert title in html
     rec = cnn_report["record"]
@@ -151,7 +151,10 @@ def test_cnn_torchscript_audit_end_to_end(cnn_report):
     assert any(abs(a) > 0 for a in panels["validity"]["scatter"]["actual"])  # the re-fits did train the module
     val = panels["validity"]
     own = set(ESTIMATORS) - set(val.get("unscored", {}))
-    assert set(val["lds"]) == own | {p for p in PEERS if installed(p)} and val["best"] in val["lds"]
+    ensembles = {f"ens-{n}" for n in own} if val["ensemble"]["members"] else set()
+    assert len(val["ensemble"]["members"]) == rec["config"]["ensemble"] or val["ensemble"]["skipped"]
+    assert set(val["lds"]) == own | ensembles | {p for p in PEERS if installed(p)} and val["best"] in val["lds"]
+    assert val["lead"] in own  # an ensemble is scored but never leads
     assert all(val["lds"][k]["seconds"] > 0 for k in val["lds"])
     for p in PEERS:
         if not installed(p):

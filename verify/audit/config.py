@@ -92,6 +92,11 @@ class AuditConfig:
     lds_repeats: int = field(default=2, metadata={
         "help": "re-fits of each LDS subset with different seeds: their agreement sets the noise ceiling, their mean "
                 "is the target (default: %(default)s)"})
+    ensemble: int = field(default=3, metadata={"metavar": "K",
+        "help": "ensemble estimators: every estimator of the audit averaged over K full-data re-fits with seeds seed, "
+                "seed + 1, ... (each with its own exact empirical NTK), scored by the validity panel beside the "
+                "others but never leading the flip rates; 0 turns them off; not run where the kernel is projected or "
+                "with --lds-seeds paired (default: %(default)s)"})
     lds_seeds: str = field(default="fresh", metadata={"choices": tuple(SEEDINGS),
         "help": "seeds of the LDS re-fits: fresh (a new seed for every re-fit of every subset, so that subsets share "
                 "no batch order and the repeats' agreement is the noise ceiling's honest input) or paired (every "
@@ -165,6 +170,9 @@ class AuditConfig:
             (self.max_memory_gb > 0, f"--max-memory-gb must be > 0, got {self.max_memory_gb}"),
             (set(self.panels) <= set(PANELS), f"--skip takes panels from {', '.join(PANELS)}"),
             (self.lds_subsets >= 3, f"--lds-subsets must be >= 3, got {self.lds_subsets}"),
+            (self.ensemble == 0 or self.ensemble >= 2,
+             f"--ensemble must be 0 (off) or at least 2 (an average of one re-fit is that re-fit), got "
+             f"{self.ensemble}"),
             (self.lds_repeats >= 2,
              f"--lds-repeats must be >= 2 (the noise ceiling needs two re-fits to compare), got {self.lds_repeats}"),
             (0.0 < self.lds_fraction < 1.0, f"--lds-fraction must be in (0, 1), got {self.lds_fraction}"),

@@ -58,6 +58,7 @@ from theory.conditioning import condition_numbers
 from verify.audit.budget import REALISTIC_REASON, budget_curves
 from verify.audit.ci import summary_markdown
 from verify.audit.config import DEFINITIONS, PANELS, SCHEMA_VERSION, SUMMARY_MARKER, AuditConfig
+from verify.audit.ensemble import Ensembles, ensemble_estimates
 from verify.audit.measure import (
     PROJECTED,
     Estimated,
@@ -268,10 +269,17 @@ def _validate(run: AuditRun, est: Estimated) -> _Refits:
                              "batches") if loaded.static_batch else \
                 st.run("attribution libraries", peer_estimators, model, graph, t, cfg.peers, cfg.seed,
                        lambda g: FlatInput(g, input_shape))
-        others = {**est.per_test, **{k: r.pop("influence") for k, r in peers.items() if r["status"] == OK}}
+        exact = not (isinstance(run.provider, GenericKernels) and isinstance(run.provider.jac, PROJECTED))
+        ens = st.run("ensembles", ensemble_estimates, refit, t, cfg, input_shape, run.max_bytes, cfg.ensemble) \
+            if exact else Ensembles(skipped="the kernel is projected for this model's size: an exact kernel per "
+                                            "member would cost far more than the audit's own")
+        others = {**est.per_test, **ens.per_test,
+                  **{k: r.pop("influence") for k, r in peers.items() if r["status"] == OK}}
         estimates = Estimates(est.per_test["ntk"], est.per_test["gn"], others)
         out["validity"] = st.run("validity", validity_panel, refit, t, estimates, est.accuracy, cfg)
-        estimator_rows(out["validity"], est.seconds, peers, est.skipped)
+        skipped = {**est.skipped, **({"ensembles": ens.skipped} if ens.skipped and cfg.ensemble else {})}
+        estimator_rows(out["validity"], {**est.seconds, **dict.fromkeys(ens.per_test, ens.seconds)}, peers, skipped)
+        out["validity"]["ensemble"] = {"members": ens.seeds, "seconds": ens.seconds, "skipped": ens.skipped}
     return _Refits(out, refit)
 
 

@@ -58,6 +58,7 @@ from empirics.audit_attribution import PEER_LABELS
 from empirics.common import Tensors
 from empirics.progress import log
 from verify.audit.config import AuditConfig
+from verify.audit.ensemble import ENSEMBLE_LABELS
 from verify.audit.measure import FLIP_ESTIMATORS
 from verify.audit.refit import RefitJob, Refitter, labels_of, per_example_loss, refit_adequacy
 from verify.audit.seeding import seeding
@@ -65,7 +66,8 @@ from verify.audit.seeding import seeding
 #: The bar of validation, fixed before any measurement: the lower end of the 95 % interval of an estimator's LDS as a
 #: fraction of the noise ceiling must reach it (half of what a perfect predictor of the re-fits could reach).
 FRACTION_MIN = 0.5
-ESTIMATOR_LABELS = {**FLIP_ESTIMATORS, **PEER_LABELS}
+ESTIMATOR_LABELS = {**FLIP_ESTIMATORS, **PEER_LABELS, **ENSEMBLE_LABELS,
+                    "ensembles": "ensemble estimators (averaged over re-fits)"}
 TRUSTWORTHY, FRAGILE, INCONCLUSIVE, NOT_MEASURABLE = "trustworthy", "fragile", "inconclusive", "not measurable"
 VALIDITY_RULE = ("the lead estimator is the one of NTK leave-one-out, Gauss-Newton and empirical Fisher with the "
                  "highest LDS against the re-fits (ties: the higher lower end of its interval; the noise ceiling is "

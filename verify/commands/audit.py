@@ -90,7 +90,7 @@ CONFIG = options(
     "hessian_points", "bound_eps", "top_k", "seed", "max_memory_gb", "projection_dim", "projection_kind", "data_dir",
     Param("panels", default="", parse=_panels),
     "refit_epochs", "refit_lr", "refit_batch", "train_fn", "lds_subsets", "lds_max_subsets", "lds_repeats",
-    "lds_fraction", "lds_seeds",
+    "lds_fraction", "lds_seeds", "ensemble",
     "refit_seeds", Param("peers", parse=_peers),
     "outcome_targets", "target_test", "poison_fraction", "curve_attack", "device", "refit_stack",
 )

@@ -1,0 +1,94 @@
+"""Ensemble estimators (`verify.audit.ensemble`, issue 43 item 5): each ensemble is the mean over full-data re-fits
+of its estimator, checked against an independent computation (explicit per-example Jacobians by autograd and the P x
+P empirical-Fisher solve on each re-fitted model); the members are never the LDS re-fits they are scored against;
+the designs where an ensemble would score itself, or average one model, run none and say why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from empirics.common import Tensors
+from empirics.gauss_newton import ef_influence_explicit, loss_residuals
+from verify.audit.config import AuditConfig
+from verify.audit.ensemble import PREFIX, ensemble_estimates
+from verify.audit.measure import EF_RIDGE_REL, ESTIMATORS
+from verify.audit.refit import RefitConfig, Refitter
+from verify.audit.seeding import FRESH_OFFSET
+from verify.modelio import FlatInput
+
+
+def _setup(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    n, t, d, c = 24, 6, 5, 3
+    x, xt = torch.rand(n, d, generator=g, dtype=torch.float64), torch.rand(t, d, generator=g, dtype=torch.float64)
+    y, yt = torch.arange(n) % c, torch.arange(t) % c
+    torch.manual_seed(seed)
+    inner = nn.Sequential(nn.Linear(d, 4), nn.Tanh(), nn.Linear(4, c)).double()
+    inner[0].requires_grad_(False)  # a trained linear readout: its NTK is K (x) I_c exactly, the audit's mean form
+    net = FlatInput(inner, (d,))
+    refit = Refitter.for_module(inner, net, RefitConfig(epochs=3, lr=1e-2, batch_size=8), c, (d,))
+    return Tensors(x, y, xt, yt, c), refit, inner, net
+
+
+def _explicit_ef(net: nn.Module, t: Tensors) -> np.ndarray:
+    """Empirical-Fisher influence from explicit per-example output Jacobians (autograd, one example at a time) and the
+    P x P solve, at the audit's ridge rule (`EF_RIDGE_REL` x the mean squared gradient norm)."""
+    params = [p for p in net.parameters() if p.requires_grad]
+
+    def jac(x: torch.Tensor) -> np.ndarray:
+        rows = []
+        for xi in x:
+            out = net(xi[None])[0]
+            per_out = [torch.cat([g.reshape(-1) for g in torch.autograd.grad(out[k], params, retain_graph=True)])
+                       for k in range(out.numel())]
+            rows.append(torch.stack(per_out).detach().numpy())
+        return np.stack(rows)
+
+    J, Jt = jac(t.x_train), jac(t.x_test)
+    with torch.no_grad():
+        r, rt = loss_residuals(net(t.x_train), t.y_train), loss_residuals(net(t.x_test), t.y_test)
+    g = np.einsum("icp,ic->ip", J, r)
+    n = len(g)
+    ridge = EF_RIDGE_REL * float((g * g).sum()) / n
+    return ef_influence_explicit(J, Jt, r, rt, ridge / n)
+
+
+def test_an_ensemble_is_the_mean_of_its_members_estimator():
+    t, refit, inner, net = _setup()
+    before = [p.detach().clone() for p in inner.parameters()]
+    cfg = AuditConfig("model", "train", seed=3)
+    ens = ensemble_estimates(refit, t, cfg, (t.x_train.shape[1],), 1 << 30, 2)
+    assert ens.seeds == [3, 4] and not ens.skipped
+    assert set(ens.per_test) == {f"{PREFIX}{n}" for n in ESTIMATORS}
+    members = []
+    for s in ens.seeds:
+        with refit.fitted(t.x_train, t.y_train, s) as fitted:
+            members.append(_explicit_ef(fitted, t))
+    np.testing.assert_allclose(ens.per_test[f"{PREFIX}ef"], np.mean(members, axis=0), rtol=1e-6, atol=1e-10)
+    assert not np.allclose(members[0], members[1])  # the members differ: an average of two models, not one twice
+    assert all(torch.equal(a, b) for a, b in zip(before, inner.parameters(), strict=True))  # the model restored
+
+
+def test_the_members_are_not_the_lds_refits():
+    cfg = AuditConfig("model", "train", seed=0, ensemble=3)
+    members = [cfg.seed + k for k in range(cfg.ensemble)]
+    assert max(members) < FRESH_OFFSET + cfg.seed  # every fresh LDS seed is at or above the offset
+
+
+@pytest.mark.parametrize("kwargs, why", [({"lds_seeds": "paired"}, "paired"), ({}, "below 2")])
+def test_designs_where_an_ensemble_would_score_itself_or_average_one_model_run_none(kwargs, why):
+    t, refit, _, _ = _setup()
+    members = 3 if kwargs else 1
+    ens = ensemble_estimates(refit, t, AuditConfig("model", "train", **kwargs), (t.x_train.shape[1],), 1 << 30,
+                             members)
+    assert not ens.per_test and why in ens.skipped and refit.count == 0
+
+
+def test_an_ensemble_of_one_is_refused_in_one_line():
+    from ntkm.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="--ensemble"):
+        AuditConfig("model", "train", ensemble=1)
