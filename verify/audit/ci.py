@@ -52,70 +52,36 @@ def reaches(level: str, threshold: str | None) -> bool:
     return RISK_LEVELS.index(level) >= RISK_LEVELS.index(threshold)
 
 
-# --- schema check (the subset of JSON Schema the audit schema uses) -------------------------------------
-
-_TYPES: dict[str, tuple[type, ...]] = {"object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,),
-                                       "null": (type(None),), "integer": (int,), "number": (int, float)}
-_KEYWORDS = {"$schema", "$id", "$defs", "$ref", "title", "description", "type", "properties", "required",
-             "additionalProperties", "items", "enum", "const", "anyOf", "minimum", "maximum", "minItems"}
+# --- schema check (jsonschema, Draft 2020-12) -------------------------------------------------------------------
 
 
-def _is_type(value: Any, name: str) -> bool:
-    if isinstance(value, bool) and name in ("integer", "number"):
-        return False
-    return isinstance(value, _TYPES[name])
+def _message(err: Any) -> str:
+    """One error of the validator as a line naming where in the record it is (`$.risk.level: ...`)."""
+    where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+    kind, want, got = err.validator, err.validator_value, err.instance
+    if kind == "required":
+        missing = [k for k in want if isinstance(got, dict) and k not in got]
+        return "; ".join(f"{where}: missing '{k}'" for k in missing) or f"{where}: {err.message}"
+    if kind == "type":
+        names = [want] if isinstance(want, str) else list(want)
+        return f"{where}: expected {' or '.join(names)}, got {type(got).__name__}"
+    if kind == "const":
+        return f"{where}: expected {want!r}, got {got!r}"
+    if kind == "enum":
+        return f"{where}: {got!r} is not one of {want}"
+    if kind in ("anyOf", "oneOf"):
+        return f"{where}: matches none of the allowed forms"
+    return f"{where}: {err.message}"
 
 
-def schema_errors(value: Any, schema: dict[str, Any], root: dict[str, Any] | None = None,
-                  where: str = "$") -> list[str]:
-    """Where `value` breaks `schema` (empty when it conforms). Supports the keywords in `_KEYWORDS` and
-    refuses any other, so a schema never passes by a keyword being silently ignored."""
-    root = root if root is not None else schema
-    unknown = set(schema) - _KEYWORDS
-    if unknown:
-        raise ValueError(f"schema keyword(s) {sorted(unknown)} at {where} are not supported")
-    if "$ref" in schema:
-        ref = schema["$ref"]
-        if not ref.startswith("#/$defs/"):
-            raise ValueError(f"only local #/$defs/ references are supported, got {ref}")
-        return schema_errors(value, root["$defs"][ref.split("/")[-1]], root, where)
-    if "anyOf" in schema:
-        if all(schema_errors(value, s, root, where) for s in schema["anyOf"]):
-            return [f"{where}: matches none of the allowed forms"]
-        return []
-    errs: list[str] = []
-    types = schema.get("type")
-    if types is not None:
-        names = [types] if isinstance(types, str) else types
-        if not any(_is_type(value, t) for t in names):
-            return [f"{where}: expected {' or '.join(names)}, got {type(value).__name__}"]
-    if "enum" in schema and value not in schema["enum"]:
-        errs.append(f"{where}: {value!r} is not one of {schema['enum']}")
-    if "const" in schema and value != schema["const"]:
-        errs.append(f"{where}: expected {schema['const']!r}, got {value!r}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            errs.append(f"{where}: {value} < minimum {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errs.append(f"{where}: {value} > maximum {schema['maximum']}")
-    if isinstance(value, dict):
-        errs += [f"{where}: missing '{k}'" for k in schema.get("required", []) if k not in value]
-        props = schema.get("properties", {})
-        extra = schema.get("additionalProperties", True)
-        for k, v in value.items():
-            if k in props:
-                errs += schema_errors(v, props[k], root, f"{where}.{k}")
-            elif extra is False:
-                errs.append(f"{where}: unexpected '{k}'")
-            elif isinstance(extra, dict):
-                errs += schema_errors(v, extra, root, f"{where}.{k}")
-    if isinstance(value, list):
-        if len(value) < schema.get("minItems", 0):
-            errs.append(f"{where}: fewer than {schema['minItems']} items")
-        if "items" in schema:
-            for i, v in enumerate(value):
-                errs += schema_errors(v, schema["items"], root, f"{where}[{i}]")
-    return errs
+def schema_errors(value: Any, schema: dict[str, Any]) -> list[str]:
+    """Where `value` breaks `schema` (empty when it conforms), by the jsonschema library's Draft 2020-12 validator
+    (the schema itself is checked first: a malformed schema is a `jsonschema.SchemaError`, never a silent pass)."""
+    from jsonschema import Draft202012Validator
+
+    Draft202012Validator.check_schema(schema)
+    errors = sorted(Draft202012Validator(schema).iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
+    return [_message(e) for e in errors]
 
 
 _RECORD_SHAPE: dict[str, type | tuple[type, ...]] = {
