@@ -301,7 +301,13 @@ def label(outcome: dict[str, Any]) -> str:
 HEADLINE_CHARS = 110
 
 
-def _headline(ours: str) -> str:
+def _headline(ours: str, tests: list[dict[str, Any]] | None = None) -> str:
+    """The bottom line's number: the first deciding test's estimate and interval where the rule records them (the
+    number the verdict rests on, e.g. the NTK distance's slope, not the distances), else the first clause of "ours"."""
+    shown = next((t for t in tests or [] if t.get("interval") and t.get("estimate") is not None), None)
+    if shown is not None:
+        lo, hi = shown["interval"]
+        return f"{shown['name']}: {fmt(shown['estimate'])} [{fmt(lo)}, {fmt(hi)}] (vs {shown['point']:g})"
     first = ours.split("; ")[0]
     return first if len(first) <= HEADLINE_CHARS else first[:HEADLINE_CHARS - 1].rstrip() + "…"
 
@@ -314,13 +320,15 @@ def multiplicity_cell(claim: dict[str, Any]) -> str:
 
 def bottom_line(record: dict[str, Any]) -> list[dict[str, str]]:
     """The report's first table (issue 40 item 7), a line per claim: the paper's value, our headline number (the
-    first clause of "ours"), the verdict as labelled with its stability flag, and the multiplicity-adjusted reading."""
+    deciding test's estimate and interval, else the first clause of "ours"), the verdict as labelled with its
+    stability flag, and the multiplicity-adjusted reading."""
     out = []
     for c in record["claims"]:
         st = c.get("stability") or {}
         stab = ("fragile" if st.get("fragile") else f"stable ({st['bootstrap_agreement']:.2f})"
                 if st.get("computable") else "-")
-        out.append({"id": c["id"], "paper": c["paper"], "ours": _headline(c["ours"]), "verdict": label(c),
+        out.append({"id": c["id"], "paper": c["paper"], "ours": _headline(c["ours"], c.get("tests")),
+                    "verdict": label(c),
                     "vclass": c["verdict"], "stability": stab, "multiplicity": multiplicity_cell(c)})
     return out
 

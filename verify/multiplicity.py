@@ -70,7 +70,14 @@ def point_test(name: str, ci: dict[str, Any] | None, point: float) -> dict[str, 
     if ci is None:
         return None
     lo, hi = _ends(ci)
-    return {"name": name, "point": point, "rejected": bool(lo > point or hi < point), "p": interval_p(ci, point)}
+    return {"name": name, "point": point, "rejected": bool(lo > point or hi < point), "p": interval_p(ci, point),
+            **_shown(ci.get("value"), lo, hi)}
+
+
+def _shown(value: Any, lo: float, hi: float) -> dict[str, Any]:
+    """The tested estimate and its interval, for the report's bottom line (the number the verdict rests on)."""
+    est = float(value) if isinstance(value, (int, float)) and math.isfinite(float(value)) else None
+    return {"estimate": est, "interval": [lo, hi]}
 
 
 def rank_test(name: str, rho: dict[str, Any], n: int, point: float) -> dict[str, Any] | None:
@@ -85,7 +92,7 @@ def rank_test(name: str, rho: dict[str, Any], n: int, point: float) -> dict[str,
     z = (math.atanh(r) - math.atanh(min(max(point, -0.999999), 0.999999))) / math.sqrt(1.06 / (n - 3))
     lo, hi = float(ci[0]), float(ci[1])
     return {"name": name, "point": point, "rejected": bool(lo > point or hi < point),
-            "p": float(2 * stats.norm.sf(abs(z)))}
+            "p": float(2 * stats.norm.sf(abs(z))), **_shown(value, lo, hi)}
 
 
 def share_test(name: str, k: int, n: int, point: float, ci: Sequence[float]) -> dict[str, Any] | None:
@@ -95,7 +102,7 @@ def share_test(name: str, k: int, n: int, point: float, ci: Sequence[float]) -> 
         return None
     lo, hi = float(ci[0]), float(ci[1])
     return {"name": name, "point": point, "rejected": bool(lo > point or hi < point),
-            "p": float(stats.binomtest(int(k), int(n), point).pvalue)}
+            "p": float(stats.binomtest(int(k), int(n), point).pvalue), **_shown(k / n, lo, hi)}
 
 
 def tests_of(*tests: dict[str, Any] | None) -> list[dict[str, Any]]:

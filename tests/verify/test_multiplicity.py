@@ -118,3 +118,19 @@ def test_the_share_test_is_the_exact_binomial_test_and_reads_its_interval():
     assert not share_test("signs", 10, 20, 0.5, wilson(0.5, 20))["rejected"]
     assert share_test("none", 0, 0, 0.5, (0.0, 1.0)) is None
     assert rank_test("few", {"value": 0.9, "ci": [0.5, 1.0]}, 4, 0.0) is None
+
+
+def test_the_bottom_line_shows_the_number_the_verdict_rests_on():
+    """The report's first table shows the first deciding test's estimate and interval (a slope, not the distances),
+    and the first clause of "ours" for a rule without tests; a test keeps its interval's ends and estimate."""
+    from reports.claims_report import bottom_line
+
+    iv = t_interval([-0.12, -0.14, -0.10, -0.13])
+    slope = point_test("function distance slope", iv, 0.0)
+    assert slope["interval"] == [iv["lo"], iv["hi"]] and slope["estimate"] == pytest.approx(-0.1225) < iv["hi"] < 0
+    claims = [{"id": "a", "paper": "-", "ours": "m=16: 285, m=64: 207; more", "verdict": "holds", "label": "holds",
+               "tests": [slope]},
+              {"id": "b", "paper": "-", "ours": "exact; more", "verdict": "holds", "label": "holds", "tests": []}]
+    rows = bottom_line({"claims": claims})
+    assert rows[0]["ours"].startswith("function distance slope: -0.12") and "(vs 0)" in rows[0]["ours"]
+    assert rows[1]["ours"] == "exact"
