@@ -92,3 +92,20 @@ def test_an_ensemble_of_one_is_refused_in_one_line():
 
     with pytest.raises(UserInputError, match="--ensemble"):
         AuditConfig("model", "train", ensemble=1)
+
+
+def test_the_generalised_gauss_newton_estimator_says_why_it_did_not_run(monkeypatch):
+    """Above its exact dual's size limit the estimator is not computed and the panel's unscored rows say why, instead
+    of an interval of NaN; below it, it is computed beside the others."""
+    import verify.audit.measure as measure
+    from empirics.audit_ntk import ModelJacobian
+    from verify.audit.measure import GenericKernels, Network, estimate_network
+
+    t, _, inner, net = _setup()
+    member = Network("m", net, GenericKernels(ModelJacobian(inner, (t.x_train.shape[1],)), 1 << 30), 15, 4)
+    cfg = AuditConfig("model", "train")
+    est = estimate_network(member, t, cfg)
+    assert "ggn" in est.per_test and np.isfinite(est.per_test["ggn"]).all() and not est.skipped
+    monkeypatch.setattr(measure, "GGN_MAX_DIM", len(t.x_train) * t.out_dim - 1)
+    small = estimate_network(member, t, cfg)
+    assert "ggn" not in small.per_test and "above" in small.skipped["ggn"] and "--n" in small.skipped["ggn"]
