@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 from tolerances import F32_ROUNDING, F64_ALGORITHM, F64_ROUNDING, F64_SOLVE, F64_ULPS
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
@@ -246,6 +247,9 @@ def test_attributions_are_exported_as_plain_arrays_and_levers_by_class(data, tmp
         assert c["levers"] == int(np.sum(y[user["selected"]] == c["label"])) == c["helpful"] + c["harmful"]
         assert c["share_of_training"] == pytest.approx(np.mean(y == c["label"]))
         assert c["over"] == pytest.approx(c["share_of_levers"] / c["share_of_training"])
+        exact = stats.binomtest(c["levers"], len(user["selected"]), c["share_of_training"]).pvalue
+        assert c["p"] == pytest.approx(exact)
+        assert c["p"] <= c["p_holm"] <= 1 and c["beyond_chance"] == (c["p_holm"] <= 0.05)
     assert "Where the levers lie" in out.with_suffix(".html").read_text()
     assert "relu-attributions.npz" in stdout
     code, _, err = _audit(["--render", str(out.with_suffix(".json")), "--out", str(tmp_path / "again.pdf"),

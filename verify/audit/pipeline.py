@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy import stats
 
 from empirics.audit_attribution import NOT_APPLICABLE, OK, peer_estimators, unscored
 from empirics.audit_ntk import ModelJacobian
@@ -89,6 +90,7 @@ from verify.modelio import (
     probe_batches,
     sniff_format,
 )
+from verify.multiplicity import ALPHA, holm
 
 REF_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
 
@@ -124,7 +126,9 @@ def _levers(user: dict[str, Any], split: Split, cfg: AuditConfig) -> list[dict[s
 def lever_classes(user: dict[str, Any], split: Split) -> list[dict[str, Any]]:
     """Where the levers lie (issue 43 item 7): for each class, how many of the top-k training points by |influence|
     of the lead estimator (`user["selected"]`) belong to it, helpful and harmful, beside its share of the training
-    set; `over` is the ratio of the two shares (above 1: the class holds more of the levers than of the data)."""
+    set; `over` is the ratio of the two shares (above 1: the class holds more of the levers than of the data), `p`
+    the exact binomial test of its count against its share of the data (scipy), Holm-adjusted across the classes
+    (`p_holm`, `beyond_chance` at 0.05): with few levers a ratio of 2 is often chance."""
     y = np.asarray(split.y)
     total = np.asarray(user["estimator_total"])
     sel = np.asarray(user["selected"], dtype=int)
@@ -135,7 +139,11 @@ def lever_classes(user: dict[str, Any], split: Split) -> list[dict[str, Any]]:
         rows.append({"label": int(c), "class": split.classes[int(c)] if split.classes and c < len(split.classes)
                      else str(int(c)), "levers": int(len(mine)), "helpful": int((total[mine] > 0).sum()),
                      "harmful": int((total[mine] <= 0).sum()), "share_of_levers": share, "share_of_training": base,
-                     "over": share / base if base > 0 else float("nan")})
+                     "over": share / base if base > 0 else float("nan"),
+                     "p": float(stats.binomtest(len(mine), len(sel), base).pvalue) if len(sel) else 1.0})
+    for r, adj in zip(rows, holm([r["p"] for r in rows]), strict=True):
+        r["p_holm"] = adj
+        r["beyond_chance"] = bool(adj <= ALPHA)
     return sorted(rows, key=lambda r: (-r["levers"], r["label"]))
 
 
