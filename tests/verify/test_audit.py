@@ -251,6 +251,11 @@ def test_attributions_are_exported_as_plain_arrays_and_levers_by_class(data, tmp
         assert c["p"] == pytest.approx(exact)
         assert c["p"] <= c["p_holm"] <= 1 and c["beyond_chance"] == (c["p_holm"] <= 0.05)
     assert "Where the levers lie" in out.with_suffix(".html").read_text()
+    from verify.audit.ci import summary_markdown
+
+    dense = [c for c in classes if c["beyond_chance"] and c["over"] > 1]
+    line = next(ln for ln in summary_markdown(rec).splitlines() if "where the levers lie" in ln)
+    assert ("than chance would give" in line) == (not dense) and all(f"class {c['class']}:" in line for c in dense)
     assert "relu-attributions.npz" in stdout
     code, _, err = _audit(["--render", str(out.with_suffix(".json")), "--out", str(tmp_path / "again.pdf"),
                            "--attributions"], capsys)

@@ -182,6 +182,11 @@ def summary_markdown(rec: dict[str, Any]) -> str:
             rows.append(("best estimator against re-fits", f"{best.get('label', val['best'])}: LDS {best['value']:.2f} "
                          f"[{best['lo']:.2f}, {best['hi']:.2f}]; {best['fraction']:.2f} [{best['fraction_lo']:.2f}, "
                          f"{best['fraction_hi']:.2f}] of the ceiling"))
+    dense = [c for c in rec.get("lever_classes", []) if c.get("beyond_chance") and c["over"] > 1]
+    if rec.get("lever_classes"):
+        rows.append(("where the levers lie", "; ".join(
+            f"class {c['class']}: {c['levers']} of {k} levers, {c['over']:.1f}x its share of the data (Holm p "
+            f"{c['p_holm']:.2g})" for c in dense) or "no class holds more of the levers than chance would give"))
     bud = panels.get("budget", {})
     if bud.get("breaking_label"):
         rows.append(("breaking budget", str(bud["breaking_label"])))
