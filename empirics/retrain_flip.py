@@ -20,7 +20,14 @@ influence of its kernel machine on the perturbed training set. Here the influenc
    kernel regression; then every sign change counts). The **same-seed pair rate** is the share of (point, seed)
    pairs whose sign changes; the **seed-to-seed rate** is the share of (point, pair of seeds) whose clean effects
    have opposite signs: how often the sign changes with nothing but the seed.
-4. Beside it, the NTK flip rate of the reference network on the same points and perturbations.
+4. **Null from disjoint seed halves** (`halves_null`, with four retrain seeds or more): the flip statistic of step 3
+   between the clean effects of the first and of the second half of the seeds, nothing perturbed: how often "a flip
+   beyond seed noise" appears when only the seed changes (issue 40 item 5).
+5. Beside it, the NTK flip rate of the reference network on the same points and perturbations.
+
+`fixed_context`: the ablation of MLP-Attn's attention context: every retrained network keeps the context of the clean
+full training set (`retrain_model`), so a flip it shows comes from the weights' fit, not from the context the
+perturbed or reduced set would rebuild.
 
 `effect_flips` and `seed_flip_rate` take any (k, R) arrays of effects, so a fit whose leave-one-out is exact
 (kernel regression) checks them against the closed form (tests).
@@ -57,6 +64,7 @@ class RetrainFlipConfig(RetrainSetting):
     attack: str = "pgd"
     attack_steps: int = 10
     seeds: tuple[int, ...] = (0, 1, 2)
+    fixed_context: bool = False
 
     def __post_init__(self) -> None:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -109,6 +117,30 @@ def seed_flip_rate(clean: np.ndarray) -> dict[str, Any]:
     return {"rate": rate, "ci": list(wilson(rate, k * len(pairs))), "n_pairs": k * len(pairs)}
 
 
+def halves_null(clean: np.ndarray, alpha: float = 0.05) -> dict[str, Any] | None:
+    """`effect_flips` between the clean effects (k x R) of the first and of the second half of the seeds (R // 2
+    each; an odd last seed is left out), column i of one half paired with column i of the other: the flip rate that
+    seed noise alone gives. None with fewer than four seeds (a half needs two for its noise threshold)."""
+    clean = np.asarray(clean, dtype=np.float64)
+    h = clean.shape[1] // 2
+    if h < 2:
+        return None
+    out = effect_flips(clean[:, :h], clean[:, h:2 * h], alpha)
+    return {**out, "seeds_per_half": h}
+
+
+def retrain_model(spec: Any, x_set: torch.Tensor, clean: torch.Tensor, fixed_context: bool, device: str) -> Any:
+    """A network to retrain on `x_set` (a training set, perturbed or reduced): preprocessing statistics from the clean
+    training set `clean`, and, with `fixed_context`, the attention context of the clean set as well (the ablation;
+    a kind without a context ignores it)."""
+    from empirics.models import build_model
+
+    net = build_model(spec, x_set, device=device, reference=clean)
+    if fixed_context:
+        net.set_context(clean)
+    return net
+
+
 def resolved_points(clean: np.ndarray, alpha: float = 0.05) -> int:
     """How many points' mean clean effect lies beyond its seed noise (`noise_threshold` of the effects themselves):
     points whose effect has a sign at all."""
@@ -138,6 +170,7 @@ class RetrainFlipRecord(Record):
     versions: dict[str, Any]
     device: dict[str, Any]
     wall_s: float
+    null_halves: dict[str, Any] | None = None
 
 
 def retrain_flip_study(cfg: RetrainFlipConfig) -> RetrainFlipRecord:
@@ -198,7 +231,7 @@ def retrain_flip_study(cfg: RetrainFlipConfig) -> RetrainFlipRecord:
         for s in cfg.seeds:
             for j, keep in enumerate(keeps):
                 kt = torch.as_tensor(keep, device=x.device)
-                net = build_model(spec(s), xs[kt], device=device, reference=x)  # the clean set's input statistics
+                net = retrain_model(spec(s), xs[kt], x, cfg.fixed_context, device)
                 jobs.append((net, xs[kt], y[kt], tcfg(s), xt, yt, f"flip-retrain {cfg.model} {set_name}"))
                 where.append((set_name, s, j))
     recs = train_many(jobs)
@@ -233,4 +266,11 @@ def retrain_flip_study(cfg: RetrainFlipConfig) -> RetrainFlipRecord:
         "versions": library_versions(),
         "device": {**device_info(), "used": device},
         "wall_s": time.perf_counter() - t0,
+        "null_halves": halves_by_loss(effects["clean"]),
     }))
+
+
+def halves_by_loss(clean: dict[str, Any]) -> dict[str, Any] | None:
+    """`halves_null` of each loss's clean effects (None with fewer than four seeds)."""
+    out = {ln: halves_null(np.array(m)) for ln, m in clean.items()}
+    return None if any(v is None for v in out.values()) else out

@@ -96,7 +96,8 @@ def render() -> str:
                   f"- **registry**: {', '.join(registry_lines(c)) or '(not found)'}",
                   f"- **rule**: {c.rule}"]
         names = sorted({u for p in (PROTOCOLS if c.empirical else (None,)) for u in protocol_units(c, p)})
-        optional = sorted({u for p in (PROTOCOLS if c.empirical else (None,)) for u in optional_units(c, p)})
+        optional = sorted({u for p in (PROTOCOLS if c.empirical else (None,)) for u in optional_units(c, p)}
+                          | set(c.fixed_optional_units))
         for u in names + optional:
             unit = units.get(u)
             how = (f"`verify.experiments.{unit.fn.__name__}` -> {unit_calls(unit.fn)}" if unit is not None

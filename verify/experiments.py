@@ -123,7 +123,13 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     from verify.claims.kappa import kappa_extra_units
     from verify.claims.landscape import landscape_unit_configs
     from verify.claims.malleability import malleability_unit_configs
-    from verify.claims.retrain_flip import RETRAIN_FLIP_SETS, flip_retrain_unit_configs
+    from verify.claims.retrain_flip import (
+        CONTROL_PROTOCOL,
+        RETRAIN_FLIP_SETS,
+        companion_units,
+        flip_control_unit_config,
+        flip_retrain_unit_configs,
+    )
     from verify.claims.variants import variant_unit_configs
 
     p = preset(preset_name)
@@ -149,8 +155,14 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     empirical.update({k: (v, landscape_unit, LandscapeRecord) for k, v in landscape_unit_configs(p, data_dir).items()})
     empirical.update({k: (v, retrain_unit, RetrainRecord) for k, v in retrain_unit_configs(p, data_dir).items()})
     empirical.update({k: (v, retrain_flip_unit, RetrainFlipRecord)
-                      for k, v in flip_retrain_unit_configs(p, data_dir,
-                                                            RETRAIN_FLIP_SETS if every_set else None).items()})
+                      for k, v in flip_retrain_unit_configs(p, data_dir, RETRAIN_FLIP_SETS if every_set else None,
+                                                            True if every_set else None).items()})
+    if every_set or companion_units(p):
+        flip_control = {**flip_control_unit_config(p, data_dir),
+                        "train": asdict(protocol_config(CONTROL_PROTOCOL, p["epochs"])),
+                        **({"device": device} if device else {})}
+        units[names.FLIP_RETRAIN_CONTROL] = Unit(names.FLIP_RETRAIN_CONTROL, flip_control, retrain_flip_unit,
+                                                 RetrainFlipRecord)
     kinds = {"distance": distance, "malleability": malleability}
     empirical.update({k: (v, *kinds[kind]) for k, (kind, v) in variant_unit_configs(p, data_dir).items()})
     for protocol in p.get("protocols", PROTOCOLS):
@@ -177,17 +189,17 @@ def not_run_units(preset_name: str, data_dir: str | None = None, device: str | N
     (`verify.costs.CALIBRATED`, seconds of one core)."""
     from verify import costs
     from verify.claims.base import PROTOCOLS
-    from verify.claims.retrain_flip import RETRAIN_FLIP_SETS, retrain_flip_sets, set_units
+    from verify.claims.retrain_flip import RETRAIN_FLIP_SETS, companion_units, retrain_flip_sets, set_units
     from verify.presets import PRESET_NAMES, PRESETS
 
     p = preset(preset_name)
     every = units_for(preset_name, data_dir, device, every_set=True)
     out: dict[str, str] = {}
-    if "runs" in p:  # a preset of selected units (gpu): every other unit is not run, and says where it runs
+    if "runs" in p:  # a preset of selected units (gpu, powered): every other unit is not run, and says where it runs
         for name in every:
             if name.split("@")[0] not in p["runs"]:
-                out[name] = (f"not run at preset {preset_name} (its units are the decisive GPU experiments; this row "
-                             "runs at quick, full and paper)")
+                out[name] = (f"not run at preset {preset_name} ({p.get('runs_why', 'it runs selected units')}; this "
+                             "row runs at quick, full and paper)")
     for key in RETRAIN_FLIP_SETS:
         if key in retrain_flip_sets(p):
             continue
@@ -202,4 +214,12 @@ def not_run_units(preset_name: str, data_dir: str | None = None, device: str | N
                 reason = (f"not run at preset {preset_name} ({runs}; {_about(seconds)} of one core here by the cost "
                           "model)")
                 out.update(dict.fromkeys(row, reason))
+    if not companion_units(p):  # the powered design's ablation and positive control
+        where = [n for n in PRESET_NAMES if companion_units(PRESETS[n])]
+        reason = (f"not run at preset {preset_name} (the powered retrain-based flip design's companion; runs at "
+                  f"{', '.join(where)})")
+        out[names.FLIP_RETRAIN_CONTROL] = reason
+        for protocol in p.get("protocols", PROTOCOLS):
+            for pre in p["preprocessings"]:
+                out[names.at(names.flip_retrain_fixed(), protocol, pre)] = reason
     return out

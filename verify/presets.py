@@ -13,6 +13,10 @@
   exponent of decrease with width 1/2, quick's, and 1/4, protocol `proper-quarter`, each at its piloted anchor), so
   that every verdict that depends on the schedule is named ("underdetermined (schedule)", issue 40 item 3): about
   twice quick (its exponent-1/2 units are quick's, so `--resume` over a quick run's cache computes only the others).
+- `powered`: the powered retrain-based flip study of MNIST 10 classes alone, in quick's condition (issue 40 item 5):
+  n = 500, the top points the power simulation asks for (80), 10 retrain seeds, with the fixed-context ablation and
+  the gd-mse positive control; every other row says it was not run here. Priced by `--plan` (days on a 2-core CPU; a
+  GPU preset's work).
 - `full`: quick's sizes and seeds under every condition (paper and proper protocols, proper at both schedules, x raw
   and standardised unit-norm inputs) and with the gd-mse estimand of the NTK rows: hours on a 2-core CPU (README,
   Presets).
@@ -32,7 +36,7 @@ from typing import NotRequired, TypedDict
 
 from ntkm.errors import UserInputError
 
-PRESET_NAMES = ("smoke", "quick", "replicate", "axes", "schedule", "full", "paper", "gpu")
+PRESET_NAMES = ("smoke", "quick", "replicate", "axes", "schedule", "powered", "full", "paper", "gpu")
 
 
 class PresetSizes(TypedDict):
@@ -70,9 +74,15 @@ class PresetSizes(TypedDict):
     #: The data sets and tasks (`DATASET:TASK`) whose retrain-based flip rows run, where not MNIST 10 classes alone
     #: (`verify.claims.retrain_flip.RETRAIN_FLIP_SETS`); the rows of the others say they were not run here.
     retrain_flip_sets: NotRequired[tuple[str, ...]]
+    #: The retrain-based flip design (`verify.claims.retrain_flip.DESIGNS`), where not `small`: `powered` is sized by
+    #: the power simulation and runs the fixed-context ablation and the gd-mse positive control beside (issue 40
+    #: item 5).
+    retrain_flip_design: NotRequired[str]
     #: The units (base names, before '@') the preset runs, where not every unit (`gpu`); the claims rows of the
     #: others say they were not run at this preset (`verify.experiments.not_run_units`).
     runs: NotRequired[tuple[str, ...]]
+    #: Why a preset of selected units (`runs`) runs only those: the reason every other row prints.
+    runs_why: NotRequired[str]
     #: Seed bootstrap draws of the seed-stability check (`verify.stability`), where not `N_RESAMPLES` (1,000).
     stability_resamples: NotRequired[int]
 
@@ -99,6 +109,9 @@ PRESETS: dict[str, PresetSizes] = {
     "replicate": {**_QUICK, "seeds": tuple(range(10, 20))},
     "axes": {**_QUICK, "preprocessings": ("raw", "unit")},
     "schedule": {**_QUICK, "protocols": ("proper", "proper-quarter")},
+    "powered": {**_QUICK, "retrain_flip_design": "powered", "retrain_seeds": 10,
+                "runs": ("flip-retrain:relu", "flip-retrain:attn", "flip-retrain-fixed:attn", "flip-retrain-control"),
+                "runs_why": "it runs the powered retrain-based flip study of MNIST 10 classes alone"},
     "full": {**_QUICK, "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper", "proper-quarter"),
              "ntk_gd_mse": True,
              "adv_max_epochs": 100, "retrain_seeds": 10,
@@ -109,7 +122,7 @@ PRESETS: dict[str, PresetSizes] = {
         "adv_max_epochs": 100, "landscape_points": 41, "landscape_grid": 21, "hessian_iters": 50,
         "hutchinson_samples": 30, "kappa_ns": (50, 100, 200, 500, 1000, 2000, 5000, 10000), "n_train_by_dataset": {},
         "preprocessings": ("raw", "unit"), "protocols": ("paper", "proper"), "ntk_gd_mse": True, "retrain_seeds": 10,
-        "retrain_flip_sets": ("mnist:10class", "mnist:binary", "cifar10:10class"),
+        "retrain_flip_sets": ("mnist:10class", "mnist:binary", "cifar10:10class"), "retrain_flip_design": "powered",
     },
 }
 PRESETS["gpu"] = {
@@ -118,7 +131,8 @@ PRESETS["gpu"] = {
              "malleability:cifar10:10class", "malleability:mnist:binary", "malleability:cifar10:binary",
              "flip-retrain:relu", "flip-retrain:attn", "flip-retrain:mnist:binary:relu",
              "flip-retrain:mnist:binary:attn", "flip-retrain:cifar10:10class:relu",
-             "flip-retrain:cifar10:10class:attn"),
+             "flip-retrain:cifar10:10class:attn", "flip-retrain-fixed:attn", "flip-retrain-control"),
+    "runs_why": "its units are the decisive GPU experiments",
 }
 #: What each preset key means (printed in the README's preset table).
 PRESET_KEYS = {
@@ -143,8 +157,13 @@ PRESET_KEYS = {
     "retrain_flip_sets": "data sets and tasks whose retrain-based flip rows run (MNIST 10 classes unless given; full "
                          "and paper add binary MNIST and CIFAR-10): a row whose units a preset does not run says so, "
                          "with their estimated cost, as 'not measurable here'",
-    "runs": "the units the preset runs where not all (gpu: the decisive GPU experiments); the others' rows say 'not "
-            "measurable here: not run at preset gpu'",
+    "retrain_flip_design": ("size of the retrain-based flip study: small (n = 100, the top 10 %, its power printed in "
+                            "the row) unless given; powered at powered, paper and gpu (n = 500, the top points the "
+                            "power simulation asks for, 10 retrain seeds, with the fixed-context ablation and the "
+                            "gd-mse positive control beside)"),
+    "runs": "the units the preset runs where not all (gpu: the decisive GPU experiments; powered: the powered "
+            "retrain-based flip study); the others' rows say 'not measurable here: not run at preset gpu'",
+    "runs_why": "why a preset of selected units runs only those, printed in every other row",
     "stability_resamples": "seed bootstrap draws of the seed-stability check of every verdict (verify.stability): "
                            "1,000 unless given; smoke, a test of the machinery with 2 seeds, draws 20",
     "ntk_gd_mse": "whether the NTK-distance sweeps also train every network under gd-mse (the co-primary estimand of "

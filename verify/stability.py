@@ -228,8 +228,9 @@ def retrain_flip_seeds(rec: dict[str, Any]) -> list[int]:
 def resample_retrain_flip(rec: dict[str, Any], positions: Sequence[int], labs: Sequence[int]) -> dict[str, Any]:
     """A retrain-based flip record (`empirics.retrain_flip.retrain_flip_study`): the retrain seeds' columns of every
     effect matrix (points x seeds) and their gates, and the flips, the seed-to-seed rate and the resolved points
-    recomputed (`effect_flips`, `seed_flip_rate`, `resolved_points`). The NTK flip rates (no retrain) are kept."""
-    from empirics.retrain_flip import effect_flips, resolved_points, seed_flip_rate
+    recomputed (`effect_flips`, `seed_flip_rate`, `resolved_points`, `halves_by_loss`). The NTK flip rates (no
+    retrain) are kept."""
+    from empirics.retrain_flip import effect_flips, halves_by_loss, resolved_points, seed_flip_rate
 
     seeds = retrain_flip_seeds(rec)
     effects = {sn: {ln: [[row[p] for p in positions] for row in m] for ln, m in by.items()}
@@ -240,7 +241,8 @@ def resample_retrain_flip(rec: dict[str, Any], positions: Sequence[int], labs: S
     return {**rec, "config": {**rec["config"], "seeds": list(labs)}, "effects": effects, "flips": encode(flips),
             "gates": pick(rec["gates"], seeds, positions, labs),
             "seed_flips": encode({ln: seed_flip_rate(np.array(effects["clean"][ln])) for ln in losses}),
-            "resolved": encode({ln: resolved_points(np.array(effects["clean"][ln])) for ln in losses})}
+            "resolved": encode({ln: resolved_points(np.array(effects["clean"][ln])) for ln in losses}),
+            **({"null_halves": encode(halves_by_loss(effects["clean"]))} if "null_halves" in rec else {})}
 
 
 #: Record class name -> where its seeds are and how to resample them.

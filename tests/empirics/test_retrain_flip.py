@@ -13,6 +13,7 @@ from empirics.malleability import compare, n_top, top_by_abs
 from empirics.retrain_flip import (
     RetrainFlipConfig,
     effect_flips,
+    halves_null,
     noise_threshold,
     resolved_points,
     retrain_flip_study,
@@ -173,3 +174,61 @@ def test_the_study_runs_on_binary_mnist_and_cifar10(dataset, task, model):
     assert len(r.selected) == k and len(r.gates) == 3 * 2 * (k + 1)
     assert all(np.array(r.effects[s]["training"]).shape == (k, 2) for s in ("clean", "attack", "random"))
     assert r.loss == ("squared error" if task == "binary" else "cross-entropy")
+
+
+# ---- the powered study's pieces (issue 40 item 5): the seed-halves null and the fixed-context ablation ----------
+
+def test_the_seed_halves_null_is_the_flip_rule_between_two_halves_of_clean_seeds():
+    rng = np.random.default_rng(3)
+    k, r = 30, 10
+    clean = rng.normal(scale=0.3, size=(k, 1)) + rng.normal(size=(k, r))
+    out = halves_null(clean)
+    direct = effect_flips(clean[:, :5], clean[:, 5:])
+    assert out["flip_rate"] == direct["flip_rate"] and out["seeds_per_half"] == 5
+    assert halves_null(clean[:, :9])["seeds_per_half"] == 4  # an odd last seed is left out
+    assert halves_null(clean[:, :3]) is None  # a half needs two seeds for its noise threshold
+    # no seed noise and the same sign in both halves: nothing flips; the halves disagree beyond noise: all flip
+    same = np.tile(np.linspace(0.5, 1.5, k)[:, None], (1, r))
+    assert halves_null(same)["flip_rate"] == 0.0
+    split = np.hstack([same[:, :5], -same[:, 5:]]) + 1e-3 * rng.normal(size=(k, r))
+    assert halves_null(split)["flip_rate"] == 1.0
+
+
+def test_pure_seed_noise_gives_a_small_seed_halves_null():
+    """Seeds that differ only by noise: the null counts few flips beyond the noise (about the test's size)."""
+    rng = np.random.default_rng(4)
+    rates = [halves_null(rng.normal(scale=0.2, size=(20, 1)) + rng.normal(size=(20, 10)))["flip_rate"]
+             for _ in range(300)]
+    assert np.mean(rates) < 0.08
+
+
+@pytest.mark.parametrize("model", ["attn", "relu"])
+def test_a_fixed_context_retrain_keeps_the_clean_sets_context(model):
+    """The ablation's network on a reduced, perturbed set computes what a network built on the clean set computes
+    with the same weights (the context is the clean set's); without the ablation an attention network's differs."""
+    from empirics.models import ModelSpec, build_model
+    from empirics.retrain_flip import retrain_model
+
+    rng = np.random.default_rng(5)
+    x = torch.as_tensor(rng.normal(size=(12, 6)), dtype=torch.float32)
+    reduced = x[1:] + 0.3 * torch.as_tensor(rng.normal(size=(11, 6)), dtype=torch.float32)
+    spec = ModelSpec(model, 6, 16, 3, seed=0, preprocess="unit")
+    clean_net = build_model(spec, x, reference=x)
+    fixed = retrain_model(spec, reduced, x, True, "cpu")
+    free = retrain_model(spec, reduced, x, False, "cpu")
+    probe = torch.as_tensor(rng.normal(size=(5, 6)), dtype=torch.float32)
+    with torch.no_grad():
+        assert torch.allclose(fixed(probe), clean_net(probe), atol=1e-6)
+        differs = not torch.allclose(free(probe), clean_net(probe), atol=1e-4)
+    assert differs == (model == "attn")
+
+
+def test_the_fixed_context_study_records_its_ablation_and_differs_for_attention():
+    base = dict(model="attn", n_train=30, n_test=20, width=32, epochs=10, tau=0.1, attack_steps=2, seeds=(0, 1, 2, 3),
+                device="cpu", preprocess="unit")
+    free = retrain_flip_study(RetrainFlipConfig(**base))
+    fixed = retrain_flip_study(RetrainFlipConfig(**base, fixed_context=True))
+    assert fixed.config["fixed_context"] and not free.config["fixed_context"]
+    assert fixed.selected == free.selected  # the same reference network and selection
+    assert fixed.null_halves["training"]["seeds_per_half"] == 2
+    assert not np.allclose(fixed.effects["attack"]["training"], free.effects["attack"]["training"])

@@ -74,12 +74,13 @@ def optional_units(claim: Claim, protocol: str | None, preprocess: str = "raw") 
 def claim_units(claim: Claim, preprocessings: Iterable[str] = ("raw",),
                 protocols: Iterable[str] = PROTOCOLS) -> tuple[str, ...]:
     """Every unit a claim needs: its units under each condition (empirical claims), or as written; then its optional
-    units, which a run computes where its preset has them (`verify.experiments.units_for`)."""
+    units and fixed optional units, which a run computes where its preset has them (`verify.experiments.units_for`)."""
     if not claim.empirical:
-        return claim.units + claim.fixed_units + claim.optional_units
+        return claim.units + claim.fixed_units + claim.optional_units + claim.fixed_optional_units
     conds = conditions(preprocessings, protocols)
     return tuple(dict.fromkeys([*(u for p, pre in conds for u in protocol_units(claim, p, pre)),
-                                *(u for p, pre in conds for u in optional_units(claim, p, pre))]))
+                                *(u for p, pre in conds for u in optional_units(claim, p, pre)),
+                                *claim.fixed_optional_units]))
 
 
 def evaluate_claim(claim: Claim, results: Results, protocol: str | None = None, preprocess: str = "raw") -> Outcome:

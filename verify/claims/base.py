@@ -154,7 +154,8 @@ class Claim:
     with `units` resolved to that protocol's units; `fixed_units` are read as named under every condition (a unit
     whose condition is part of its design, such as the influence positive control); `optional_units` are resolved
     like `units` and read where the run has them, their absence no reason for "not measurable here" (a retrain-based
-    flip row of the claim's own data set that a preset does not run)."""
+    flip row of the claim's own data set that a preset does not run); `fixed_optional_units` are read as named where
+    the run has them (a positive control that runs only at the presets of a powered design)."""
 
     id: str
     source: str
@@ -168,6 +169,7 @@ class Claim:
     empirical: bool = False
     fixed_units: tuple[str, ...] = ()
     optional_units: tuple[str, ...] = ()
+    fixed_optional_units: tuple[str, ...] = ()
 
 
 #: The key of a unit result that stands for a unit the preset does not run (`not_run`).

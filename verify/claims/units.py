@@ -58,6 +58,17 @@ def flip_retrain(model: str, dataset: str = "mnist", task: str = "10class") -> s
         f"flip-retrain:{dataset}:{task}:{model}"
 
 
+def flip_retrain_fixed(model: str = "attn") -> str:
+    """The ablation of the retrain-based flip study of MNIST 10 classes: the attention context held fixed (the clean
+    full set's) in every retrain (`empirics.retrain_flip.retrain_model`), one unit per claims condition."""
+    return f"flip-retrain-fixed:{model}"
+
+
+#: The positive control of the retrain-based flip instrument: MLP-Attn under gd-mse on unit-norm MNIST inputs, one
+#: fixed condition like `INFLUENCE_CONTROL` (`verify.claims.retrain_flip.FLIP_CONTROL_RULE`).
+FLIP_RETRAIN_CONTROL = "flip-retrain-control"
+
+
 #: The positive control of the influence instrument: one fixed condition (gd-mse on unit-norm inputs), not one per
 #: claims condition.
 INFLUENCE_CONTROL = "influence-control"
