@@ -7,7 +7,7 @@ are "not measurable here", saying that they were not run at that preset (`verify
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from empirics.protocols import GATE_TEXT, GD_MSE
@@ -238,12 +238,10 @@ def flip_control_outcome(r: RetrainFlipRecord) -> Outcome:
                              f"its larger baseline {100 * base:.0f} %")
 
 
-def _companions(out: Outcome, control: Any, fixed: Any) -> Outcome:
+def _companions(out: Outcome, control: RetrainFlipRecord | None, fixed: RetrainFlipRecord | None) -> Outcome:
     """`out` read with the powered design's companions where the run has them (`FLIP_RETRAIN_RULE`): a positive control
     that does not hold makes it not measurable, one that was not measurable turns a 'holds' into 'partly (not
     validated)'; the fixed-context ablation goes beside."""
-    from dataclasses import replace
-
     extra, numbers = [], dict(out.numbers)
     if isinstance(fixed, RetrainFlipRecord):
         a = fixed.flips["attack"]["training"]
@@ -282,8 +280,8 @@ def _flip_retrain_outcome(rs: dict[str, RetrainFlipRecord]) -> Outcome:
                 f"{cfg['protocol']} (up to {cfg['epochs']} epochs), {cfg['preprocess']} inputs, top {cfg['tau']:g} by "
                 f"|influence| perturbed by {cfg['attack'].upper()} ({cfg['attack_steps']} steps, eps {cfg['eps']:g}); "
                 f"{len(cfg['seeds'])} retrain seeds; effects on the test {rs['attn'].loss}")
-    numbers = {m: {"flips": r.flips, "seed_flips": r.seed_flips, "ntk_flips": r.ntk_flips, "resolved": r.resolved}
-               for m, r in rs.items()}
+    numbers = {m: {"flips": r.flips, "seed_flips": r.seed_flips, "ntk_flips": r.ntk_flips, "resolved": r.resolved,
+                   **({"null_halves": r.null_halves} if r.null_halves else {})} for m, r in rs.items()}
     ours = "; ".join(_network_text(r) + _halves_text(r) for r in rs.values())
     failed = [_gate_failures(r) for r in rs.values()]
     if any(failed):
