@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from types import FrameType, ModuleType
 
+from ntkm import interrupts
 from ntkm.errors import UserInputError
 
 
@@ -60,24 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: Exit codes of an interrupted command, by signal: 128 + the signal number.
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
-_received: list[int] = []
-
-
-def _on_signal(signum: int, frame: FrameType | None) -> None:
-    """SIGINT and SIGTERM alike: remember which came and unwind the command as an interrupt."""
-    _received.append(signum)
-    raise KeyboardInterrupt
-
-
-def install_signal_handlers() -> None:
-    """Handle SIGTERM like SIGINT (main thread only; elsewhere the defaults stay)."""
-    try:
-        for sig in EXIT_CODES:
-            signal.signal(sig, _on_signal)
-    except ValueError:
-        pass
+EXIT_CODES = interrupts.EXIT_CODES
+_received = interrupts.received
+install_signal_handlers = interrupts.install
 
 
 #: Options naming an output folder, by command (checked before the command starts any work).
@@ -117,8 +103,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _interrupted(args: argparse.Namespace) -> int:
-    for sig in EXIT_CODES:
-        signal.signal(sig, signal.SIG_IGN)
+    interrupts.ignore()
     signum = _received[-1] if _received else signal.SIGINT
     name = signal.Signals(signum).name
     if hasattr(args, "resume"):
@@ -168,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_command(argv: list[str] | None) -> int:
     install_signal_handlers()
-    _received.clear()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -180,7 +164,9 @@ def _run_command(argv: list[str] | None) -> int:
     try:
         set_threads()
         _check_args(args)
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        interrupts.checkpoint()
+        return code
     except UserInputError as exc:
         if _received:
             return _interrupted(args)

@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from ntkm import interrupts
 from ntkm.errors import UserInputError
 from ntkm.io import atomic_write_text, parse_json, read_regular
 
@@ -343,6 +344,7 @@ def output_set(folder: str | Path, members: Iterable[str], option: str = "--out"
             yield s
         except OSError as exc:
             raise disk_error(exc, out) from None
+        interrupts.checkpoint()  # a signal a finalizer swallowed still keeps the new set out
         s.commit()
     finally:
         shutil.rmtree(staging, ignore_errors=True)
