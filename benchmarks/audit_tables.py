@@ -4,16 +4,17 @@
 
 For each model the script builds and trains it with the fixed, seeded recipe below (`torch.manual_seed(0)` before
 the model is built; Adam, lr 1e-3, batch 64, a seeded batch order: `benchmarks.bench_audit.train`), saves it as a
-`torch.export` program with a dynamic batch dimension (README, "Auditing your own model", step 1), writes the audited
-images as `train.npz` / `test.npz`, and runs the audit in a child process (`verify.audit.pipeline.run_audit` and
-`write_outputs(..., json_out=True)`, as `benchmarks/bench_audit_resnet.py` does), with `NTKM_THREADS=2` (torch's
-threads, set by `verify.cli.set_threads` as the `verify` command does) and `OPENBLAS_NUM_THREADS=1
-OMP_NUM_THREADS=1 MKL_NUM_THREADS=1` (numpy's BLAS) in its environment. Measured: the child's wall time and its peak
-resident memory (`os.wait4`'s resource usage of that child alone; `getrusage(RUSAGE_CHILDREN)` would be the largest
-of every child so far, the earlier models' audits included). Every panel runs (budget curves, validity, outcome,
-poison), both references are trained, and `--peers` is at its default (kronfluence EK-FAC, KFAC, identity; TRAK)
-for the MLP and the CNN; the ResNet-18 scores kronfluence identity and KFAC only (its EK-FAC and TRAK are measured
-below at 80 and 240 training points and extrapolated, not run at 1,000: about 33 minutes and 15+ GiB more).
+`torch.export` program with a dynamic batch dimension (README, "Auditing your own model", step 1), writes the
+audited images as `train.npz` / `test.npz`, and runs the audit in a child process (`verify.audit.pipeline.run_audit`
+and `verify.audit.files.write_outputs(..., json_out=True)`, as `benchmarks/bench_audit_resnet.py` does), with
+`NTKM_THREADS=2` (torch's threads, set by `verify.cli.set_threads` as the `verify` command does) and
+`OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1` (numpy's BLAS) in its environment. Measured: the
+child's wall time and its peak resident memory (`os.wait4`'s resource usage of that child alone;
+`getrusage(RUSAGE_CHILDREN)` would be the largest of every child so far, the earlier models' audits included). Every
+panel runs (budget curves, validity, outcome, poison), both references are trained, and `--peers` is at its default
+(kronfluence EK-FAC, KFAC, identity; TRAK) for the MLP and the CNN; the ResNet-18 scores kronfluence identity and
+KFAC only (its EK-FAC and TRAK are measured below at 80 and 240 training points and extrapolated, not run at 1,000:
+about 33 minutes and 15+ GiB more).
 
 Written: `--json` (default results/audit-tables.json) with the numbers taken from each audit record (the risk level
 and why, the validity verdict, lead and best estimator, the noise ceiling, every estimator's LDS with its interval,
@@ -148,7 +149,8 @@ SMOKE_N, SMOKE_N_TEST = 80, 30
 SMOKE_EPOCHS = {"mlp": 20, "cnn": 20, "resnet18": 10}
 #: The child process: `verify audit`'s pipeline (torch threads from NTKM_THREADS, config, run, outputs).
 _CHILD = ("import json, sys; from verify.cli import set_threads; set_threads(); "
-          "from verify.audit.pipeline import run_audit, write_outputs; from verify.audit.config import AuditConfig; "
+          "from verify.audit.pipeline import run_audit; from verify.audit.files import write_outputs; "
+          "from verify.audit.config import AuditConfig; "
           "c = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(sys.argv[1]).items()}; "
           "sys.exit(write_outputs(run_audit(AuditConfig(**c)), sys.argv[2], json_out=True))")
 #: Exit codes of a finished audit: 0, 3 (no PDF: weasyprint missing; the HTML and JSON are written), 4 (--fail-on).

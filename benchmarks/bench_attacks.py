@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import Check, Row, fmt_time, max_rel_diff, time_call
+from benchmarks.harness import Check, Row, TimingPolicy, fmt_time, max_rel_diff, time_call
 
 SECTION = "3. Attacks and the malleability loop (quick-preset sizes)"
 
@@ -98,7 +98,7 @@ def bench_attacks(cfg: AttackBenchConfig, x: np.ndarray, y: np.ndarray, devices:
             def run(model: Any = model, acfg: AttackConfig = acfg, out: dict[str, Any] = out) -> None:
                 out["adv"] = attack(model, t.x_train, t.y_train, acfg)
 
-            tm = time_call(run, repeats=c.repeats, max_total_s=c.max_total_s)
+            tm = time_call(run, TimingPolicy(c.repeats, max_total_s=c.max_total_s))
             adv = out["adv"]
             linf = float((adv - t.x_train).abs().max())
             box = float(max(0.0, -float(adv.min()), float(adv.max()) - 1.0))
@@ -108,8 +108,8 @@ def bench_attacks(cfg: AttackBenchConfig, x: np.ndarray, y: np.ndarray, devices:
             for device in (d for d in devices if d != "cpu"):
                 mg = model.to(device)
                 xg, yg = t.x_train.to(device), t.y_train.to(device)
-                tg = time_call(lambda mg=mg, xg=xg, yg=yg, acfg=acfg: attack(mg, xg, yg, acfg), repeats=c.repeats,
-                               sync=torch.cuda.synchronize)
+                tg = time_call(lambda mg=mg, xg=xg, yg=yg, acfg=acfg: attack(mg, xg, yg, acfg),
+                               TimingPolicy(c.repeats), sync=torch.cuda.synchronize)
                 gpu_txt = f"{fmt_time(tg.median)} ({n / tg.median:,.0f} ex/s)"
                 model.to("cpu")
             steps = 1 if name == "fgsm" else c.steps
@@ -129,7 +129,7 @@ def _flip_rows(c: AttackBenchConfig, model: Any, t: Any, data: dict[str, Any], l
     import torch
 
     from empirics.attacks import AttackConfig, attack
-    from empirics.influence import influence_scores, model_kernels, resolve_ridge
+    from empirics.influence import Ridge, influence_scores, model_kernels, resolve_ridge
     from empirics.losses import targets
     from empirics.malleability import MalleabilityConfig, compare, measure_model, n_top, top_by_abs
     from theory.krr import loo_influence
@@ -140,16 +140,16 @@ def _flip_rows(c: AttackBenchConfig, model: Any, t: Any, data: dict[str, Any], l
     out: dict[str, Any] = {}
 
     def one_eval() -> None:
-        clean = influence_scores(model, t.x_train, t.y_train, t.x_test, t.y_test)
+        clean = influence_scores(model, (t.x_train, t.y_train), (t.x_test, t.y_test))
         sel = top_by_abs(clean.total, k)
         sel_t = torch.as_tensor(sel)
         x_adv = attack(model, t.x_train[sel_t], t.y_train[sel_t], acfg, train_x=t.x_train, train_idx=sel_t)
-        new = influence_scores(model, t.x_train.index_copy(0, sel_t, x_adv), t.y_train, t.x_test, t.y_test,
-                               ridge=clean.ridge)
+        new = influence_scores(model, (t.x_train.index_copy(0, sel_t, x_adv), t.y_train), (t.x_test, t.y_test),
+                               Ridge(clean.ridge))
         out["clean"], out["cmp"] = clean, compare(clean, new, sel, keep_examples=False)
 
     log(f"  flip-rate evaluation ({c.flip_model}, {c.flip_attack})")
-    tm = time_call(one_eval, repeats=c.repeats, max_total_s=c.max_total_s)
+    tm = time_call(one_eval, TimingPolicy(c.repeats, max_total_s=c.max_total_s))
     K, Kt = model_kernels(model, t.x_train, t.x_test)
     Y = targets(t.y_train, 10, torch.float64).numpy()
     Yt = targets(t.y_test, 10, torch.float64).numpy()
@@ -173,7 +173,7 @@ def _flip_rows(c: AttackBenchConfig, model: Any, t: Any, data: dict[str, Any], l
         res["r"] = measure_model(model, t, mcfg, 0)
 
     log("  malleability.measure_model (one model, one attack + random baseline)")
-    tm2 = time_call(module_eval, repeats=c.repeats, max_total_s=c.max_total_s)
+    tm2 = time_call(module_eval, TimingPolicy(c.repeats, max_total_s=c.max_total_s))
     flips = {m["attack"]: m["flip_rate"] for m in res["r"]["measurements"]}
     sel_same = float(np.mean(np.isin(res["r"]["selected"], top_by_abs(out["clean"].total, k))))
     rows.append(Row(SECTION, "malleability.measure_model (attack + random baseline)", case, tm2,

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from empirics.datasets import load_dataset
+from empirics.datasets import DataRequest, load_dataset
 from ntkm.errors import UserInputError
 from verify.cli import main as verify_main
 
@@ -42,10 +42,10 @@ def mlp() -> nn.Module:
 
 def data(n: int, n_test: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
     try:
-        ds = load_dataset("mnist", n_train=n, n_test=n_test, source="full")
+        ds = load_dataset("mnist", n_train=n, n_test=n_test, request=DataRequest(source="full"))
         return ds.x_train, ds.y_train, ds.x_test, ds.y_test, "MNIST (full IDX files)"
     except UserInputError:
-        ds = load_dataset("mnist", n_train=600, n_test=min(n_test, 200), source="bundled")
+        ds = load_dataset("mnist", n_train=600, n_test=min(n_test, 200), request=DataRequest(source="bundled"))
         rng = np.random.default_rng(0)
         idx = rng.integers(0, 600, size=n)
         x = np.clip(ds.x_train[idx] + rng.normal(0, 0.02, (n, 784)).astype(np.float32), 0, 1)

@@ -54,8 +54,9 @@ from verify.audit.config import PANELS
 
 SKIPPED = "budget,validity,outcome,poison"
 #: The child process: `verify audit`'s pipeline (config, run, outputs) with the options above and every other default.
-_CHILD = ("import json, sys; from verify.audit.pipeline import run_audit, write_outputs; "
-          "from verify.audit.config import AuditConfig; c = json.loads(sys.argv[1]); c['panels'] = tuple(c['panels']); "
+_CHILD = ("import json, sys; from verify.audit.pipeline import run_audit; "
+          "from verify.audit.files import write_outputs; from verify.audit.config import AuditConfig; "
+          "c = json.loads(sys.argv[1]); c['panels'] = tuple(c['panels']); "
           "sys.exit(write_outputs(run_audit(AuditConfig(**c)), sys.argv[2], json_out=True))")
 #: Re-fits of the validity, outcome and poison panels at the audit's defaults (24 LDS subsets x 2 seeds, top-lever
 #: removal and brittleness, 3-seed outcome table, poison self-test; counted by benchmarks/bench_audit.py).

@@ -27,7 +27,7 @@ import numpy as np
 import scipy.linalg
 from scipy import stats
 
-from benchmarks.harness import Check, Row, fit_exponent, fmt_time, max_rel_diff, speedup, time_call
+from benchmarks.harness import Check, Row, TimingPolicy, fit_exponent, fmt_time, max_rel_diff, speedup, time_call
 
 SECTION = "2. Influence (NTK leave-one-out; 2L-ReLU kernel, float64, 10 classes)"
 SCALING = "4. Scaling"
@@ -102,15 +102,23 @@ def first_order_from_solves(P: np.ndarray, alpha: np.ndarray, R: np.ndarray, lam
     return -2.0 * lam * P.T * (alpha @ R.T)
 
 
-def cg_influence(K: np.ndarray, Y: np.ndarray, lam: float, Kt: np.ndarray, Yt: np.ndarray, tol: float,
-                 max_iter: int) -> tuple[np.ndarray, int]:
+@dataclass(frozen=True)
+class CGStop:
+    """When the conjugate gradient stops: at relative residual `tol` or after `max_iter` iterations."""
+
+    tol: float
+    max_iter: int
+
+
+def cg_influence(K: np.ndarray, Y: np.ndarray, lam: float, Kt: np.ndarray, Yt: np.ndarray,
+                 stop: CGStop) -> tuple[np.ndarray, int]:
     """First-order (Koh & Liang) influence from CG solves of the kernel (Woodbury-reduced GN) system."""
     import torch
 
     n = K.shape[0]
     A = torch.as_tensor(K + lam * np.eye(n))
     B = torch.as_tensor(np.concatenate([Y, Kt.T], axis=1))
-    Z, iters = block_cg(A, B, tol, max_iter)
+    Z, iters = block_cg(A, B, stop.tol, stop.max_iter)
     Z = Z.numpy()
     alpha, P = Z[:, :Y.shape[1]], Z[:, Y.shape[1]:].T
     R = Kt @ alpha - Yt
@@ -151,7 +159,7 @@ def bench_influence(cfg: InfluenceConfig, x: np.ndarray, y: np.ndarray, log: Any
                    out: dict[str, Any] = out) -> None:
             out["closed"] = kernel_influence(K, Y, lam, Kt, Ytest)[0]
 
-        t_closed = time_call(closed, repeats=cfg.repeats, max_total_s=cfg.cap_s)
+        t_closed = time_call(closed, TimingPolicy(cfg.repeats, max_total_s=cfg.cap_s))
         exact = out["closed"]
         data["closed"][n] = t_closed.median
 
@@ -164,7 +172,7 @@ def bench_influence(cfg: InfluenceConfig, x: np.ndarray, y: np.ndarray, log: Any
                       out: dict[str, Any] = out) -> None:
                 out["brute"] = brute_influence(K, Y, lam, Kt, Ytest)
 
-            t_b = time_call(brute, repeats=cfg.repeats, warmup=0, max_total_s=cfg.cap_s,
+            t_b = time_call(brute, TimingPolicy(cfg.repeats, warmup=0, max_total_s=cfg.cap_s),
                             warmup_note="none (n refits; the closed form above warmed LAPACK)")
             diff = max_rel_diff(exact, out["brute"])
             brute_pts.append((n, t_b.median))
@@ -190,11 +198,13 @@ def bench_influence(cfg: InfluenceConfig, x: np.ndarray, y: np.ndarray, log: Any
                         value=f"lambda = {lam:.3g}", data={"median_s": t_closed.median}))
         rows.append(brute_row)
 
-        def cg(K: np.ndarray = K, Y: np.ndarray = Y, Kt: np.ndarray = Kt, lam: float = lam,
-               out: dict[str, Any] = out, max_iter: int = cfg.cg_max_iter_per_n * n) -> None:
-            out["cg"], out["iters"] = cg_influence(K, Y, lam, Kt, Ytest, cfg.cg_tol, max_iter)
+        stop = CGStop(cfg.cg_tol, cfg.cg_max_iter_per_n * n)
 
-        t_cg = time_call(cg, repeats=cfg.repeats, max_total_s=cfg.cap_s)
+        def cg(K: np.ndarray = K, Y: np.ndarray = Y, Kt: np.ndarray = Kt, lam: float = lam,
+               out: dict[str, Any] = out, stop: CGStop = stop) -> None:
+            out["cg"], out["iters"] = cg_influence(K, Y, lam, Kt, Ytest, stop)
+
+        t_cg = time_call(cg, TimingPolicy(cfg.repeats, max_total_s=cfg.cap_s))
         ref = direct_first_order(K, Y, lam, Kt, Ytest)
         diff = max_rel_diff(out["cg"], ref)
         rho = float(stats.spearmanr(out["cg"].sum(axis=1), exact.sum(axis=1)).statistic)

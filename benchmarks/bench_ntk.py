@@ -29,7 +29,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from benchmarks.harness import (
     Check,
     Row,
     Timing,
+    TimingPolicy,
     fit_exponent,
     fmt_bytes,
     fmt_ratio,
@@ -49,6 +50,7 @@ from benchmarks.harness import (
     time_call,
 )
 from benchmarks.ntk_paths import (
+    ChunkMemory,
     closed_form_flops,
     generic_flops,
     generic_peak_bytes,
@@ -107,11 +109,12 @@ def _sync(device: str) -> None:
 def _path_fn(path: str, model: Any) -> Callable[[Any], Any]:
     """The kernel function of one path ("closed", "generic", "vjp", "loop") for `model`, "mean" reduction."""
     from benchmarks.ntk_paths import empirical_ntk_autograd_loop, empirical_ntk_vjp_jvp
-    from empirics.ntk import empirical_ntk
+    from empirics.ntk import JacobianOptions, empirical_ntk
 
     fns: dict[str, Callable[[Any], Any]] = {
         "closed": lambda xx: empirical_ntk(model, xx, implementation="closed_form"),
-        "generic": lambda xx: empirical_ntk(model, xx, implementation="torch_func", max_bytes=MAX_BYTES),
+        "generic": lambda xx: empirical_ntk(model, xx, implementation="torch_func",
+                                            options=JacobianOptions(max_bytes=MAX_BYTES)),
         "vjp": lambda xx: empirical_ntk_vjp_jvp(model, xx, max_bytes=MAX_BYTES),
         "loop": lambda xx: empirical_ntk_autograd_loop(model, xx),
     }
@@ -183,8 +186,8 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
     rss0 = proc_status_kib("VmRSS")
     warm()
     _sync(device)
-    timing = time_call(timed, repeats=int(spec.get("repeats", 5)), warmup=0, max_total_s=float(spec["budget_s"]),
-                       sync=lambda: _sync(device), warmup_note=note)
+    policy = TimingPolicy(int(spec.get("repeats", 5)), warmup=0, max_total_s=float(spec["budget_s"]))
+    timing = time_call(timed, policy, sync=lambda: _sync(device), warmup_note=note)
     hwm = proc_status_kib("VmHWM")
     peak = None
     if device.startswith("cuda"):
@@ -229,7 +232,7 @@ def gemm_rates(size: int, devices: tuple[str, ...], repeats: int = 5) -> tuple[l
             def mm(a: torch.Tensor = a, b: torch.Tensor = b, out: dict[str, Any] = out) -> None:
                 out["c"] = a @ b
 
-            t = time_call(mm, repeats=repeats, warmup=1, max_total_s=10.0, sync=lambda d=device: _sync(d))
+            t = time_call(mm, TimingPolicy(repeats, warmup=1, max_total_s=10.0), sync=lambda d=device: _sync(d))
             rate = 2.0 * size**3 / t.median / 1e9
             diff = max_rel_diff(out["c"].cpu().numpy(), ref)
             if device == "cpu":
@@ -259,11 +262,23 @@ class _Measured:
         return float(np.median(self.result["timing"]["times_s"]))
 
 
-def _spec(cfg: NtkConfig, path: str, kind: str, n: int, m: int, dtype: str = "float32",
-          device: str = "cpu") -> dict[str, Any]:
+@dataclass(frozen=True)
+class NtkCase:
+    """Which kernel one case computes: the path, the network (`kind`, width `m`), n points, the dtype and device."""
+
+    path: str
+    kind: str
+    n: int
+    m: int
+    dtype: str = "float32"
+    device: str = "cpu"
+
+
+def _spec(cfg: NtkConfig, case: NtkCase) -> dict[str, Any]:
     """A case for `run_case`: the closed form gets `repeats` within `cap_s`, slow paths fewer and less time."""
-    fast = path == "closed"
-    return {"path": path, "kind": kind, "n": n, "m": m, "dtype": dtype, "device": device, "inputs": cfg.inputs,
+    fast = case.path == "closed"
+    m = case.m
+    return {**asdict(case), "inputs": cfg.inputs,
             "repeats": cfg.repeats if fast else cfg.slow_repeats, "budget_s": cfg.cap_s if fast else cfg.slow_budget_s,
             "check_n": 16 if m <= 256 else 8 if m <= 1024 else 4, "threads": cfg.threads}
 
@@ -282,7 +297,7 @@ def _estimate_bytes(path: str, n: int, m: int, itemsize: int = 4) -> float:
     if path == "closed":
         return float(itemsize * (n * D_IN + m * D_IN + 2 * n * m + 3 * n * n))
     if path == "generic":
-        return generic_peak_bytes(n, m, D_IN, OUT, itemsize, MAX_BYTES)
+        return generic_peak_bytes(n, m, D_IN, OUT, itemsize, ChunkMemory(MAX_BYTES))
     if path == "loop":
         return loop_jacobian_bytes(n, m, D_IN, OUT, itemsize)
     return float(MAX_BYTES + n * n * OUT * OUT * itemsize)
@@ -311,7 +326,7 @@ def _ladder(cfg: NtkConfig, path: str, kind: str, m: int, targets: tuple[int, ..
     probe = min(cfg.probe_n, min(targets))
     if path == "loop" and loop_jacobian_bytes(probe, m, D_IN) > cfg.loop_max_bytes:
         return measured
-    measured[probe] = _Measured(probe, _run(cfg, _spec(cfg, path, kind, probe, m)))
+    measured[probe] = _Measured(probe, _run(cfg, _spec(cfg, NtkCase(path, kind, probe, m))))
     base = measured[probe]
     steps = {s for s in (probe * 4**k for k in range(1, 8))
              if s < max(targets) and all(not (t / 1.5 <= s <= t * 1.5) for t in targets)}
@@ -322,7 +337,7 @@ def _ladder(cfg: NtkConfig, path: str, kind: str, m: int, targets: tuple[int, ..
             break
         if base.t * (n / base.n) ** 2 > cfg.cap_s:
             break
-        measured[n] = _Measured(n, _run(cfg, _spec(cfg, path, kind, n, m)))
+        measured[n] = _Measured(n, _run(cfg, _spec(cfg, NtkCase(path, kind, n, m))))
         base = measured[n]
     return measured
 
@@ -346,7 +361,7 @@ def bench_ntk(cfg: NtkConfig, log: Any = print) -> tuple[list[Row], dict[str, An
         cases.append(("relu", max(cfg.ns), max(cfg.ms), "float64"))
     for kind, n, m, dtype in cases:
         log(f"  ntk closed {kind} n={n} m={m} {dtype}")
-        res = _run(cfg, _spec(cfg, "closed", kind, n, m, dtype))
+        res = _run(cfg, _spec(cfg, NtkCase("closed", kind, n, m, dtype)))
         closed[(kind, n, m, dtype)] = res
         t = Timing.from_dict(res["timing"])
         flops = closed_form_flops(n, m, D_IN, OUT, attn=kind == "attn")
@@ -358,7 +373,7 @@ def bench_ntk(cfg: NtkConfig, log: Any = print) -> tuple[list[Row], dict[str, An
                   data={"gflops": rate, "fraction_of_gemm": frac, "flops": flops,
                         "peak_bytes": res.get("peak_bytes")})
         for device in gpu:
-            g = run_case(_spec(cfg, "closed", kind, n, m, dtype, device))
+            g = run_case(_spec(cfg, NtkCase("closed", kind, n, m, dtype, device)))
             row.gpu = fmt_time(Timing.from_dict(g["timing"]).median)
         rows.append(row)
         data["closed"][f"{kind}/{n}/{m}/{dtype}"] = {"median_s": t.median, "gflops": rate, "fraction_of_gemm": frac,
@@ -374,17 +389,19 @@ def bench_ntk(cfg: NtkConfig, log: Any = print) -> tuple[list[Row], dict[str, An
         slow_runs[(path, kind, m)] = measured
         for n in sorted(set(targets) | set(measured)):
             ref = closed.get((kind, n, m, "float32"))
-            rows.append(_slow_row(cfg, path, kind, n, m, measured, ref))
+            rows.append(_slow_row(cfg, NtkCase(path, kind, n, m), measured, ref))
             if gpu and n in measured:
-                g = run_case(_spec(cfg, path, kind, n, m, "float32", gpu[0]))
+                g = run_case(_spec(cfg, NtkCase(path, kind, n, m, "float32", gpu[0])))
                 rows[-1].gpu = fmt_time(Timing.from_dict(g["timing"]).median)
             data["slow"][f"{path}/{kind}/{n}/{m}"] = rows[-1].data
     data["headline"] = _headline(closed, slow_runs, rows, cfg)
     return rows, {**data, "_slow_runs": slow_runs, "_closed": closed}
 
 
-def _slow_row(cfg: NtkConfig, path: str, kind: str, n: int, m: int, measured: dict[int, _Measured],
-              ref: dict[str, Any] | None) -> Row:
+def _slow_row(cfg: NtkConfig, which: NtkCase, measured: dict[int, _Measured], ref: dict[str, Any] | None) -> Row:
+    """The row of a slow path's case (its float32 kernel): measured, extrapolated from the largest measured n, or
+    skipped for memory; `ref` is the closed form's result at the same case, where measured."""
+    path, kind, n, m = which.path, which.kind, which.n, which.m
     label = PATH_LABEL[path]
     case = _case(n, m, kind)
     if n not in cfg.ns:
@@ -500,8 +517,8 @@ def _memory_limit_rows(cfg: NtkConfig, data: dict[str, Any]) -> list[Row]:
         big = meas[max(meas)]
         peak, base = big.result.get("peak_bytes"), big.result.get("baseline_rss_bytes", 0.0)
         if big.result.get("memory_kind") == "peak RSS" and peak:
-            jac_one = generic_peak_bytes(big.n, m, D_IN, OUT, 4, MAX_BYTES, 0.0, 1.0) - \
-                generic_peak_bytes(big.n, m, D_IN, OUT, 4, MAX_BYTES, 0.0, 0.0)
+            jac_one = generic_peak_bytes(big.n, m, D_IN, OUT, 4, ChunkMemory(MAX_BYTES, 0.0, 1.0)) - \
+                generic_peak_bytes(big.n, m, D_IN, OUT, 4, ChunkMemory(MAX_BYTES, 0.0, 0.0))
             copies = max(1.0, peak / jac_one) if jac_one > 0 else 2.0
             base_rss = float(base)
             calib = (f"calibrated on measured peak RSS at n={big.n}, m={m}: {fmt_bytes(peak)} = "
@@ -509,9 +526,10 @@ def _memory_limit_rows(cfg: NtkConfig, data: dict[str, Any]) -> list[Row]:
         break
     if not calib:
         calib = "uncalibrated (no peak RSS measured): 2 Jacobian-chunk copies assumed"
+    chunks = ChunkMemory(MAX_BYTES, base_rss, copies)
     for m in cfg.ms:
         def peak_generic(n: int, m: int = m) -> float:
-            return generic_peak_bytes(n, m, D_IN, OUT, 4, MAX_BYTES, base_rss, copies)
+            return generic_peak_bytes(n, m, D_IN, OUT, 4, chunks)
 
         def peak_loop(n: int, m: int = m) -> float:
             return base_rss + loop_jacobian_bytes(n, m, D_IN)

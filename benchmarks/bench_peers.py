@@ -20,7 +20,18 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import ROOT, Check, Row, Timing, fmt_num, fmt_ratio, fmt_time, max_rel_diff, time_call
+from benchmarks.harness import (
+    ROOT,
+    Check,
+    Row,
+    Timing,
+    TimingPolicy,
+    fmt_num,
+    fmt_ratio,
+    fmt_time,
+    max_rel_diff,
+    time_call,
+)
 
 SECTION = "5. Peers, side by side (separate venv: benchmarks/peers/README.md)"
 DEFAULT_VENV = ROOT / ".venv-peers"
@@ -45,6 +56,15 @@ class IFCase:
     def n_configs(self) -> int:
         """How many dattri configurations run at this point (each in its own process)."""
         return len(self.cg_iters) + len(self.cg_plain_iters) + (2 if self.lissa else 0) + len(self.arnoldi_iters)
+
+
+@dataclass(frozen=True)
+class PeerJob:
+    """One peers process: the peer `name`, and for dattri its case key and configuration index."""
+
+    name: str
+    case: str | None = None
+    idx: int | None = None
 
 
 @dataclass
@@ -164,7 +184,7 @@ def _if_inputs(cfg: PeersConfig, case: IFCase, x: np.ndarray, y: np.ndarray, d: 
         kf = empirical_ntk(net, x64, reduction="full").numpy()
         hold[case.key] = woodbury_if(kf, resid[:n], resid[n:], rho)
 
-    timing = time_call(ours, repeats=cfg.repeats, max_total_s=cfg.max_total_s)
+    timing = time_call(ours, TimingPolicy(cfg.repeats, max_total_s=cfg.max_total_s))
     arrays = {f"{case.key}_x_train": xi[:n].astype(np.float32), f"{case.key}_y_train": Y[:n].astype(np.float32),
               f"{case.key}_x_test": xi[n:].astype(np.float32), f"{case.key}_y_test": Y[n:].astype(np.float32),
               f"{case.key}_W": net.W.detach().float().numpy(), f"{case.key}_A": net.A.float().numpy(),
@@ -197,11 +217,11 @@ def _cnn_inputs(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, log: Any) -> tup
     from benchmarks.bench_audit import train
     from benchmarks.peers.run_peers import make_cnn
     from empirics.gauss_newton import gn_influence_mean, loss_residuals
-    from empirics.influence import influence_from_kernels
+    from empirics.influence import Ridge, influence_from_kernels
     from empirics.losses import targets
+    from verify.audit.binding import load_inputs
     from verify.audit.config import AuditConfig
     from verify.audit.measure import GenericKernels
-    from verify.audit.pipeline import load_inputs
     from verify.modelio import bind_input, fx_graph_for, parse_shape
 
     torch.manual_seed(0)
@@ -242,7 +262,7 @@ def _cnn_inputs(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, log: Any) -> tup
             t1 = time.perf_counter()
             Y = targets(yt_, out_dim, torch.float64).numpy()
             Yt = targets(ye_, out_dim, torch.float64).numpy()
-            clean = influence_from_kernels(K, Kst, Y, Yt, ye_.numpy(), ridge=None, ridge_rel=acfg.ridge_rel)
+            clean = influence_from_kernels((K, Kst), Y, Yt, ye_.numpy(), reg=Ridge(rel=acfg.ridge_rel))
             with torch.no_grad():
                 o_tr, o_te = fm(xt_), fm(xe_)
             gn = gn_influence_mean(K, Kst, loss_residuals(o_tr, yt_), loss_residuals(o_te, ye_), clean.ridge)
@@ -250,7 +270,7 @@ def _cnn_inputs(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, log: Any) -> tup
                        method=prov.method)
 
         log(f"  peers: audit influence stage on the CNN ({n_params:,} parameters)")
-        timing = time_call(stage, repeats=cfg.repeats, max_total_s=cfg.max_total_s)
+        timing = time_call(stage, TimingPolicy(cfg.repeats, max_total_s=cfg.max_total_s))
     from scipy import stats
 
     arrays.update({"cnn_loo_total": out["loo"], "cnn_gn_total": out["gn"]})
@@ -289,7 +309,7 @@ def prepare(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, path: Path, threads:
                 if (n_k, m_k) == tuple(cfg.nt_grid) and (n_k, m_k) not in cfg.nt_sizes:
                     continue
                 t = time_call(lambda n_k=n_k, net=net: hold.__setitem__("K", empirical_ntk(net, xn[:n_k])),
-                              repeats=cfg.repeats)
+                              TimingPolicy(cfg.repeats))
                 ours[f"ntk/{n_k}/{m}"] = {"timing": t, "f32_err": max_rel_diff(hold["K"].numpy(), K64)}
         arrays.update(nt_x=xn.numpy(), nt_sizes=np.array(cfg.nt_sizes, dtype=int), nt_grid_n=cfg.nt_grid[0],
                       nt_grid_m=cfg.nt_grid[1], nt_tol=NT_TOL)
@@ -306,7 +326,7 @@ def prepare(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, path: Path, threads:
         ya = torch.as_tensor(y[:cfg.atk_n], dtype=torch.long)
         net_a = _model("relu", d, cfg.atk_m, xa, torch.float32)
         acfg = AttackConfig("pgd", cfg.eps, steps=cfg.atk_steps, random_start=False)
-        ours["pgd"] = time_call(lambda: hold.__setitem__("adv", attack(net_a, xa, ya, acfg)), repeats=cfg.repeats)
+        ours["pgd"] = time_call(lambda: hold.__setitem__("adv", attack(net_a, xa, ya, acfg)), TimingPolicy(cfg.repeats))
         arrays.update(atk_x=xa.numpy(), atk_y=ya.numpy(), atk_W=net_a.W.detach().numpy(), atk_A=net_a.A.numpy(),
                       atk_eps=cfg.eps, atk_alpha=acfg.alpha, atk_steps=cfg.atk_steps, atk_adv=hold["adv"].numpy())
     if "kronfluence" in wanted:
@@ -337,13 +357,13 @@ def bench_peers(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, threads: int, lo
         log("  peers: the suite's side")
         ours = prepare(cfg, x, y, inputs, threads, log)
         res: dict[str, Any] = {}
-        jobs: list[tuple[str, str | None, int | None]] = [(name, None, None) for name in cfg.only.split(",")
-                                                          if name != "dattri"]
+        jobs = [PeerJob(name) for name in cfg.only.split(",") if name != "dattri"]
         if "dattri" in cfg.only.split(","):
-            jobs += [("dattri", c.key, i) for c in cfg.if_cases for i in range(c.n_configs)]
-        for name, case, idx in jobs:
-            log(f"  peers: {name}{'' if case is None else f' {case} configuration {idx}'} in {py}")
-            got = _run_peer(py, inputs, out, name, case, cfg, idx)
+            jobs += [PeerJob("dattri", c.key, i) for c in cfg.if_cases for i in range(c.n_configs)]
+        for job in jobs:
+            case, idx = job.case, job.idx
+            log(f"  peers: {job.name}{'' if case is None else f' {case} configuration {idx}'} in {py}")
+            got = _run_peer(py, inputs, out, job, cfg)
             for k, v in got.items():
                 if k != "dattri" or not isinstance(v, dict) or "cases" not in v:
                     res.setdefault(k, v)
@@ -372,10 +392,11 @@ def bench_peers(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, threads: int, lo
     return rows, {"peers": res, "ours": public}
 
 
-def _run_peer(py: Path, inputs: Path, out: Path, name: str, case: str | None, cfg: PeersConfig,
-              idx: int | None = None) -> dict[str, Any]:
+def _run_peer(py: Path, inputs: Path, out: Path, job: PeerJob, cfg: PeersConfig) -> dict[str, Any]:
     """One peer (one dattri case) in its own process, under the memory cap when it runs torch only."""
     import resource
+
+    name, case, idx = job.name, job.case, job.idx
 
     def cap() -> None:
         limit = int(cfg.memory_cap_gib * 2**30)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import Check, Row, Timing, fmt_time, time_call, time_result
+from benchmarks.harness import Check, Row, Timing, TimingPolicy, fmt_time, time_call, time_result
 
 SECTION = "8. Per-stage times of the claims experiments (GEMM floor beside each)"
 C = 10
@@ -54,7 +54,7 @@ def gemm_rates(size: int = 2048) -> dict[str, float]:
     for name, dt in (("float32", torch.float32), ("float64", torch.float64)):
         a = torch.randn(size, size, dtype=dt)
         b = torch.randn(size, size, dtype=dt)
-        t = time_call(lambda a=a, b=b: a @ b, repeats=5, max_total_s=5.0)
+        t = time_call(lambda a=a, b=b: a @ b, TimingPolicy(5, max_total_s=5.0))
         out[name] = 2.0 * size**3 / t.median
     return out
 
@@ -79,11 +79,21 @@ def attack_flops(k: int, d: int, m: int, steps: int, attn: bool) -> float:
     return steps * (4.0 * k * d * m + (4.0 * k * d * d if attn else 0.0))
 
 
-def _row(name: str, stage: str, case: str, t: Timing, flops: float, rate: float, dtype: str,
-         extra: str = "", checks: list[Check] | None = None) -> Row:
-    floor = flops / rate
-    return Row(SECTION, f"{name}: {stage}", case, t, value=f"floor {fmt_time(floor)} ({dtype} GEMM)",
-               ratio=f"{t.median / floor:.1f}x floor", checks=checks or [], note=extra,
+@dataclass(frozen=True)
+class GemmFloor:
+    """A stage's work: its `flops`, run at the measured GEMM `rate` (flop/s) of its `dtype`."""
+
+    flops: float
+    rate: float
+    dtype: str
+
+
+def _row(name: str, stage: str, case: str, t: Timing, work: GemmFloor, checks: list[Check] | None = None) -> Row:
+    """One stage's row: its time beside its GEMM floor (`work.flops / work.rate`)."""
+    flops = work.flops
+    floor = flops / work.rate
+    return Row(SECTION, f"{name}: {stage}", case, t, value=f"floor {fmt_time(floor)} ({work.dtype} GEMM)",
+               ratio=f"{t.median / floor:.1f}x floor", checks=checks or [],
                data={"median_s": t.median, "floor_s": floor, "flops": flops})
 
 
@@ -132,7 +142,7 @@ def bench_stages(cfg: StagesConfig, x: np.ndarray, y: np.ndarray, log: Callable[
                 tm = Timing([per], f"none; mean over {ep} epoch(s) of one training")
                 pd["train_epoch_s"][f"{kind}/{m}/{nn_}"] = per
                 rows.append(_row(name, "training, per epoch", f"{kind}, n={nn_}, m={m}, Adam, batch 128", tm,
-                                 train_flops(nn_, d, m), rates["float32"], "float32",
+                                 GemmFloor(train_flops(nn_, d, m), rates["float32"], "float32"),
                                  checks=[Check("training loss finite", 0.0 if np.isfinite(
                                      tr.record.final_train_loss) else 1.0, 0.0)]))
         for kind, model in trained.items():
@@ -144,13 +154,13 @@ def bench_stages(cfg: StagesConfig, x: np.ndarray, y: np.ndarray, log: Callable[
             tk, (K, Kst) = time_result(model_kernels, model, xt[:n], xe, **kw)
             sym = float(np.max(np.abs(K - K.T)) / np.max(np.abs(K)))
             rows.append(_row(name, "kernel (model_kernels, float64)", f"{kind}, N={n}+{nt}, m={m}", tk,
-                             kernel_flops(n + nt, d, m, attn), rates["float64"], "float64",
+                             GemmFloor(kernel_flops(n + nt, d, m, attn), rates["float64"], "float64"),
                              checks=[Check("kernel symmetry error", sym, 1e-12)]))
             Y = targets(yt[:n], C, torch.float64).numpy()
             Yt = targets(ye, C, torch.float64).numpy()
-            ti, inf = time_result(influence_from_kernels, K, Kst, Y, Yt, ye.numpy(), **kw)
+            ti, inf = time_result(influence_from_kernels, (K, Kst), Y, Yt, ye.numpy(), **kw)
             rows.append(_row(name, "influence (influence_from_kernels)", f"{kind}, n={n}, n_test={nt}", ti,
-                             influence_flops(n, nt), rates["float64"], "float64",
+                             GemmFloor(influence_flops(n, nt), rates["float64"], "float64"),
                              checks=[Check("influence finite", 0.0 if np.all(np.isfinite(inf.total)) else 1.0, 0.0)]))
             k = n_top(0.1, n)
             sel = torch.as_tensor(top_by_abs(inf.total, k))
@@ -163,7 +173,7 @@ def bench_stages(cfg: StagesConfig, x: np.ndarray, y: np.ndarray, log: Callable[
                 excess = float(((adv - xt[:n][sel]).abs().max() - 0.3).clamp(min=0))
                 att_s[an] = ta.median
                 rows.append(_row(name, f"attack {an.upper()}", f"{kind}, top {k} of {n}, m={m}, {steps} step(s)", ta,
-                                 attack_flops(k, d, m, steps, attn), rates["float32"], "float32",
+                                 GemmFloor(attack_flops(k, d, m, steps, attn), rates["float32"], "float32"),
                                  checks=[Check("L-inf excess over eps", excess, 1e-6)]))
             epochs = p["epochs"]
             unit = {"training": epochs * pd["train_epoch_s"][f"{kind}/{m}/{n}"], "kernel": 5 * tk.median,

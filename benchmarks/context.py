@@ -27,7 +27,7 @@ from benchmarks.harness import environment
 from empirics.attacks import AttackConfig, attack
 from empirics.common import dataset_tensors
 from empirics.context_product import context_product_macs, factor_is_cheaper
-from empirics.datasets import load_dataset
+from empirics.datasets import DataRequest, load_dataset
 from empirics.models import ModelSpec, TwoLayerNet
 from empirics.train import TrainConfig, train
 
@@ -54,7 +54,7 @@ def _one_epoch(model: TwoLayerNet, t: Any, cfg: TrainConfig) -> TwoLayerNet:
 
 
 def run(dataset: str, n: int, width: int, repeats: int) -> dict[str, Any]:
-    t = dataset_tensors(load_dataset(dataset, n_train=n, n_test=8, sample="balanced", seed=0))
+    t = dataset_tensors(load_dataset(dataset, n_train=n, n_test=8, request=DataRequest(sample="balanced", seed=0)))
     d = t.x_train.shape[1]
     factored = TwoLayerNet(ModelSpec("attn", d, width, t.out_dim, seed=0), t.x_train)
     dense = TwoLayerNet(factored.spec, torch.ones(1, d))

@@ -147,9 +147,20 @@ def hierarchical(flips: np.ndarray, rng: np.random.Generator, n_boot: int = 400)
     return {"lo": float(lo), "hi": float(hi)}
 
 
-def _run(method: str, scenario: str, seeds: int, reps: int, rng: np.random.Generator,
-         trial: Callable[[np.random.Generator], bool], kind: str = "interval") -> Coverage:
-    return Coverage(method, scenario, seeds, reps, sum(trial(rng) for _ in range(reps)), kind)
+@dataclass(frozen=True)
+class Scenario:
+    """Where a method is simulated: the scenario's `name`, `reps` experiments of `seeds` seeds drawn from `rng`."""
+
+    name: str
+    seeds: int
+    reps: int
+    rng: np.random.Generator
+
+
+def _run(method: str, at: Scenario, trial: Callable[[np.random.Generator], bool], kind: str = "interval"
+         ) -> Coverage:
+    """`method`'s coverage in scenario `at`: how many of its `reps` trials (drawn in turn from its rng) held."""
+    return Coverage(method, at.name, at.seeds, at.reps, sum(trial(at.rng) for _ in range(at.reps)), kind)
 
 
 def flip_methods(reps: int, seeds: int, points: int, sd: float, rng: np.random.Generator,
@@ -185,15 +196,16 @@ def flip_methods(reps: int, seeds: int, points: int, sd: float, rng: np.random.G
         xa, xr = (d["attn"] - d["attn_noise"]).mean(axis=1), (d["relu"] - d["relu_noise"]).mean(axis=1)
         return _covers(fieller(xa, xr), (pa - qa) / (pr - qr))
 
-    out = [_run("t (flip rate)", tag, seeds, reps, rng, mean_t),
-           _run("t (paired difference of flip rates)", tag, seeds, reps, rng, diff_t),
-           _run("t (excess over noise, paired per point)", tag, seeds, reps, rng, excess_t),
-           _run("fieller (ratio of flip rates)", tag, seeds, reps, rng, ratio_f),
-           _run("fieller (ratio of excesses)", tag, seeds, reps, rng, ratio_excess_f)]
+    at = Scenario(tag, seeds, reps, rng)
+    out = [_run("t (flip rate)", at, mean_t),
+           _run("t (paired difference of flip rates)", at, diff_t),
+           _run("t (excess over noise, paired per point)", at, excess_t),
+           _run("fieller (ratio of flip rates)", at, ratio_f),
+           _run("fieller (ratio of excesses)", at, ratio_excess_f)]
     if references:
-        out += [_run("hierarchical percentile bootstrap (old, flip rate)", tag, seeds, reps, rng,
+        out += [_run("hierarchical percentile bootstrap (old, flip rate)", at,
                      lambda g: _covers(hierarchical(draw(g)["attn"], g), pa), kind="reference"),
-                _run("min-max of per-seed values (old)", tag, seeds, reps, rng,
+                _run("min-max of per-seed values (old)", at,
                      lambda g: _covers(minmax(draw(g)["attn"].mean(axis=1)), pa), kind="reference")]
     return out
 
@@ -244,9 +256,10 @@ def slope_methods(reps: int, seeds: int, sd: float, rng: np.random.Generator, re
         d = np.exp(c[:, None] + b[:, None] * logw[None, :] + 0.15 * g.standard_normal((seeds, logw.size)))
         return np.array([loglog_slope(widths, row) for row in d])
 
-    out = [_run("t (per-seed slopes)", tag, seeds, reps, rng, lambda g: _covers(t_interval(per_seed(g)), slope))]
+    at = Scenario(tag, seeds, reps, rng)
+    out = [_run("t (per-seed slopes)", at, lambda g: _covers(t_interval(per_seed(g)), slope))]
     if references:
-        out.append(_run("percentile bootstrap over seeds (old slope_interval)", tag, seeds, reps, rng,
+        out.append(_run("percentile bootstrap over seeds (old slope_interval)", at,
                         lambda g: _covers(seed_bootstrap(per_seed(g), g), slope), kind="reference"))
     return out
 

@@ -8,7 +8,7 @@ width-consistent protocols, on MNIST (n = 500) and CIFAR-10 (n = 250) subsets of
 project's loader, one subset and one initialisation per seed (10 seeds by default, as the quick preset's units
 train them). Each network trains `--epochs` epochs (a representative window of the preset's 500-1000: the cost of
 an epoch does not change along a training, so the ratio of the two paths does not depend on the window; both
-paths check the loss every 5 epochs as the protocols do). The same jobs go through `[train(*job) for job in
+paths check the loss every 5 epochs as the protocols do). The same jobs go through `[train_job(job) for job in
 jobs]` and through `empirics.engine.train_many(jobs)`, per data set and width, in the same process.
 
 Reported per data set and width and in total: wall time of each path, the speed-up, agreement (the largest
@@ -30,11 +30,11 @@ import torch
 
 from benchmarks.harness import environment
 from empirics.common import dataset_tensors
-from empirics.datasets import load_dataset
+from empirics.datasets import DataRequest, load_dataset
 from empirics.engine import gemm_flops, train_many
 from empirics.models import ModelSpec, TwoLayerNet
 from empirics.protocols import PAPER, PROPER, protocol_config
-from empirics.train import train
+from empirics.train import train_job
 from verify.presets import PRESETS, n_train_for
 
 DATASETS = ("mnist", "cifar10")
@@ -97,7 +97,7 @@ def _both(jobs: list[tuple]) -> dict[str, Any]:
     ours = [(copy.deepcopy(j[0]), *j[1:]) for j in jobs]
     fused_jobs = [(copy.deepcopy(j[0]), *j[1:]) for j in jobs]
     t0 = time.perf_counter()
-    loop = [train(*j) for j in jobs]
+    loop = [train_job(j) for j in jobs]
     t1 = time.perf_counter()
     engine = train_many(ours)
     t2 = time.perf_counter()
@@ -112,11 +112,12 @@ def run(seeds: int, epochs: int, widths: tuple[int, ...]) -> dict[str, Any]:
     rows = []
     for dataset in DATASETS:
         n = n_train_for(p, dataset)
-        data = {s: dataset_tensors(load_dataset(dataset, n_train=n, n_test=p["n_test"], sample="balanced", seed=s))
+        data = {s: dataset_tensors(load_dataset(dataset, n_train=n, n_test=p["n_test"],
+                                                request=DataRequest(sample="balanced", seed=s)))
                 for s in range(seeds)}
         d = data[0].x_train.shape[1]
         for width in widths:
-            train(*jobs_for(dataset, width, 1, 1, data)[0])  # warm-up, not timed
+            train_job(jobs_for(dataset, width, 1, 1, data)[0])  # warm-up, not timed
             short, long = (_both(jobs_for(dataset, width, seeds, e, data)) for e in (1, 1 + epochs))
             loop_s, engine_s, fused_s = (long[k] - short[k] for k in ("loop_s", "engine_s", "fused_s"))
             flops = epochs * len(long["jobs"]) * gemm_flops(1, n, BATCH, width, d, data[0].out_dim)

@@ -49,6 +49,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,18 +130,41 @@ def _epoch_seconds(run: Callable[[int], None], device: str, e1: int, e2: int) ->
     return max((times[e2] - times[e1]) / (e2 - e1), 1e-9)
 
 
-def _jobs(kinds: tuple[str, ...], widths: tuple[int, ...], seeds: range, x: torch.Tensor, y: torch.Tensor,
-          epochs: int, device: str) -> list[tuple]:
-    """Training jobs of every kind x width x seed on (x, y). One network is initialised per kind and width and
+@dataclass(frozen=True)
+class Sweep:
+    """A grid of networks to train: every kind x width x seed."""
+
+    kinds: tuple[str, ...]
+    widths: tuple[int, ...]
+    seeds: range
+
+    @property
+    def networks(self) -> int:
+        return len(self.kinds) * len(self.widths) * len(self.seeds)
+
+
+@dataclass(frozen=True)
+class EngineSizes:
+    """The engine section's sizes: `n` points, the widths, seeds per kind and width, the epochs (e1, e2) compared."""
+
+    n: int
+    widths: tuple[int, ...]
+    seeds: int
+    epochs: tuple[int, int]
+
+
+def _jobs(sweep: Sweep, x: torch.Tensor, y: torch.Tensor, epochs: int, device: str) -> list[tuple]:
+    """Training jobs of every network of `sweep` on (x, y). One network is initialised per kind and width and
     copied for the other seeds (on the device: drawing 100 CIFAR-10 networks of width 4,096 on the host took most of
     the first H200 runs' engine section); the cost of a step does not depend on the values."""
     from empirics.models import ModelSpec, build_model
     from empirics.protocols import PAPER, protocol_config
 
     cfg = protocol_config(PAPER, epochs)
+    seeds = sweep.seeds
     jobs = []
-    for k in kinds:
-        for m in widths:
+    for k in sweep.kinds:
+        for m in sweep.widths:
             first = build_model(ModelSpec(k, x.shape[1], m, 10, seed=0), x, device=device)
             jobs += [(first if s == seeds[0] else copy.deepcopy(first), x, y, cfg, None, None, f"{k} m={m} seed {s}")
                      for s in seeds]
@@ -161,13 +185,13 @@ def _gemm_rate(device: str, n: int, d: int, m: int) -> float:
     return 2.0 * n * d * m * reps / (time.perf_counter() - t0)
 
 
-def _engine_row(device: str, d: int, n: int, widths: tuple[int, ...], seeds: int, epochs: tuple[int, int],
-                budget: Budget) -> dict[str, Any]:
+def _engine_row(device: str, d: int, sizes: EngineSizes, budget: Budget) -> dict[str, Any]:
     """One input dimension: one network's epoch per width; the stacked sweep and 100 networks at the widest width."""
     from empirics import engine
     from empirics.engine import gemm_flops, train_many
-    from empirics.train import train
+    from empirics.train import train_job
 
+    n, widths, seeds, epochs = sizes.n, sizes.widths, sizes.seeds, sizes.epochs
     stack_plan = getattr(engine, "stack_plan", None)  # absent before the padded engine: stacks not counted
     gen = torch.Generator().manual_seed(d)
     x = torch.rand(n, d, generator=gen).to(device)
@@ -175,23 +199,23 @@ def _engine_row(device: str, d: int, n: int, widths: tuple[int, ...], seeds: int
     row: dict[str, Any] = {"d": d, "one_network_epoch_s": {}}
     for m in widths:
         def one(e: int, m: int = m) -> None:
-            (job,) = _jobs(("relu",), (m,), range(1), x, y, e, device)
-            train(*job)
+            (job,) = _jobs(Sweep(("relu",), (m,), range(1)), x, y, e, device)
+            train_job(job)
         row["one_network_epoch_s"][str(m)] = _epoch_seconds(one, device, *epochs)
     _log(f"d={d}: one network's epoch {row['one_network_epoch_s']}")
-    sweeps = {"sweep": (("relu", "attn"), widths, range(seeds)),
-              "widest": (("relu",), (widths[-1],), range(2 * len(widths) * seeds))}
-    for name, (kinds, ws, ss) in sweeps.items():
+    sweeps = {"sweep": Sweep(("relu", "attn"), widths, range(seeds)),
+              "widest": Sweep(("relu",), (widths[-1],), range(2 * len(widths) * seeds))}
+    for name, sweep in sweeps.items():
         if budget.left() < 15:
             row[name] = {"status": "skipped: budget"}
             continue
-        stacks = stack_plan(_jobs(kinds, ws, ss, x, y, 1, device), None) if stack_plan else None
+        stacks = stack_plan(_jobs(sweep, x, y, 1, device), None) if stack_plan else None
 
-        def stacked(e: int, kinds: tuple = kinds, ws: tuple = ws, ss: range = ss, name: str = name) -> None:
-            train_many(_jobs(kinds, ws, ss, x, y, e, device), label=f"stack {name}")
+        def stacked(e: int, sweep: Sweep = sweep, name: str = name) -> None:
+            train_many(_jobs(sweep, x, y, e, device), label=f"stack {name}")
         epoch_s = _epoch_seconds(stacked, device, *epochs)
-        nets = len(kinds) * len(ws) * len(ss)
-        work = sum(gemm_flops(1, n, 128, m, d, 10) for _ in kinds for m in ws for _ in ss)
+        nets = sweep.networks
+        work = sum(gemm_flops(1, n, 128, m, d, 10) for _ in sweep.kinds for m in sweep.widths for _ in sweep.seeds)
         row[name] = {"networks": nets, "stacks": len(stacks) if stacks else None, "epoch_s": epoch_s,
                      "ratio_to_one_network": epoch_s / row["one_network_epoch_s"][str(widths[-1])],
                      "network_epochs_per_s": nets / epoch_s, "achieved_flop_s": work / epoch_s}
@@ -212,7 +236,7 @@ def engine_section(device: str, smoke: bool, budget: Budget) -> dict[str, Any]:
         if budget.left() < 20:
             out["rows"].append({"d": d, "status": "skipped: budget"})
             continue
-        out["rows"].append(_engine_row(device, d, n, widths, seeds, (1, 2) if smoke else (1, 3), budget))
+        out["rows"].append(_engine_row(device, d, EngineSizes(n, widths, seeds, (1, 2) if smoke else (1, 3)), budget))
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     out["agreement"] = _engine_agreement(device, smoke)
@@ -223,16 +247,16 @@ def _engine_agreement(device: str, smoke: bool) -> dict[str, Any]:
     """The stack (`train_many`, padded on CUDA) against the loop (`train` on copies) on the device: a short
     training of networks of two widths and both models."""
     from empirics.engine import train_many
-    from empirics.train import train
+    from empirics.train import train_job
 
     n, d = (200, 784) if smoke else (1000, 784)
     gen = torch.Generator().manual_seed(7)
     x = torch.rand(n, d, generator=gen).to(device)
     y = torch.randint(0, 10, (n,), generator=gen).to(device)
-    jobs = _jobs(("relu", "attn"), (16, 256), range(3), x, y, 3, device)
+    jobs = _jobs(Sweep(("relu", "attn"), (16, 256), range(3)), x, y, 3, device)
     loop_jobs = [(copy.deepcopy(j[0]), *j[1:]) for j in jobs]
     stack_recs = train_many(jobs)
-    loop_recs = [train(*j) for j in loop_jobs]
+    loop_recs = [train_job(j) for j in loop_jobs]
     worst = 0.0
     for a, b in zip(jobs, loop_jobs, strict=True):
         wa, wb = a[0].W.detach(), b[0].W.detach()

@@ -58,15 +58,28 @@ class Timing:
         return Timing(list(d["times_s"]), d.get("warmup", ""))
 
 
-def time_call(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, max_total_s: float = 20.0,
-              sync: Callable[[], None] | None = None, warmup_fn: Callable[[], Any] | None = None,
-              warmup_note: str | None = None) -> Timing:
-    """Time `fn`: `warmup` untimed calls (of `warmup_fn` when given), then up to `repeats` timed calls.
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How a call is timed: `warmup` untimed calls, then up to `repeats` timed ones within `max_total_s`."""
+
+    repeats: int = 5
+    warmup: int = 1
+    max_total_s: float = 20.0
+
+
+#: Five repeats after one warm-up, within 20 s.
+DEFAULT_TIMING = TimingPolicy()
+
+
+def time_call(fn: Callable[[], Any], policy: TimingPolicy = DEFAULT_TIMING, sync: Callable[[], None] | None = None,
+              warmup_fn: Callable[[], Any] | None = None, warmup_note: str | None = None) -> Timing:
+    """Time `fn`: `policy.warmup` untimed calls (of `warmup_fn` when given), then up to `policy.repeats` timed calls.
 
     Another repeat is started only while the time spent so far plus one more repeat stays within
-    `max_total_s`, so slow cases get fewer repeats (at least one). `sync` (e.g. CUDA synchronise) is
+    `policy.max_total_s`, so slow cases get fewer repeats (at least one). `sync` (e.g. CUDA synchronise) is
     called before each clock read.
     """
+    repeats, warmup, max_total_s = policy.repeats, policy.warmup, policy.max_total_s
     sync = sync or (lambda: None)
     for _ in range(warmup):
         (warmup_fn or fn)()
@@ -87,7 +100,7 @@ def time_result(fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup: in
                 **kwargs: Any) -> tuple[Timing, Any]:
     """`time_call` of `fn(*args, **kwargs)`, also returning the last call's result."""
     out: list[Any] = []
-    t = time_call(lambda: out.append(fn(*args, **kwargs)), repeats=repeats, warmup=warmup, max_total_s=max_total_s)
+    t = time_call(lambda: out.append(fn(*args, **kwargs)), TimingPolicy(repeats, warmup, max_total_s))
     return t, out[-1]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -101,16 +102,32 @@ def generic_flops(n: int, m: int, d: int, c: int = 10) -> float:
     return 2.0 * c * m * d * n * n
 
 
-def generic_peak_bytes(n: int, m: int, d: int, c: int = 10, itemsize: int = 4, max_bytes: int = 1 << 30,
-                       base_bytes: float = 0.0, jacobian_copies: float = 2.0) -> float:
+@dataclass(frozen=True)
+class ChunkMemory:
+    """The chunking and calibration of `generic_peak_bytes`: the byte budget of two Jacobian chunks (`max_bytes`),
+    the process's baseline bytes and how many chunk pairs are alive at the peak (`jacobian_copies`)."""
+
+    max_bytes: int = 1 << 30
+    base_bytes: float = 0.0
+    jacobian_copies: float = 2.0
+
+
+#: `torch_func`'s 1 GiB chunk budget, no baseline, two chunk pairs alive.
+DEFAULT_CHUNKS = ChunkMemory()
+
+
+def generic_peak_bytes(n: int, m: int, d: int, c: int = 10, itemsize: int = 4,
+                       chunks: ChunkMemory = DEFAULT_CHUNKS) -> float:
     """Memory model of `empirics.ntk.empirical_ntk(..., implementation="torch_func")` (chunked per-example
     Jacobians).
 
     The output kernel (n^2 items), the inputs and W, and the Jacobian chunks: `torch_func` sizes a
-    chunk so that two chunks `j1`, `j2` (c P items per example each) hold at most `max_bytes`;
-    `jacobian_copies` counts how many such pairs are alive at the peak (jacrev's per-parameter
-    result plus the concatenated copy: about 2, calibrated against measured peak RSS by the runner).
+    chunk so that two chunks `j1`, `j2` (c P items per example each) hold at most `chunks.max_bytes`;
+    `chunks.jacobian_copies` counts how many such pairs are alive at the peak (jacrev's per-parameter
+    result plus the concatenated copy: about 2, calibrated against measured peak RSS by the runner), on top of
+    `chunks.base_bytes`.
     """
+    max_bytes, base_bytes, jacobian_copies = chunks.max_bytes, chunks.base_bytes, chunks.jacobian_copies
     per_example = c * m * d * itemsize
     chunk = max(1, max_bytes // (2 * per_example))
     jac = jacobian_copies * 2 * min(chunk, n) * per_example

@@ -52,15 +52,16 @@ def load_inputs(n_pool: int, n_test: int) -> tuple[np.ndarray, np.ndarray, str]:
     Uses the full MNIST files when found; otherwise the bundled sample, resampled with small noise up
     to the sizes asked for (the cost of every benchmark depends only on the shapes).
     """
-    from empirics.datasets import load_dataset
+    from empirics.datasets import DataRequest, load_dataset
     from ntkm.errors import UserInputError
 
     try:
-        ds = load_dataset("mnist", n_train=n_pool, n_test=n_test, sample="balanced", seed=0, source="full")
+        ds = load_dataset("mnist", n_train=n_pool, n_test=n_test,
+                          request=DataRequest(sample="balanced", seed=0, source="full"))
         src = "MNIST (full IDX files), balanced subset, seed 0"
         xtr, ytr, xte, yte = ds.x_train, ds.y_train, ds.x_test, ds.y_test
     except UserInputError:
-        ds = load_dataset("mnist", n_train=600, n_test=200, source="bundled")
+        ds = load_dataset("mnist", n_train=600, n_test=200, request=DataRequest(source="bundled"))
         rng = np.random.default_rng(0)
         itr, ite = rng.integers(0, 600, n_pool), rng.integers(0, 200, n_test)
         noise = rng.normal(0, 0.02, (n_pool + n_test, ds.x_train.shape[1])).astype(np.float32)
@@ -356,11 +357,11 @@ def _public(obj: Any) -> Any:
 
 def _attacks(cfg: Any, devices: tuple[str, ...], data: dict[str, Any]) -> list[Row]:
     from benchmarks.bench_attacks import bench_attacks
-    from empirics.datasets import load_dataset
+    from empirics.datasets import DataRequest, load_dataset
 
     _log("section 3: attacks and the malleability loop")
     c = cfg.resolved()
-    ds = load_dataset("mnist", n_train=c.n_train, n_test=c.n_test, sample="balanced", seed=0)
+    ds = load_dataset("mnist", n_train=c.n_train, n_test=c.n_test, request=DataRequest(sample="balanced", seed=0))
     x = np.concatenate([ds.x_train, ds.x_test]).astype(np.float32)
     y = np.concatenate([ds.y_train, ds.y_test]).astype(np.int64)
     r, data["attacks"] = bench_attacks(c, x, y, devices, _log)

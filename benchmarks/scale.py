@@ -68,7 +68,7 @@ def epoch_seconds(kind: str, d: int, n: int, m: int, device: str) -> float:
         model = build_model(ModelSpec(kind, d, m, 10, seed=0), x, device=device)
         _sync(device)
         t0 = time.perf_counter()
-        train(model, x, y, protocol_config(PAPER, epochs), x[:200], y[:200])
+        train(model, x, y, protocol_config(PAPER, epochs), (x[:200], y[:200]))
         _sync(device)
         return time.perf_counter() - t0
 

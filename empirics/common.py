@@ -100,7 +100,7 @@ def train_network(spec: ModelSpec, t: Tensors, cfg: TrainConfig, device: str = "
         return _TRAINED[key]
     model = build_model(spec, t.x_train, device=device)
     init_W = model.W.detach().clone()
-    rec = train(model, t.x_train, t.y_train, cfg, t.x_test, t.y_test, label=label or f"{spec.kind} m={spec.width}")
+    rec = train(model, t.x_train, t.y_train, cfg, (t.x_test, t.y_test), label=label or f"{spec.kind} m={spec.width}")
     out = Trained(model, init_W, rec, adequacy(rec, t.chance))
     _remember(key, out)
     return out
@@ -179,13 +179,15 @@ def experiment_data(cfg: Any, dataset: Any | None = None, seed: int = 0) -> tupl
     `data_seed + seed`), so a spread over seeds is also a spread over data subsets. The data set's provenance
     names the networks' input preprocessing (`cfg.preprocess`, default raw), which acts inside the model.
     """
+    from empirics.datasets import DataRequest
     from empirics.records import pick_device
     from empirics.userdata import load_data
 
     device = pick_device(cfg.device)
     data_seed = cfg.data_seed + (seed if getattr(cfg, "per_seed_data", False) else 0)
-    ds = dataset or load_data(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task,
-                              sample=cfg.sample, seed=data_seed, data_dir=cfg.data_dir, source=cfg.data_source,
+    ds = dataset or load_data(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test,
+                              request=DataRequest(task=cfg.task, sample=cfg.sample, seed=data_seed,
+                                                  data_dir=cfg.data_dir, source=cfg.data_source),
                               classes=getattr(cfg, "classes", None))
     prov = {**(ds.provenance or {}), "preprocess": getattr(cfg, "preprocess", "raw")}
     ds = dataclasses.replace(ds, provenance=prov)

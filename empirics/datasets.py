@@ -10,7 +10,7 @@ audit share), which uses the subsets, digests and pixel scaling defined here.
 
 Where the data is looked for, in order (the first location holding a usable copy wins):
 
-1. the `data_dir` argument (`--data-dir`); if given, only there, and nothing usable is an error;
+1. the request's `data_dir` (`DataRequest`, `--data-dir`); if given, only there, and nothing usable is an error;
 2. the folder in the environment variable `NTKM_DATA_DIR`;
 3. `./data` and `../shared/data`, relative to the working directory;
 4. the user cache, `$XDG_CACHE_HOME/ntk-malleability-suite/data` (default `~/.cache/...`),
@@ -149,6 +149,17 @@ class DataProvenance:
                 out[f.name] = getattr(self, f.name)
                 out.update(self.after.get(f.name, {}))
         return out
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    """How a subset is drawn and where a built-in data set is looked for: everything a loader takes but the sizes."""
+
+    task: str = "10class"
+    sample: str = "balanced"
+    seed: int = 0
+    data_dir: str | Path | None = None
+    source: str = "auto"
 
 
 @dataclass
@@ -552,44 +563,39 @@ def _read_sample(name: str) -> tuple[dict[str, np.ndarray], dict[str, Any], Path
 # --- public API ---------------------------------------------------------------------------------------
 
 
-def load_dataset(
-    name: str,
-    *,
-    n_train: int,
-    n_test: int,
-    task: str = "10class",
-    sample: str = "balanced",
-    seed: int = 0,
-    data_dir: str | Path | None = None,
-    source: str = "auto",
-) -> Dataset:
-    """Load a train/test subset of MNIST or CIFAR-10 (see the module docstring for every choice)."""
+def load_dataset(name: str, *, n_train: int, n_test: int, request: DataRequest | None = None) -> Dataset:
+    """Load a train/test subset of MNIST or CIFAR-10 (see the module docstring for every choice; `request`: the
+    task, subset rule, seed and where to look, None for `DataRequest()`'s defaults)."""
+    request = DataRequest() if request is None else request
     name = check_choice("dataset", name, DATASETS)
-    task = check_choice("task", task, TASKS)
-    sample = check_choice("sample", sample, SAMPLES)
-    source = check_choice("source", source, SOURCES)
+    task = check_choice("task", request.task, TASKS)
+    sample = check_choice("sample", request.sample, SAMPLES)
+    source = check_choice("source", request.source, SOURCES)
+    seed, data_dir = request.seed, request.data_dir
     for what, n in (("n_train", n_train), ("n_test", n_test)):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
             raise UserInputError(f"{what} must be a positive integer (got {n!r})")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise UserInputError(f"seed must be a non-negative integer (got {seed!r})")
-    n_train, n_test, seed = int(n_train), int(n_test), int(seed)
+    n_train, n_test = int(n_train), int(n_test)
+    request = DataRequest(task, sample, int(seed), data_dir, source)
     if data_dir is not None and not Path(data_dir).expanduser().is_dir():
         raise UserInputError(f"--data-dir {data_dir} is not a folder; {HOW_TO_GET.format(name=name)}")
 
     if source == "bundled":
-        return _load_bundled(name, task, sample, seed, n_train, n_test, searched=None)
+        return _load_bundled(name, request, n_train, n_test, searched=None)
     src, searched = find_data(name, data_dir)
     if src is None:
         where = "; ".join(searched)
         if data_dir is not None or source == "full":
             raise UserInputError(f"no usable {name} data found (looked in {where}); {HOW_TO_GET.format(name=name)}")
-        return _load_bundled(name, task, sample, seed, n_train, n_test, searched=searched)
-    return _load_source(src, task, sample, seed, n_train, n_test)
+        return _load_bundled(name, request, n_train, n_test, searched=searched)
+    return _load_source(src, request, n_train, n_test)
 
 
-def _load_source(src: DataSource, task: str, sample: str, seed: int, n_train: int, n_test: int) -> Dataset:
+def _load_source(src: DataSource, request: DataRequest, n_train: int, n_test: int) -> Dataset:
     name = src.dataset
+    task, sample, seed = request.task, request.sample, request.seed
     keep, classes = _task_labels(name, task)
     opened = _open(src)
     out: dict[str, Any] = {}
@@ -628,9 +634,10 @@ def _published_summary(flags: list[bool | None]) -> str:
     return "no published checksums for these files"
 
 
-def _load_bundled(
-    name: str, task: str, sample: str, seed: int, n_train: int, n_test: int, searched: list[str] | None
-) -> Dataset:
+def _load_bundled(name: str, request: DataRequest, n_train: int, n_test: int, searched: list[str] | None) -> Dataset:
+    """The subset `request` draws from the bundled sample (`searched`: the places looked in first, None when the
+    sample was asked for)."""
+    task, sample, seed = request.task, request.sample, request.seed
     arrays, info, path = _read_sample(name)
     keep, classes = _task_labels(name, task)
     out: dict[str, Any] = {}

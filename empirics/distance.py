@@ -145,10 +145,12 @@ def _at_init(m64: SuiteNet, init_W: torch.Tensor, x_train: torch.Tensor) -> Suit
     return build_model(m64.spec, x_train, dtype=x_train.dtype, device=str(x_train.device)).double()
 
 
-def one_run(spec: ModelSpec, t: Tensors, cfg: TrainConfig, k_inf_tt: np.ndarray, f_ntk: np.ndarray,
-            device: str, k_inf_st: np.ndarray, y_train: np.ndarray, ridge: float) -> dict[str, Any]:
-    """Train one network and measure every distance (float64 kernels)."""
-    tr = train_network(spec, t, cfg, device)
+def one_run(net: NetworkRequest, k_inf_tt: np.ndarray, f_ntk: np.ndarray, k_inf_st: np.ndarray,
+            y_train: np.ndarray, ridge: float) -> dict[str, Any]:
+    """Train one network (`net`: its spec, data, training and device) and measure every distance (float64
+    kernels)."""
+    spec, t = net.spec, net.data
+    tr = train_network(spec, t, net.cfg, net.device, net.label)
     m64 = as_float64(tr.model)
     x = t.x_train.double()
     m0 = _at_init(m64, tr.init_W, t.x_train)
@@ -198,13 +200,14 @@ def linearised_change(k_tt: np.ndarray, k_st: np.ndarray, residual: np.ndarray, 
     return np.asarray(k_st, np.float64) @ (u @ (g[:, None] * (u.T @ r)))
 
 
-def gd_mse_run(spec: ModelSpec, t: Tensors, cfg: TrainConfig, k_tt: np.ndarray, k_st: np.ndarray,
-               y_train: np.ndarray, device: str) -> dict[str, Any]:
-    """Train `spec` under the gd-mse protocol (at most `cfg.epochs` steps) and measure `gd_function_change`
-    (module docstring) with its training record and gate as `gd_*` fields."""
+def gd_mse_run(net: NetworkRequest, k_tt: np.ndarray, k_st: np.ndarray, y_train: np.ndarray) -> dict[str, Any]:
+    """Train `net.spec` on `net.data` under the gd-mse protocol (at most `net.cfg.epochs` steps, its seed; `net.label`
+    is not used) and measure `gd_function_change` (module docstring) with its training record and gate as `gd_*`
+    fields."""
     from empirics.protocols import GD_MSE, protocol_config
 
-    tr = train_network(spec, t, protocol_config(GD_MSE, cfg.epochs, seed=cfg.seed), device,
+    spec, t, cfg = net.spec, net.data, net.cfg
+    tr = train_network(spec, t, protocol_config(GD_MSE, cfg.epochs, seed=cfg.seed), net.device,
                        label=f"{spec.kind} m={spec.width} gd-mse")
     m64 = as_float64(tr.model)
     m0 = _at_init(m64, tr.init_W, t.x_train)
@@ -394,11 +397,10 @@ def distance_seed(cfg: DistanceConfig, dataset: Any | None, seed: int) -> dict[s
             else {**mc.summary(), "predictor_se": predictor_jackknife_se(mc, x_tr.shape[0], y_t, ridge),
                   "predictor_norm": norms[kind]}
         for width in cfg.widths:
-            spec = replace(spec0, width=width)
-            tcfg = replace(cfg.train, seed=seed)
+            net = NetworkRequest(replace(spec0, width=width), t, replace(cfg.train, seed=seed), device)
             twin = cfg.gd_mse and not KINDS[kind].trains_attention
-            gd = gd_mse_run(spec, t, tcfg, k_tt, k_st, y_t, device) if twin else GD_ABSENT
-            runs[kind].append({**one_run(spec, t, tcfg, k_tt, f_ntk, device, k_st, y_t, ridge),
+            gd = gd_mse_run(net, k_tt, k_st, y_t) if twin else GD_ABSENT
+            runs[kind].append({**one_run(net, k_tt, f_ntk, k_st, y_t, ridge),
                                "ntk_predictor_test_acc": _acc(f_ntk, ds.y_test), **gd})
     return {"seed": seed, "runs": runs, "norms": norms, "refs": refs, "ridges": ridges, "provenance": ds.provenance,
             "device": device}

@@ -1,4 +1,4 @@
-"""Train many networks at once: `train_many(jobs)` returns what `[train(*job) for job in jobs]` returns.
+"""Train many networks at once: `train_many(jobs)` returns what `[train_job(job) for job in jobs]` returns.
 
 The suite's networks are small two-layer heads `m^-1/2 A^T relu(W x~)` with only `W` trained and the features `x~`
 fixed (`empirics.models.TwoLayerNet`), so training one costs a few small matrix products per step, and per-call
@@ -61,9 +61,17 @@ from torch import nn
 from empirics.losses import loss_fn, predict_labels
 from empirics.models import TwoLayerNet
 from empirics.progress import Progress
-from empirics.train import TrainConfig, TrainRecord, accuracy, effective_lr, gd_learning_rate, plateau_reached, train
+from empirics.train import (
+    TrainConfig,
+    TrainRecord,
+    accuracy,
+    effective_lr,
+    gd_learning_rate,
+    plateau_reached,
+    train_job,
+)
 
-#: A training job: the arguments of `empirics.train.train` (model, x, y, cfg, x_test, y_test, label).
+#: A training job: (model, x, y, cfg, x_test, y_test, label), what `empirics.train.train_job` passes to `train`.
 Job = tuple[nn.Module, torch.Tensor, torch.Tensor, TrainConfig, "torch.Tensor | None", "torch.Tensor | None", str]
 
 #: The `TrainConfig` fields the engine implements, each with the values it implements exactly.
@@ -537,7 +545,7 @@ def stack_plan(jobs: Sequence[Sequence[Any]], pad: bool | None = None) -> list[l
 
 def train_many(jobs: Sequence[Sequence[Any]], label: str = "engine", fused_adam: bool = False,
                pad: bool | None = None) -> list[TrainRecord]:
-    """Train every job (the arguments of `empirics.train.train`, label optional) in place; the records in order.
+    """Train every job (`Job`, label optional; `empirics.train.train_job`) in place; the records in order.
 
     Supported jobs are grouped and trained stacked; the rest go through `train` one by one. A record's `wall_s` is
     its group's training time divided by the group's size (the networks were trained together). `fused_adam`
@@ -548,7 +556,7 @@ def train_many(jobs: Sequence[Sequence[Any]], label: str = "engine", fused_adam:
     records: list[TrainRecord | None] = [None] * len(jobs)
     fallback = {i for i, _ in fallbacks(jobs)}
     for i in sorted(fallback):
-        records[i] = train(*jobs[i])
+        records[i] = train_job(jobs[i])
     nets = {i: _prepare(i, job) for i, job in enumerate(jobs) if i not in fallback}
     for group, padded in _plan(jobs, pad, lambda i: nets[i].lr):
         chunk = [nets[i] for i in group]
@@ -557,7 +565,7 @@ def train_many(jobs: Sequence[Sequence[Any]], label: str = "engine", fused_adam:
         m = f"{widths[0]}" if len(widths) == 1 else f"{widths[0]}..{widths[-1]}"
         if not _train_group(chunk, f"{label} {len(chunk)} x m={m}", fused_adam, padded):
             for net in chunk:
-                records[net.index] = train(*jobs[net.index])
+                records[net.index] = train_job(jobs[net.index])
             continue
         wall = (time.perf_counter() - t0) / len(chunk)
         for net in chunk:

@@ -52,6 +52,8 @@ from ntkm.errors import UserInputError
 
 RIDGE_REL_DEFAULT = 1e-3
 RIDGE_FLOOR = 1e-12
+#: One split of a data set as (inputs, labels): how `influence_scores` takes its training and test sets.
+LabelledSplit = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -85,6 +87,18 @@ def resolve_ridge(K: np.ndarray, ridge: float | None = None, ridge_rel: float = 
         raise UserInputError(f"relative ridge must be a finite number > 0, got {ridge_rel}")
     # floor: a network whose ReLUs all died has K = 0; its influences are then all 0 (no sign to flip)
     return max(float(ridge_rel * np.trace(K) / K.shape[0]), RIDGE_FLOOR)
+
+
+@dataclass(frozen=True)
+class Ridge:
+    """The ridge of a kernel solve: `value` (absolute) when given, else `rel * trace(K) / n` (`resolve_ridge`)."""
+
+    value: float | None = None
+    rel: float = RIDGE_REL_DEFAULT
+
+    def resolve(self, K: np.ndarray) -> float:
+        """The absolute ridge for training kernel `K`."""
+        return resolve_ridge(K, self.value, self.rel)
 
 
 def _as_2d(Y: np.ndarray) -> np.ndarray:
@@ -138,13 +152,13 @@ def _loo(M: Any, Y: Any, Kt: Any, Yt: Any, diag: Any) -> tuple[Any, Any]:
     return per_test, F
 
 
-def influence_from_kernels(K: np.ndarray, K_test_train: np.ndarray, Y: np.ndarray, Y_test: np.ndarray,
-                           y_test_labels: np.ndarray | None = None, ridge: float | None = None,
-                           ridge_rel: float = RIDGE_REL_DEFAULT,
+def influence_from_kernels(kernels: tuple[np.ndarray, np.ndarray], Y: np.ndarray, Y_test: np.ndarray,
+                           y_test_labels: np.ndarray | None = None, reg: Ridge = Ridge(),
                            device: torch.device | None = None) -> InfluenceResult:
-    """`InfluenceResult` from precomputed kernels and targets (see the module docstring); `device`: where the
-    solve runs (`kernel_influence`; None: scipy on the host)."""
-    lam = resolve_ridge(K, ridge, ridge_rel)
+    """`InfluenceResult` from precomputed kernels `(K, K_test_train)` and targets (see the module docstring), with
+    the ridge `reg`; `device`: where the solve runs (`kernel_influence`; None: scipy on the host)."""
+    K, K_test_train = kernels
+    lam = reg.resolve(K)
     per_test, F = kernel_influence(K, Y, lam, K_test_train, Y_test, device)
     Yt = _as_2d(Y_test)
     loss = float(np.mean(np.sum((F - Yt) ** 2, axis=1)))
@@ -182,21 +196,22 @@ def model_kernels(model: nn.Module, x_train: torch.Tensor,
     return joint[:n, :n].copy(), joint[n:, :n].copy()
 
 
-def influence_scores(model: nn.Module, x_train: torch.Tensor, y_train: torch.Tensor, x_test: torch.Tensor,
-                     y_test: torch.Tensor, ridge: float | None = None, ridge_rel: float = RIDGE_REL_DEFAULT,
+def influence_scores(model: nn.Module, train: LabelledSplit, test: LabelledSplit, reg: Ridge = Ridge(),
                      kernels: tuple[np.ndarray, np.ndarray] | None = None) -> InfluenceResult:
-    """NTK leave-one-out influence of each training point on each test point (and summed).
+    """NTK leave-one-out influence of each training point on each test point (and summed); `train` and `test` are
+    (inputs, labels).
 
     The kernel is the trained network's empirical NTK (float64; `kernels`, `model_kernels(model, x_train, x_test)`,
-    where the caller has computed it already); targets are one-hot or +-1 as in training. `ridge` is absolute; when
-    None it is `ridge_rel * trace(K_m) / n`. The solve runs where the training inputs are when that is a GPU
-    (`solve_device`), else with scipy on the host (so every CPU result is unchanged).
+    where the caller has computed it already); targets are one-hot or +-1 as in training. `reg.value` is an absolute
+    ridge; when None it is `reg.rel * trace(K_m) / n`. The solve runs where the training inputs are when that is a
+    GPU (`solve_device`), else with scipy on the host (so every CPU result is unchanged).
     """
+    (x_train, y_train), (x_test, y_test) = train, test
     out_dim = output_dim(model, x_train)
     K, Kst = kernels if kernels is not None else model_kernels(model, x_train, x_test)
     Y = targets(y_train.cpu(), out_dim, torch.float64).numpy()
     Yt = targets(y_test.cpu(), out_dim, torch.float64).numpy()
-    return influence_from_kernels(K, Kst, Y, Yt, y_test.cpu().numpy(), ridge, ridge_rel, solve_device(x_train))
+    return influence_from_kernels((K, Kst), Y, Yt, y_test.cpu().numpy(), reg, solve_device(x_train))
 
 
 def solve_device(x: torch.Tensor) -> torch.device | None:
@@ -251,13 +266,15 @@ def _pool(x: np.ndarray, shape: tuple[int, ...], k: int) -> np.ndarray:
     return img.reshape(-1, c, hh, k, ww, k).mean(axis=(3, 5)).reshape(x.shape[0], -1)
 
 
-def _gd_batched(W: torch.Tensor, A: torch.Tensor, x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor,
+def _gd_batched(W: torch.Tensor, A: torch.Tensor, train: tuple[torch.Tensor, torch.Tensor], keep: torch.Tensor,
                 lr: float, steps: int) -> torch.Tensor:
     """Full-batch GD for B networks at once, each on the mean of `(f - y)^2 / 2` over its own points.
 
-    `W` (B, m, d) are the initial first-layer weights, `A` (m, c) the fixed output layer, `keep`
-    (B, n) a 0/1 mask of the training points each network sees. Returns the trained weights.
+    `W` (B, m, d) are the initial first-layer weights, `A` (m, c) the fixed output layer, `train` the (inputs x,
+    targets y) of all n training points, `keep` (B, n) a 0/1 mask of the training points each network sees.
+    Returns the trained weights.
     """
+    x, y = train
     W = W.clone().requires_grad_(True)
     weight = (keep / keep.sum(dim=1, keepdim=True))[:, :, None]
     scale = A.shape[0] ** -0.5
@@ -276,13 +293,13 @@ def retrain_study(cfg: RetrainConfig) -> dict[str, Any]:
     Returns per-point predicted and actual values, Pearson and Spearman correlations, the fraction
     of points where the signs agree, and the kernel predictor's agreement with the network.
     """
-    from empirics.datasets import load_dataset
+    from empirics.datasets import DataRequest, load_dataset
     from empirics.models import ModelSpec, build_model
     from empirics.records import library_versions
 
     t0 = time.perf_counter()
-    ds = load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task, seed=cfg.data_seed,
-                      data_dir=cfg.data_dir)
+    ds = load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test,
+                      request=DataRequest(task=cfg.task, seed=cfg.data_seed, data_dir=cfg.data_dir))
     out_dim = 1 if cfg.task == "binary" else ds.num_classes
     dt = torch.float64 if cfg.dtype == "float64" else torch.float32
     xtr = torch.as_tensor(_pool(ds.x_train, ds.image_shape, cfg.pool), dtype=dt)
@@ -302,7 +319,7 @@ def retrain_study(cfg: RetrainConfig) -> dict[str, Any]:
     def fit(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Test outputs (centred: minus f at initialisation) and weights of networks trained on each row
         of `keep`."""
-        W = _gd_batched(W0.expand(keep.shape[0], -1, -1), A, xtr, Y + f0_tr, keep.to(dt), lr, cfg.steps)
+        W = _gd_batched(W0.expand(keep.shape[0], -1, -1), A, (xtr, Y + f0_tr), keep.to(dt), lr, cfg.steps)
         with torch.no_grad():
             return torch.relu(xte @ W.transpose(1, 2)) @ A * cfg.width**-0.5 - f0_te, W
 
@@ -312,7 +329,7 @@ def retrain_study(cfg: RetrainConfig) -> dict[str, Any]:
     f_full, W_full = fit(torch.ones(1, n, device=xtr.device))
     with torch.no_grad():
         net.W.copy_(W_full[0])
-    infl = influence_scores(net, xtr, ytr, xte, yte, ridge=ridge)
+    infl = influence_scores(net, (xtr, ytr), (xte, yte), Ridge(ridge))
     loss_full = float(test_loss(f_full)[0])
     order = np.argsort(infl.total)
     picks = order[np.unique(np.linspace(0, n - 1, min(cfg.n_remove, n)).round().astype(int))]
@@ -423,13 +440,25 @@ ACTUAL = {"squared": "change of the retrained network's summed squared error to 
                       "under gd-mse) on the test set"}
 
 
-def matched_predictions(net: nn.Module, kernels: tuple[np.ndarray, np.ndarray], x: torch.Tensor, xt: torch.Tensor,
-                        y: torch.Tensor, yt: torch.Tensor, ridge: float, loss: str, f0_train: np.ndarray,
-                        f0_test: np.ndarray) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class SplitAtInit:
+    """One split as `matched_predictions` reads it: inputs, labels, and the network's outputs on them at
+    initialisation (the initial function the `initial-removed` estimand takes out)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    f0: np.ndarray
+
+
+def matched_predictions(net: nn.Module, kernels: tuple[np.ndarray, np.ndarray], train: SplitAtInit,
+                        test: SplitAtInit, ridge: float, loss: str) -> dict[str, np.ndarray]:
     """Predicted total influence (n,) of every training point under each of `ESTIMANDS`, from the trained network's
-    kernels; `f0_*` are the network's outputs at initialisation, `loss` its training loss (`TrainConfig.loss`)."""
+    kernels; `train.f0` and `test.f0` are the network's outputs at initialisation, `loss` its training loss
+    (`TrainConfig.loss`)."""
     from empirics.gauss_newton import gn_influence_mean, loss_residuals
 
+    x, y, f0_train = train.x, train.y, train.f0
+    xt, yt, f0_test = test.x, test.y, test.f0
     K, Kt = kernels
     c = f0_train.shape[1]
     Y = targets(y.cpu(), c, torch.float64).numpy()
@@ -467,7 +496,7 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
     """Predicted NTK-LOO influence against actual leave-one-out retraining under a training protocol (its values
     as the cache reads them back)."""
     from empirics.common import dataset_tensors
-    from empirics.datasets import load_dataset
+    from empirics.datasets import DataRequest, load_dataset
     from empirics.engine import train_many
     from empirics.models import ModelSpec, build_model, input_channels
     from empirics.protocols import adequacy, chance_accuracy, protocol_config
@@ -475,8 +504,8 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
 
     t0 = time.perf_counter()
     device = pick_device(cfg.device)
-    ds = load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task, seed=cfg.data_seed,
-                      data_dir=cfg.data_dir)
+    ds = load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test,
+                      request=DataRequest(task=cfg.task, seed=cfg.data_seed, data_dir=cfg.data_dir))
     t = dataset_tensors(ds, device)
     xtr = torch.as_tensor(_pool(ds.x_train, ds.image_shape, cfg.pool), dtype=torch.float32, device=device)
     xte = torch.as_tensor(_pool(ds.x_test, ds.image_shape, cfg.pool), dtype=torch.float32, device=device)
@@ -511,13 +540,14 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
         f0_tr, f0_te = init(xtr).double().cpu().numpy(), init(xte).double().cpu().numpy()
     ((net, rec),) = fit([np.arange(n)])
     kernels = model_kernels(net, xtr, xte)
-    infl = influence_scores(net, xtr, t.y_train, xte, t.y_test, ridge_rel=cfg.ridge_rel, kernels=kernels)
+    infl = influence_scores(net, (xtr, t.y_train), (xte, t.y_test), Ridge(rel=cfg.ridge_rel), kernels=kernels)
     base = losses(net)
     order = np.argsort(infl.total)
     picks = order[np.unique(np.linspace(0, n - 1, min(cfg.n_remove, n)).round().astype(int))]
     refits = [losses(m) for m, _ in fit([np.setdiff1d(np.arange(n), [i]) for i in picks])]
     act = {name: np.array([r[name] - base[name] for r in refits]) for name in base}
-    preds = matched_predictions(net, kernels, xtr, xte, t.y_train, t.y_test, infl.ridge, tcfg.loss, f0_tr, f0_te)
+    preds = matched_predictions(net, kernels, SplitAtInit(xtr, t.y_train, f0_tr), SplitAtInit(xte, t.y_test, f0_te),
+                                infl.ridge, tcfg.loss)
     pred = infl.total[picks]
     estimands = [{"name": name, "predicted": PREDICTED[name], "actual": ACTUAL[ESTIMAND_LOSS[name]],
                   **_bootstrap_corr(preds[name][picks], act[ESTIMAND_LOSS[name]]),

@@ -15,7 +15,7 @@ import math
 import time
 from typing import Any
 
-from empirics.datasets import load_dataset, preprocess
+from empirics.datasets import DataRequest, load_dataset, preprocess
 from theory.bounds import width_bound_v1, width_bound_v2
 from theory.conditioning import condition_numbers, log10_kappa_power
 
@@ -24,28 +24,16 @@ def kappa_rows(
     dataset: str,
     ns: tuple[int, ...],
     *,
-    task: str = "10class",
-    sample: str = "balanced",
+    request: DataRequest | None = None,
     preprocessing: str = "raw",
     eps: float = 0.1,
-    seed: int = 0,
-    data_dir: str | None = None,
-    source: str = "auto",
 ) -> list[dict[str, Any]]:
-    """One record per n: condition numbers, kappa^3 (log10), both width bounds and data provenance."""
+    """One record per n: condition numbers, kappa^3 (log10), both width bounds and data provenance (`request`: the
+    task, subset rule, seed and where to look for each n's images, None for `DataRequest()`'s defaults)."""
     rows = []
     for n in ns:
         t0 = time.perf_counter()
-        ds = load_dataset(
-            dataset,
-            n_train=n,
-            n_test=1,
-            task=task,
-            sample=sample,
-            seed=seed,
-            data_dir=data_dir,
-            source=source,
-        )
+        ds = load_dataset(dataset, n_train=n, n_test=1, request=request)
         channels = ds.image_shape[0] if ds.image_shape else 1
         cn = condition_numbers(preprocess(ds.x_train, preprocessing, channels=channels))
         beside = {}

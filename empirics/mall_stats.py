@@ -51,6 +51,15 @@ SEED_METHOD = T_METHOD
 Pair = tuple[str, str]
 
 
+@dataclass(frozen=True)
+class FlipSetting:
+    """One setting of the flip-rate tables: how the networks were trained, the intervention and its eps."""
+
+    training: str
+    intervention: str
+    eps: float
+
+
 def paper_ratio_range(dataset: str, task: str) -> tuple[float, float] | None:
     """Smallest and largest Attn/ReLU flip-rate ratio over the paper's three attacks."""
     p = PAPER_FLIP.get((dataset, task))
@@ -166,7 +175,7 @@ def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig, pair: Pair = 
             if intervention not in cfg.interventions:
                 continue
             for eps in cfg.eps_values:
-                _flip_block(out, runs, cfg, training, intervention, eps, attacks, compared)
+                _flip_block(out, runs, cfg, FlipSetting(training, intervention, eps), compared)
         if "curated" in cfg.interventions:
             _curated_block(out, runs, cfg, training)
     if cfg.seed_baseline:
@@ -184,10 +193,12 @@ def summarise(runs: list[dict[str, Any]], cfg: MalleabilityConfig, pair: Pair = 
     return MallSummary.from_dict(encode(out))
 
 
-def _flip_block(out: dict[str, Any], runs: list[dict[str, Any]], cfg: MalleabilityConfig, training: str,
-                intervention: str, eps: float, attacks: tuple[str, ...], pair: Pair | None) -> None:
-    """Rows (per model and attack), pooled rows (per model) and the comparisons of `pair` (treated, control; none
-    when None) at one setting."""
+def _flip_block(out: dict[str, Any], runs: list[dict[str, Any]], cfg: MalleabilityConfig, setting: FlipSetting,
+                pair: Pair | None) -> None:
+    """Rows (per model and attack of `cfg.attacks`), pooled rows (per model) and the comparisons of `pair` (treated,
+    control; none when None) at one setting."""
+    training, intervention, eps = setting.training, setting.intervention, setting.eps
+    attacks = tuple(cfg.attacks)
     by = {m: _runs_by_seed(runs, training, m) for m in cfg.models}
     seeds = _common_seeds(by)
     if not seeds:

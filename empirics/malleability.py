@@ -62,7 +62,7 @@ from empirics.common import (
     train_seeds_together,
 )
 from empirics.distance import kernel_predictor_accuracy
-from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, influence_scores, model_kernels
+from empirics.influence import RIDGE_REL_DEFAULT, InfluenceResult, Ridge, influence_scores, model_kernels
 from empirics.intervals import spearman
 from empirics.kinds import KINDS, kinds_where
 from empirics.mall_stats import BASELINE, INTERVENTIONS, MallSummary, paper_ratio_range, summarise
@@ -216,7 +216,7 @@ def measure_model(model: TwoLayerNet, t: Tensors, cfg: MalleabilityConfig, seed:
     """Every intervention, attack (plus the random baseline) and eps for one trained network."""
     x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
     kernels = model_kernels(model, x, xt)
-    clean = influence_scores(model, x, y, xt, yt, cfg.ridge, cfg.ridge_rel, kernels=kernels)
+    clean = influence_scores(model, (x, y), (xt, yt), Ridge(cfg.ridge, cfg.ridge_rel), kernels=kernels)
     t0 = time.perf_counter()
     predictors = kernel_predictor_accuracy(model, t, cfg.train.weight_decay, trained=kernels)
     lam = clean.ridge
@@ -243,7 +243,7 @@ def measure_model(model: TwoLayerNet, t: Tensors, cfg: MalleabilityConfig, seed:
                 acfg = _attack_cfg(name, eps, cfg, _attack_seed(seed, e_idx, name, intervention))
                 x_adv = attack(model, x[idx_t], y[idx_t], acfg, train_x=x, train_idx=idx_t)
                 x_new = x.index_copy(0, idx_t, x_adv)
-                new = influence_scores(model, x_new, y, xt, yt, ridge=lam)
+                new = influence_scores(model, (x_new, y), (xt, yt), Ridge(lam))
                 m = compare(clean, new, sel)
                 m.update({"intervention": intervention, "attack": name, "eps": eps,
                           "max_abs_perturbation": float((x_new - x).abs().max())})
@@ -253,7 +253,7 @@ def measure_model(model: TwoLayerNet, t: Tensors, cfg: MalleabilityConfig, seed:
         for name, removed in (("removal", sel), (BASELINE, np.sort(rng.choice(n, size=k, replace=False)))):
             keep = np.setdiff1d(np.arange(n), removed)
             kt = torch.as_tensor(keep, device=x.device)
-            new = influence_scores(model, x[kt], y[kt], xt, yt, ridge=lam)
+            new = influence_scores(model, (x[kt], y[kt]), (xt, yt), Ridge(lam))
             res["measurements"].append({
                 "intervention": "curated", "attack": name, "eps": None, "removed": removed.tolist(),
                 "kernel_test_loss": new.test_loss, "kernel_test_acc": new.test_acc,
@@ -272,8 +272,9 @@ def seed_baseline(model: TwoLayerNet, other: TwoLayerNet, t: Tensors, cfg: Malle
     total-influence sign differs under `other`, with the same ridge rule. This is how unstable the
     signs are anyway; a flip rate is only informative above it.
     """
-    a = influence_scores(model, t.x_train, t.y_train, t.x_test, t.y_test, cfg.ridge, cfg.ridge_rel)
-    b = influence_scores(other, t.x_train, t.y_train, t.x_test, t.y_test, cfg.ridge, cfg.ridge_rel)
+    reg = Ridge(cfg.ridge, cfg.ridge_rel)
+    a = influence_scores(model, (t.x_train, t.y_train), (t.x_test, t.y_test), reg)
+    b = influence_scores(other, (t.x_train, t.y_train), (t.x_test, t.y_test), reg)
     sel = top_by_abs(a.total, n_top(cfg.tau, t.x_train.shape[0]))
     flipped = np.sign(a.total[sel]) != np.sign(b.total[sel])
     return {"flip_rate": float(flipped.mean()), "flipped": flipped.tolist(), "rho_all": spearman(a.total, b.total)}

@@ -34,6 +34,7 @@ Kernel `reduction`: "mean" gives `(1/c) sum_c Theta_cc` (the per-output kernel t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 import torch
@@ -53,6 +54,15 @@ class NtkImpl(str, Enum):
     CLOSED_FORM = "closed_form"
     TORCH_FUNC = "torch_func"
     AUTOGRAD_FACTORED = "autograd_factored"
+
+
+@dataclass(frozen=True)
+class JacobianOptions:
+    """How the two Jacobian paths run: the bytes of Jacobian held at once (`max_bytes`; None: each path's default)
+    and the batch size a program was exported with (`static_batch`, `autograd_factored` only)."""
+
+    max_bytes: int | None = None
+    static_batch: int | None = None
 
 
 def _check_reduction(reduction: str) -> None:
@@ -97,17 +107,18 @@ def resolve_implementation(model: nn.Module, implementation: NtkImpl | str = Ntk
 
 
 def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, reduction: str = "mean",
-                  implementation: NtkImpl | str = NtkImpl.AUTO, *, max_bytes: int | None = None,
-                  static_batch: int | None = None) -> torch.Tensor:
+                  implementation: NtkImpl | str = NtkImpl.AUTO, *,
+                  options: JacobianOptions = JacobianOptions()) -> torch.Tensor:
     """Empirical NTK of `model` between the rows of `x1` and `x2` (default `x1`), as a float64 tensor.
 
     The model is called on batches of rows of `x1` (its own input shape after the batch axis). The result is
     (n1, n2) for "mean" and "trace", (n1, n2, c, c) for "full"; float64 whatever the model's dtype (a float32
     kernel is computed in float32 and converted exactly, so timings and precision are those of the model's
-    dtype), on `x1`'s device (on CPU for `autograd_factored`). `max_bytes` bounds the Jacobians held at once
-    by the two Jacobian paths (default: 1 GiB for `torch_func`, 2 GiB for `autograd_factored`); `static_batch`
-    is the batch size a program was exported with (`autograd_factored` only).
+    dtype), on `x1`'s device (on CPU for `autograd_factored`). `options.max_bytes` bounds the Jacobians held at
+    once by the two Jacobian paths (default: 1 GiB for `torch_func`, 2 GiB for `autograd_factored`);
+    `options.static_batch` is the batch size a program was exported with (`autograd_factored` only).
     """
+    max_bytes, static_batch = options.max_bytes, options.static_batch
     _check_reduction(reduction)
     impl = resolve_implementation(model, implementation)
     if static_batch is not None and impl is not NtkImpl.AUTOGRAD_FACTORED:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.datasets import load_dataset
+from empirics.datasets import DataRequest, load_dataset
 from empirics.models import ModelSpec, build_model
 from empirics.ntk import empirical_ntk
 from ntkm.codec import Record, encode
@@ -75,7 +75,8 @@ def premise_unit(datasets: list[str], ns: list[int], widths: list[int], sample: 
         for n in ns:
             t0 = time.perf_counter()
             try:
-                ds = load_dataset(ds_name, n_train=int(n), n_test=1, sample=sample, seed=seed, data_dir=data_dir)
+                ds = load_dataset(ds_name, n_train=int(n), n_test=1,
+                                  request=DataRequest(sample=sample, seed=seed, data_dir=data_dir))
             except UserInputError as exc:
                 missing.append({"dataset": ds_name, "n": n, "reason": str(exc)})
                 continue
@@ -97,8 +98,9 @@ def binary_kappa_unit(datasets: list[str], ns: list[int], seeds: list[int], samp
                 rec: dict[str, Any] = {"dataset": ds_name, "n": int(n), "seed": int(seed)}
                 try:
                     for task in ("binary", "10class"):
-                        ds = load_dataset(ds_name, n_train=int(n), n_test=1, task=task, sample=sample, seed=int(seed),
-                                          data_dir=data_dir)
+                        ds = load_dataset(ds_name, n_train=int(n), n_test=1,
+                                          request=DataRequest(task=task, sample=sample, seed=int(seed),
+                                                              data_dir=data_dir))
                         cn = condition_numbers(ds.x_train)
                         rec[task] = {"kappa": cn["kappa"], "log10_kappa": cn["log10_kappa"], "rank": cn["rank"],
                                      "classes": ds.classes, "provenance_label": ds.provenance.get("label", ds_name)}

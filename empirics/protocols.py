@@ -46,7 +46,7 @@ with the reason.
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -134,10 +134,10 @@ GATE_TEXT = (f"adequacy gate: every network's train accuracy >= chance + {GATE_T
 
 
 def protocol_config(name: str, epochs: int, seed: int = 0, dataset: str | None = None, preprocess: str = "raw",
-                    lr_power: float | None = None, **overrides: Any) -> TrainConfig:
+                    lr_power: float | None = None) -> TrainConfig:
     """The `TrainConfig` of protocol `name`; `epochs` is the fixed count (paper) or the maximum; `dataset` and the
     networks' input `preprocess` pick the width-consistent protocol's pilot rate (`proper_lr`), `lr_power` its
-    exponent where not the primary one (the schedule axis)."""
+    exponent where not the primary one (the schedule axis). Change a field with `dataclasses.replace`."""
     if name not in PROTOCOL_NAMES:
         raise UserInputError(f"unknown training protocol '{name}'; choose one of {', '.join(PROTOCOL_NAMES)}")
     base = {"epochs": epochs, "seed": seed, "protocol": name, "batch_size": 128}
@@ -151,7 +151,7 @@ def protocol_config(name: str, epochs: int, seed: int = 0, dataset: str | None =
         cfg = TrainConfig(**base, optimizer="adam", lr=1e-3, weight_decay=1e-3, decay="decoupled", plateau=True)
     else:
         cfg = TrainConfig(**base, optimizer="gd", lr=1.0, weight_decay=0.0, loss="mse", plateau=True, lr_from_ntk=True)
-    return replace(cfg, **overrides) if overrides else cfg
+    return cfg
 
 
 def chance_accuracy(out_dim: int, num_classes: int) -> float:

@@ -44,7 +44,7 @@ import torch
 from scipy import stats
 
 from empirics.attacks import AttackConfig, attack
-from empirics.influence import RetrainSetting, influence_scores
+from empirics.influence import RetrainSetting, Ridge, influence_scores
 from empirics.intervals import wilson
 from empirics.losses import loss_fn, targets
 from ntkm.codec import Record, encode
@@ -176,7 +176,7 @@ class RetrainFlipRecord(Record):
 def retrain_flip_study(cfg: RetrainFlipConfig) -> RetrainFlipRecord:
     """Retrain-based flip rates of one network kind under one protocol (module docstring)."""
     from empirics.common import dataset_tensors
-    from empirics.datasets import load_dataset
+    from empirics.datasets import DataRequest, load_dataset
     from empirics.engine import train_many
     from empirics.malleability import compare, n_top, top_by_abs
     from empirics.models import ModelSpec, build_model, input_channels
@@ -185,8 +185,8 @@ def retrain_flip_study(cfg: RetrainFlipConfig) -> RetrainFlipRecord:
 
     t0 = time.perf_counter()
     device = pick_device(cfg.device)
-    ds = load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test, task=cfg.task, seed=cfg.data_seed,
-                      data_dir=cfg.data_dir)
+    ds = load_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test,
+                      request=DataRequest(task=cfg.task, seed=cfg.data_seed, data_dir=cfg.data_dir))
     t = dataset_tensors(ds, device)
     x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
     n = x.shape[0]
@@ -210,7 +210,7 @@ def retrain_flip_study(cfg: RetrainFlipConfig) -> RetrainFlipRecord:
 
     ref = build_model(spec(cfg.seeds[0]), x, device=device)
     (ref_rec,) = train_many([(ref, x, y, tcfg(cfg.seeds[0]), xt, yt, f"flip-retrain {cfg.model} reference")])
-    clean_infl = influence_scores(ref, x, y, xt, yt, ridge_rel=cfg.ridge_rel)
+    clean_infl = influence_scores(ref, (x, y), (xt, yt), Ridge(rel=cfg.ridge_rel))
     sel = top_by_abs(clean_infl.total, n_top(cfg.tau, n))
     sel_t = torch.as_tensor(sel, device=x.device)
     train_sets = {"clean": x}
@@ -220,7 +220,7 @@ def retrain_flip_study(cfg: RetrainFlipConfig) -> RetrainFlipRecord:
                             seed=1_000_003 + SETS.index(name))
         x_new = x.index_copy(0, sel_t, attack(ref, x[sel_t], y[sel_t], acfg, train_x=x, train_idx=sel_t))
         train_sets[name] = x_new
-        new = influence_scores(ref, x_new, y, xt, yt, ridge=clean_infl.ridge)
+        new = influence_scores(ref, (x_new, y), (xt, yt), Ridge(clean_infl.ridge))
         m = compare(clean_infl, new, sel, keep_examples=False)
         ntk[name] = {"flip_rate": m["flip_rate"], "flip_ci": list(wilson(m["flip_rate"], len(sel))),
                      "pair_flip_rate": m["pair_flip_rate"]}

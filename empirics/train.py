@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -152,9 +154,10 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
-          x_test: torch.Tensor | None = None, y_test: torch.Tensor | None = None,
-          label: str = "training") -> TrainRecord:
-    """Train `model` in place on (x, y) and return its training record."""
+          held_out: tuple[torch.Tensor, torch.Tensor] | None = None, label: str = "training") -> TrainRecord:
+    """Train `model` in place on (x, y) and return its training record; `held_out` (x_test, y_test), when given, is
+    the test set whose accuracy the record follows."""
+    x_test, y_test = held_out if held_out is not None else (None, None)
     t0 = time.perf_counter()
     out_dim = model(x[:1]).shape[1]
     net, inputs, test_inputs = model, x, x_test
@@ -245,3 +248,11 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
         rec.final_robust_train_acc = robust_accuracy(model, x, y, cfg)
     rec.wall_s = time.perf_counter() - t0
     return rec
+
+
+def train_job(job: Sequence[Any]) -> TrainRecord:
+    """`train` on one training job, the tuple `empirics.engine.train_many` takes: (model, x, y, cfg, x_test, y_test)
+    and optionally a label; the test set counts where both of its arrays are given."""
+    model, x, y, cfg, x_test, y_test = job[:6]
+    held_out = None if x_test is None or y_test is None else (x_test, y_test)
+    return train(model, x, y, cfg, held_out, *job[6:])

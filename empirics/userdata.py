@@ -46,6 +46,7 @@ from empirics.datasets import (
     SAMPLES,
     TASKS,
     DataProvenance,
+    DataRequest,
     Dataset,
     check_choice,
     file_sha256,
@@ -396,7 +397,8 @@ def load_split(source: str, split: str, n: int | None, seed: int = 0, data_dir: 
     where = f"--{split} {source}"
     if source in DATASETS:
         kw = {"n_train": n or 1000, "n_test": 1} if split == "train" else {"n_train": 1, "n_test": n or 200}
-        ds = load_dataset(source, task="10class", sample="balanced", seed=seed, data_dir=data_dir, **kw)
+        ds = load_dataset(source, **kw, request=DataRequest(task="10class", sample="balanced", seed=seed,
+                                                          data_dir=data_dir))
         x, y = (ds.x_train, ds.y_train) if split == "train" else (ds.x_test, ds.y_test)
         prov = {"source": "built-in", "dataset": source, "split": split, **ds.provenance}
         return _split(x, y, where, prov, tuple(ds.image_shape), list(ds.classes))
@@ -509,11 +511,15 @@ def pick_classes(names: list[str], labels: list[int], task: str, classes: tuple[
     return tuple(keep)
 
 
-def load_user_dataset(path: str | Path, *, n_train: int, n_test: int, task: str = "10class",
-                      sample: str = "balanced", seed: int = 0, classes: tuple[str, ...] | None = None) -> Dataset:
-    """A train/test subset of the user data set at `path` (see the module docstring), with provenance."""
-    task = check_choice("task", task, TASKS)
-    sample = check_choice("sample", sample, SAMPLES)
+def load_user_dataset(path: str | Path, *, n_train: int, n_test: int, request: DataRequest | None = None,
+                      classes: tuple[str, ...] | None = None) -> Dataset:
+    """A train/test subset of the user data set at `path` (see the module docstring), with provenance. `request`
+    gives the task, subset rule and seed (None: `DataRequest()`'s defaults); its `data_dir` and `source` are for
+    mnist / cifar10 and play no part here."""
+    request = DataRequest() if request is None else request
+    task = check_choice("task", request.task, TASKS)
+    sample = check_choice("sample", request.sample, SAMPLES)
+    seed = request.seed
     where = f"--dataset {path}"
     parts = open_user_data(path)
     labels, names = _class_names(parts, where)
@@ -559,15 +565,13 @@ def load_user_dataset(path: str | Path, *, n_train: int, n_test: int, task: str 
                    tuple(image_shape or ()), kept_names, provenance.to_dict())
 
 
-def load_data(dataset: str, *, n_train: int, n_test: int, task: str = "10class", sample: str = "balanced",
-              seed: int = 0, data_dir: str | Path | None = None, source: str = "auto",
+def load_data(dataset: str, *, n_train: int, n_test: int, request: DataRequest | None = None,
               classes: tuple[str, ...] | None = None) -> Dataset:
     """The experiments' front-end: `mnist` / `cifar10` (`empirics.datasets.load_dataset`) or a PATH
-    (`load_user_dataset`). `classes` picks the two classes of a binary task on a PATH; MNIST and
-    CIFAR-10 keep the paper's pairs (3-vs-8, airplane-vs-automobile)."""
-    check_data_options(dataset, task, classes, data_dir)
+    (`load_user_dataset`), drawn as `request` says (None: `DataRequest()`'s defaults). `classes` picks the two
+    classes of a binary task on a PATH; MNIST and CIFAR-10 keep the paper's pairs (3-vs-8, airplane-vs-automobile)."""
+    request = DataRequest() if request is None else request
+    check_data_options(dataset, request.task, classes, request.data_dir)
     if dataset in DATASETS:
-        return load_dataset(dataset, n_train=n_train, n_test=n_test, task=task, sample=sample, seed=seed,
-                            data_dir=data_dir, source=source)
-    return load_user_dataset(dataset, n_train=n_train, n_test=n_test, task=task, sample=sample, seed=seed,
-                             classes=classes)
+        return load_dataset(dataset, n_train=n_train, n_test=n_test, request=request)
+    return load_user_dataset(dataset, n_train=n_train, n_test=n_test, request=request, classes=classes)

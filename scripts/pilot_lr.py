@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from empirics.common import dataset_tensors
+from empirics.datasets import DataRequest
 from empirics.engine import train_many
 from empirics.losses import loss_fn
 from empirics.models import ModelSpec, build_model, input_channels
@@ -77,7 +78,8 @@ def _job_runs(job: Job) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     max_epochs = epochs or p["epochs"]
     jobs, meta, info = [], [], {}
     for seed in range(n_seeds):
-        ds = load_data(ds_name, n_train=n_train_for(p, ds_name), n_test=1, seed=seed, data_dir=data_dir)
+        ds = load_data(ds_name, n_train=n_train_for(p, ds_name), n_test=1,
+                       request=DataRequest(seed=seed, data_dir=data_dir))
         t = dataset_tensors(ds)
         info = {"n_train": int(ds.x_train.shape[0]), "data": ds.provenance.get("label", ds_name)}
         for pre in pres:

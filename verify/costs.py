@@ -78,13 +78,24 @@ def _regime(cfg: Mapping[str, Any]) -> str:
     return "full" if cfg.get("train", {}).get("protocol", "paper") == "paper" else "plateau"
 
 
-def _net_key(cfg: Mapping[str, Any], kind: str, n: int, m: int, seed: int, epochs: int, adv: bool) -> tuple[Any, ...]:
+@dataclass(frozen=True)
+class NetId:
+    """Which network of a unit: its model kind, training points `n`, width `m` and seed."""
+
+    kind: str
+    n: int
+    m: int
+    seed: int
+
+
+def _net_key(cfg: Mapping[str, Any], net: NetId, epochs: int, adv: bool) -> tuple[Any, ...]:
     """What makes two units' networks the same training: data subset, model (the attention options only for the
     attention models), width, seed, training config."""
     tr = cfg.get("train", {})
+    kind = net.kind
     model = (kind, bool(cfg.get("attn_centre", False))) if KINDS[kind].has_context else (kind,)
-    return (cfg.get("dataset", "mnist"), cfg.get("task", "10class"), n, cfg.get("n_test"), cfg.get("preprocess"),
-            seed, *model, m, tr.get("protocol"), epochs, adv, cfg.get("device"))
+    return (cfg.get("dataset", "mnist"), cfg.get("task", "10class"), net.n, cfg.get("n_test"), cfg.get("preprocess"),
+            net.seed, *model, net.m, tr.get("protocol"), epochs, adv, cfg.get("device"))
 
 
 def distance_default(name: str, fallback: Any) -> Any:
@@ -106,26 +117,26 @@ def networks(name: str, cfg: Mapping[str, Any]) -> list[Network]:
     models = cfg.get("models", MODELS)
     ds = cfg.get("dataset", "mnist")
 
-    def net(kind: str, n: int, m: int, seed: int, ep: int = epochs, factor: float = 1.0, adv: bool = False,
+    def net(ident: NetId, ep: int = epochs, factor: float = 1.0, adv: bool = False,
             protocol: str | None = None) -> Network:
-        key = _net_key({**cfg, "train": {**tr, "protocol": protocol or tr.get("protocol")}}, kind, n, m, seed, ep, adv)
-        return Network(kind, ds, n, m, ep, factor, "full" if adv or protocol else regime, key)
+        key = _net_key({**cfg, "train": {**tr, "protocol": protocol or tr.get("protocol")}}, ident, ep, adv)
+        return Network(ident.kind, ds, ident.n, ident.m, ep, factor, "full" if adv or protocol else regime, key)
 
     if name.startswith("ntk-distance"):
-        nets = [net(k, cfg["n_train"], w, s) for s in seeds for k in models for w in cfg["widths"]]
+        nets = [net(NetId(k, cfg["n_train"], w, s)) for s in seeds for k in models for w in cfg["widths"]]
         if cfg.get("gd_mse", distance_default("gd_mse", False)):  # the gd-mse twin of each network with fixed features
-            nets += [net(k, cfg["n_train"], w, s, protocol="gd-mse") for s in seeds for k in models
+            nets += [net(NetId(k, cfg["n_train"], w, s), protocol="gd-mse") for s in seeds for k in models
                      if not KINDS[k].trains_attention for w in cfg["widths"]]
         return nets
     if name.startswith("malleability") or name.startswith("landscape"):
         n, m = cfg["n_train"], cfg["width"]
-        nets = [net(k, n, m, s) for s in seeds for k in models]
+        nets = [net(NetId(k, n, m, s)) for s in seeds for k in models]
         if cfg.get("seed_baseline"):
-            nets += [net(k, n, m, s + OTHER_INIT) for s in seeds for k in models]
+            nets += [net(NetId(k, n, m, s + OTHER_INIT)) for s in seeds for k in models]
         if cfg.get("adv_train"):
             adv_epochs = min(epochs, cfg.get("adv_max_epochs") or epochs)
             factor = cfg.get("adv_steps", 7) + 1.0
-            nets += [net(k, n, m, s, adv_epochs, factor, adv=True) for s in seeds for k in models]
+            nets += [net(NetId(k, n, m, s), adv_epochs, factor, adv=True) for s in seeds for k in models]
         return nets
     if name.startswith(("influence-retrain", "influence-control")):  # one study: `verify.experiments.retrain_unit`
         one = Network(cfg["model"], ds, cfg["n_train"], cfg["width"], epochs, 1.0, regime, None)

@@ -33,14 +33,15 @@ def theory_unit(seed: int) -> TheoryRecord:
 def kappa_unit(dataset: str, ns: list[int], sample: str, preprocessing: str, eps: float,
                data_dir: str | None) -> KappaRecord:
     """kappa(G) against n; sizes that the available data cannot provide are recorded as such."""
+    from empirics.datasets import DataRequest
     from empirics.kappa import kappa_rows
     from ntkm.errors import UserInputError
 
     rows, missing = [], []
     for n in ns:
         try:
-            rows += kappa_rows(dataset, (n,), sample=sample, preprocessing=preprocessing, eps=eps,
-                               data_dir=data_dir)
+            rows += kappa_rows(dataset, (n,), request=DataRequest(sample=sample, data_dir=data_dir),
+                               preprocessing=preprocessing, eps=eps)
         except UserInputError as exc:
             missing.append({"n": n, "reason": str(exc)})
             if not rows and n == ns[-1]:

@@ -787,10 +787,11 @@ def available_memory() -> int:
     return avail
 
 
-def check_model(model: FlatInput, loaded: LoadedModel, x_probe: np.ndarray, labels: np.ndarray, out_dim: int,
-                max_bytes: int, classes: list[str] | None = None) -> None:
+def check_model(model: FlatInput, loaded: LoadedModel, train: Split, test_labels: np.ndarray, out_dim: int,
+                max_bytes: int) -> None:
     """The audit's model checks, before any panel (one-line `UserInputError`; "not measurable: ..." where the
-    model cannot be audited at all):
+    model cannot be audited at all), on the training split (its first examples are the probe batch; its class
+    names, where the data names them) and the labels of both splits:
 
     - the model has trainable parameters, and their count fits the memory budget and the machine
       (`PARAM_COPIES` copies of 4 bytes each);
@@ -813,6 +814,7 @@ def check_model(model: FlatInput, loaded: LoadedModel, x_probe: np.ndarray, labe
         raise UserInputError(f"the model has {n_params:,} parameters: the audit holds at least {PARAM_COPIES} copies "
                              f"of them ({need / 2**30:.3g} GiB), more than {which}; raise --max-memory-gb (on a "
                              "machine with that memory) or audit a smaller model")
+    labels, classes = np.concatenate([train.y, test_labels]), train.classes
     top = int(labels.max()) + 1 if labels.size else 1
     if classes:
         wanted = len(classes)
@@ -824,7 +826,7 @@ def check_model(model: FlatInput, loaded: LoadedModel, x_probe: np.ndarray, labe
     if not ok:
         raise UserInputError(f"the model has {out_dim} outputs but {what}; the outputs must be one logit per class "
                              "(or one output for a binary task): give the model trained on these classes")
-    x = torch.as_tensor(x_probe[:2], dtype=torch.float32)
+    x = torch.as_tensor(train.x[:2], dtype=torch.float32)
     with torch.no_grad():
         plain = model(x)
     with torch.enable_grad():

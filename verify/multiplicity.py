@@ -179,15 +179,16 @@ def _one_sided_p_many(d: np.ndarray, greater: bool) -> np.ndarray:
     return np.where(sd > 0, p, flat)
 
 
-def tost_power(num: Sequence[float], den: Sequence[float], lo: float, hi: float, ratio: float = 1.0,
+def tost_power(num: Sequence[float], den: Sequence[float], margin: tuple[float, float], ratio: float = 1.0,
                draws: int = POWER_DRAWS, seed: int = 0) -> float:
     """The power of the equivalence test `empirics.intervals.tost_ratio` at the observed spread: the share of
     `draws` simulated runs of as many seeds, paired (num, den) normal with the observed covariance and den's observed
-    mean, the true ratio `ratio` (1: no gap at all), that declare equivalence within [lo, hi] (both one-sided tests
-    reject at its alpha; computed for all draws at once, checked against `tost_ratio` in the tests). NaN with fewer
-    than two seeds."""
+    mean, the true ratio `ratio` (1: no gap at all), that declare equivalence within `margin` = [lo, hi] (both
+    one-sided tests reject at its alpha; computed for all draws at once, checked against `tost_ratio` in the tests).
+    NaN with fewer than two seeds."""
     from empirics.intervals import ALPHA_TOST
 
+    lo, hi = margin
     x, y = np.asarray(num, float), np.asarray(den, float)
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]

@@ -22,6 +22,7 @@ different network after hundreds of epochs).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,18 @@ from ntkm.codec import Record, encode
 #: Relative and absolute size of the float noise (and so the tolerance that numbers are stated to).
 TOLERANCE_REL = 1e-6
 TOLERANCE_ABS = 1e-9
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The float noise's relative and absolute size: `x -> x (1 + rel u) + abs_ v`."""
+
+    rel: float = TOLERANCE_REL
+    abs_: float = TOLERANCE_ABS
+
+
+#: The stated tolerance (`TOLERANCE_REL`, `TOLERANCE_ABS`).
+TOLERANCE = Tolerance()
 #: Perturbed copies per check and the generator seed of their signs.
 N_PERTURBATIONS = 4
 SEED = 20_260_313
@@ -87,11 +100,11 @@ def verdicts(row: dict[str, Any], path: str = "") -> Iterator[tuple[str, str]]:
 
 
 def knife_edges(evaluate: Callable[[dict[str, Any]], list[dict[str, Any]]], results: dict[str, Any],
-                rows: list[dict[str, Any]], n: int = N_PERTURBATIONS, rel: float = TOLERANCE_REL,
-                abs_: float = TOLERANCE_ABS, seed: int = SEED) -> list[dict[str, Any]]:
+                rows: list[dict[str, Any]], n: int = N_PERTURBATIONS, tolerance: Tolerance = TOLERANCE,
+                seed: int = SEED) -> list[dict[str, Any]]:
     """The claims whose verdict moves under float noise: `evaluate(results)` gives the claims rows (in `rows`'s
-    order) for a results mapping; each of `n` perturbed copies of `results` is evaluated and compared with
-    `rows`. One entry per claim and place, with every verdict seen there."""
+    order) for a results mapping; each of `n` perturbed copies of `results` (noise of size `tolerance`) is evaluated
+    and compared with `rows`. One entry per claim and place, with every verdict seen there."""
     rng = np.random.default_rng(seed)
     fixed = frozenset(set().union(*(design_values(p.to_dict() if isinstance(p, Record) else encode(p))
                                     for p in results.values())))
@@ -99,7 +112,7 @@ def knife_edges(evaluate: Callable[[dict[str, Any]], list[dict[str, Any]]], resu
     seen: dict[tuple[str, str], set[str]] = {}
     failures: list[dict[str, Any]] = []
     for _ in range(n):
-        noise = FloatNoise(rng, rel, abs_, fixed)
+        noise = FloatNoise(rng, tolerance.rel, tolerance.abs_, fixed)
         try:  # the check must never cost a finished run: a rule that fails on noisy input is reported instead
             noisy_rows = evaluate({name: noise.payload(p) for name, p in results.items()})
         except Exception as exc:  # noqa: BLE001 - any failure of any rule is reported the same way

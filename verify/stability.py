@@ -354,23 +354,68 @@ def typed(cls: type[Record], new: dict[str, Any]) -> Record:
 
 # ---- stability per claim -------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class RunConditions:
+    """A run's preprocessings and claims protocols: the conditions its claims rows are evaluated under (`claim_row`)."""
+
+    preprocessings: Sequence[str]
+    protocols: Sequence[str]
+
+
+@dataclass(frozen=True)
+class Resampling:
+    """The seed bootstrap: `n` resamples drawn by numpy `default_rng(seed)`."""
+
+    n: int = N_RESAMPLES
+    seed: int = SEED
+
+
+#: The pre-registered bootstrap (`N_RESAMPLES`, `SEED`).
+RESAMPLING = Resampling()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What `stability` works out before any resample: the seed axes and the units held fixed (with why), the unit
+    results each claim reads, its verdict in the run (`base`), the claims with seed axes (`live`, each with its axes)
+    and the blocks of those without (`out`)."""
+
+    axes: list[Axis]
+    fixed: dict[str, str]
+    reads: dict[str, set[str]]
+    base: dict[str, str]
+    live: list[tuple[Any, list[Axis]]]
+    out: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Resamples:
+    """What every bootstrap draw starts from (sent once to each worker process): the seed axes drawn (`used`), the
+    results with every seed once (`ident`) and each resampled unit's plain dict (`plain`)."""
+
+    used: list[Axis]
+    ident: dict[str, Any]
+    plain: dict[str, dict[str, Any]]
+
+
 def _read_units(claim: Any, preprocessings: Sequence[str], protocols: Sequence[str]) -> set[str]:
     from verify.claims import claim_units
 
     return set(claim_units(claim, preprocessings, protocols))
 
 
-def stability(claims: Sequence[Any], results: dict[str, Any], preprocessings: Sequence[str],
-              protocols: Sequence[str], rows: Sequence[dict[str, Any]] | None = None, n: int = N_RESAMPLES,
-              seed: int = SEED, evaluate: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None,
+def stability(claims: Sequence[Any], results: dict[str, Any], conditions: RunConditions,
+              rows: Sequence[dict[str, Any]] | None = None, resampling: Resampling = RESAMPLING,
+              evaluate: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None,
               ) -> dict[str, dict[str, Any]]:
-    """Per claim id, its `stability` block: leave-one-seed-out verdicts, bootstrap agreement over `n` resamples of
-    every seed axis (one draw per axis and resample, `default_rng(seed)`), and `fragile`; or `computable: False` with
-    the reason. `results`: the run's unit results (typed records, as the rules read them); `rows`: the claims rows
-    of the run (recomputed where not given); `evaluate(claim, results)`: a claims row (default `claim_row`)."""
+    """Per claim id, its `stability` block: leave-one-seed-out verdicts, bootstrap agreement over `resampling.n`
+    resamples of every seed axis (one draw per axis and resample, `default_rng(resampling.seed)`), and `fragile`; or
+    `computable: False` with the reason. `results`: the run's unit results (typed records, as the rules read them);
+    `conditions`: the run's preprocessings and protocols; `rows`: the claims rows of the run (recomputed where not
+    given); `evaluate(claim, results)`: a claims row (default `claim_row`)."""
     from verify.claims import claim_row
 
-    pres, protos = tuple(preprocessings), tuple(protocols)
+    pres, protos = tuple(conditions.preprocessings), tuple(conditions.protocols)
     row_of = evaluate or (lambda c, res: claim_row(c, res, pres, protos))
     axes, fixed = axes_of(results)
     reads = {c.id: _read_units(c, pres, protos) & results.keys() for c in claims}
@@ -389,9 +434,10 @@ def stability(claims: Sequence[Any], results: dict[str, Any], preprocessings: Se
     from verify.claims import all_claims
 
     registry = {id(c) for c in all_claims()}  # a worker rebuilds its claims from the registry: only registered ones
-    parallel = (pres, protos) if evaluate is None and all(id(c) in registry for c, _ in live) else None
+    parallel = RunConditions(pres, protos) if evaluate is None and all(id(c) in registry for c, _ in live) else None
+    plan = _Plan(axes, fixed, reads, base, live, out)
     with _memo_t_quantiles():
-        return _stability(claims, results, row_of, axes, fixed, reads, base, out, live, n, seed, parallel)
+        return _stability(claims, results, row_of, plan, resampling, parallel)
 
 
 @contextlib.contextmanager
@@ -409,10 +455,10 @@ def _memo_t_quantiles() -> Iterator[None]:
 
 
 def _stability(claims: Sequence[Any], results: dict[str, Any],
-               row_of: Callable[[Any, dict[str, Any]], dict[str, Any]], axes: list[Axis], fixed: dict[str, str],
-               reads: dict[str, set[str]], base: dict[str, str], out: dict[str, dict[str, Any]],
-               live: list[tuple[Any, list[Axis]]], n: int, seed: int,
-               parallel: tuple[tuple[str, ...], tuple[str, ...]] | None = None) -> dict[str, dict[str, Any]]:
+               row_of: Callable[[Any, dict[str, Any]], dict[str, Any]], plan: _Plan, resampling: Resampling,
+               parallel: RunConditions | None = None) -> dict[str, dict[str, Any]]:
+    axes, fixed, reads, base, live = plan.axes, plan.fixed, plan.reads, plan.base, plan.live
+    out, n = dict(plan.out), resampling.n
     plain = {u: _as_dict(results[u]) for a in axes for u in a.units}
     # identity: every seed once must reproduce the verdict, or the resampler does not describe the record
     try:
@@ -437,11 +483,11 @@ def _stability(claims: Sequence[Any], results: dict[str, Any],
             for c, _ in users:
                 if got[c.id] != base[c.id]:
                     loo[c.id].append({"seed": s, "axis": a.name, "verdict": got[c.id]})
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(resampling.seed)
     used = [a for a in axes if any(a in m for _, m in ok)]
     draws = [[rng.integers(0, len(a.seeds), len(a.seeds)).tolist() for a in used] for _ in range(n)]
     counts: dict[str, Counter[str]] = {c.id: Counter() for c, _ in ok}
-    for cid, got in _bootstrap_counts(draws, used, ident, plain, row_of, ok, parallel).items():
+    for cid, got in _bootstrap_counts(draws, Resamples(used, ident, plain), row_of, ok, parallel).items():
         counts[cid].update(got)
     for c, mine in ok:
         agree = counts[c.id][base[c.id]] / n if n else float("nan")
@@ -458,15 +504,15 @@ def _stability(claims: Sequence[Any], results: dict[str, Any],
 CHUNK = 25
 
 
-def _count_draws(draws: Sequence[list[list[int]]], used: Sequence[Axis], ident: dict[str, Any],
-                 plain: dict[str, dict[str, Any]], row_of: Callable[[Any, dict[str, Any]], dict[str, Any]],
+def _count_draws(draws: Sequence[list[list[int]]], ctx: Resamples,
+                 row_of: Callable[[Any, dict[str, Any]], dict[str, Any]],
                  ok: Sequence[tuple[Any, list[Axis]]]) -> dict[str, Counter[str]]:
-    """The verdict counts of each claim of `ok` over `draws` (one seed draw per axis of `used` each)."""
+    """The verdict counts of each claim of `ok` over `draws` (one seed draw per axis of `ctx.used` each)."""
     counts: dict[str, Counter[str]] = {c.id: Counter() for c, _ in ok}
     for draw in draws:
-        res = ident
-        for a, positions in zip(used, draw, strict=True):
-            res = resampled(res, a, positions, plain)
+        res = ctx.ident
+        for a, positions in zip(ctx.used, draw, strict=True):
+            res = resampled(res, a, positions, ctx.plain)
         for cid, v in _verdicts(row_of, res, ok).items():
             counts[cid][v] += 1
     return counts
@@ -476,41 +522,41 @@ def _count_draws(draws: Sequence[list[list[int]]], used: Sequence[Axis], ident: 
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(ids: list[str], pres: tuple[str, ...], protos: tuple[str, ...], used: list[Axis],
-                 ident: dict[str, Any], plain: dict[str, dict[str, Any]], axes_of_claim: dict[str, list[int]]) -> None:
+def _init_worker(ids: list[str], conditions: RunConditions, ctx: Resamples,
+                 axes_of_claim: dict[str, list[int]]) -> None:
     from verify.claims import all_claims, claim_row
 
+    pres, protos = conditions.preprocessings, conditions.protocols
     by_id = {c.id: c for c in all_claims()}
-    _WORKER.update(used=used, ident=ident, plain=plain, row_of=lambda c, res: claim_row(c, res, pres, protos),
-                   ok=[(by_id[i], [used[k] for k in axes_of_claim[i]]) for i in ids])
+    _WORKER.update(ctx=ctx, row_of=lambda c, res: claim_row(c, res, pres, protos),
+                   ok=[(by_id[i], [ctx.used[k] for k in axes_of_claim[i]]) for i in ids])
 
 
 def _worker_chunk(draws: list[list[list[int]]]) -> dict[str, Counter[str]]:
     w = _WORKER
     with _memo_t_quantiles():
-        return _count_draws(draws, w["used"], w["ident"], w["plain"], w["row_of"], w["ok"])
+        return _count_draws(draws, w["ctx"], w["row_of"], w["ok"])
 
 
-def _bootstrap_counts(draws: list[list[list[int]]], used: list[Axis], ident: dict[str, Any],
-                      plain: dict[str, dict[str, Any]], row_of: Callable[[Any, dict[str, Any]], dict[str, Any]],
-                      ok: list[tuple[Any, list[Axis]]], parallel: tuple[tuple[str, ...], tuple[str, ...]] | None
-                      ) -> dict[str, Counter[str]]:
-    """The verdict counts over every draw: here, or, with `parallel` = (preprocessings, protocols) of the default
-    rule (`claim_row`), in spawned worker processes (as many as usable cores, at most 4), each counting chunks of
-    draws drawn here in order, so the counts do not depend on how many workers ran. An interrupt ends the workers."""
+def _bootstrap_counts(draws: list[list[list[int]]], ctx: Resamples,
+                      row_of: Callable[[Any, dict[str, Any]], dict[str, Any]], ok: list[tuple[Any, list[Axis]]],
+                      parallel: RunConditions | None) -> dict[str, Counter[str]]:
+    """The verdict counts over every draw: here, or, with `parallel` = the run's conditions under the default rule
+    (`claim_row`), in spawned worker processes (as many as usable cores, at most 4), each counting chunks of draws
+    drawn here in order, so the counts do not depend on how many workers ran. An interrupt ends the workers."""
     import os
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     workers = min(4, cores, len(draws) // CHUNK)
     if parallel is None or workers < 2:
-        return _count_draws(draws, used, ident, plain, row_of, ok)
+        return _count_draws(draws, ctx, row_of, ok)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     ids = [c.id for c, _ in ok]
-    axes_of_claim = {c.id: [used.index(a) for a in mine if a in used] for c, mine in ok}
+    axes_of_claim = {c.id: [ctx.used.index(a) for a in mine if a in ctx.used] for c, mine in ok}
     ex = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-                             initargs=(ids, *parallel, used, ident, plain, axes_of_claim))
+                             initargs=(ids, parallel, ctx, axes_of_claim))
     total: dict[str, Counter[str]] = {i: Counter() for i in ids}
     try:
         for got in ex.map(_worker_chunk, [draws[i:i + CHUNK] for i in range(0, len(draws), CHUNK)]):
@@ -595,7 +641,8 @@ def from_record(record: dict[str, Any], n: int = N_RESAMPLES, seed: int = SEED,
     rows = [r for r in record["claims"] if only is None or r["id"] in only]
     ids = {r["id"] for r in rows}
     claims = [c for c in all_claims() if c.id in ids]
-    return stability(claims, results, pres, protos, [r for r in rows if r["id"] in {c.id for c in claims}], n, seed)
+    kept = [r for r in rows if r["id"] in {c.id for c in claims}]
+    return stability(claims, results, RunConditions(pres, protos), kept, Resampling(n, seed))
 
 
 def table(record: dict[str, Any], st: dict[str, dict[str, Any]]) -> str:

@@ -42,10 +42,10 @@ def _finite_layer_nngp(X: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def prepare(out: str, n: int) -> None:
     """Suite side: inputs, the Thm 4.1 closed form and the Monte Carlo estimate (mean, standard error)."""
-    from empirics.datasets import load_dataset
+    from empirics.datasets import DataRequest, load_dataset
     from theory import gram
 
-    X = load_dataset("mnist", n_train=n, n_test=1, sample="first").x_train.astype(np.float64)
+    X = load_dataset("mnist", n_train=n, n_test=1, request=DataRequest(sample="first")).x_train.astype(np.float64)
     d = X.shape[1]
     G = gram.gram(X)
     closed = G @ G @ G / d**3

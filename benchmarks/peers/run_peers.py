@@ -39,6 +39,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -130,7 +131,18 @@ NT_IMPLEMENTATIONS = ("STRUCTURED_DERIVATIVES", "NTK_VECTOR_PRODUCTS", "JACOBIAN
 NT_LAYOUTS = ("x @ W, W (d, m)", "x @ W.T, W (m, d)")
 
 
-def _nt_fn(nt: Any, jax: Any, jnp: Any, A: Any, impl: str, layout: str, vmap: bool) -> Callable[..., Any]:
+@dataclass(frozen=True)
+class NtConfig:
+    """One neural-tangents configuration: its `NtkImplementation` name, the weight layout, vmap over the batch."""
+
+    impl: str
+    layout: str
+    vmap: bool
+
+
+def _nt_fn(nt: Any, jax: Any, jnp: Any, A: Any, conf: NtConfig) -> Callable[..., Any]:
+    """The jitted empirical-NTK function of `f(x) = A^T relu(W x) / sqrt(m)` in configuration `conf`."""
+    impl, layout, vmap = conf.impl, conf.layout, conf.vmap
     m = A.shape[0]
     if layout.startswith("x @ W,"):
         def f(params: Any, xx: Any) -> Any:
@@ -163,7 +175,7 @@ def peer_neural_tangents(z: Any, repeats: int, max_total_s: float) -> dict[str, 
                 cfg = {"implementation": impl, "layout": layout, "vmap_axes": 0 if vmap else None}
                 try:
                     params = jnp.asarray(W.T.copy() if layout.startswith("x @ W,") else W)
-                    fn = _nt_fn(nt, jax, jnp, A, impl, layout, vmap)
+                    fn = _nt_fn(nt, jax, jnp, A, NtConfig(impl, layout, vmap))
                     out: dict[str, Any] = {}
                     t0 = time.perf_counter()
                     out["K"] = fn(x, None, params).block_until_ready()
@@ -188,8 +200,8 @@ def peer_neural_tangents(z: Any, repeats: int, max_total_s: float) -> dict[str, 
         entry: dict[str, Any] = {"n": n, "m": m}
         try:
             params = jnp.asarray(z[f"nt_W_{m}"].T.copy() if best["layout"].startswith("x @ W,") else z[f"nt_W_{m}"])
-            fn = _nt_fn(nt, jax, jnp, jnp.asarray(z[f"nt_A_{m}"]), best["implementation"], best["layout"],
-                        best["vmap_axes"] is not None)
+            fn = _nt_fn(nt, jax, jnp, jnp.asarray(z[f"nt_A_{m}"]),
+                        NtConfig(best["implementation"], best["layout"], best["vmap_axes"] is not None))
             xs = jnp.asarray(z["nt_x"][:n])
             out = {}
 
@@ -206,6 +218,15 @@ def peer_neural_tangents(z: Any, repeats: int, max_total_s: float) -> dict[str, 
 
 
 # --- dattri ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What a dattri configuration is checked against: its scores times `factor` against `values`, named `gate`."""
+
+    factor: float
+    values: np.ndarray
+    gate: str
 
 
 def _dattri_case(z: Any, key: str, repeats: int, max_total_s: float, partial: dict[str, Any]) -> dict[str, Any]:
@@ -237,8 +258,9 @@ def _dattri_case(z: Any, key: str, repeats: int, max_total_s: float, partial: di
     only = int(z["if_config"]) if "if_config" in z.files else None
     counter = [-1]
 
-    def measure(name: str, make: Callable[[], Any], factor: float, reference: np.ndarray, gate: str,
-                warm: Callable[[], Any] | None = None, reps: int = repeats, **cfg: Any) -> None:
+    def measure(name: str, make: Callable[[], Any], against: Reference, warm: Callable[[], Any] | None = None,
+                reps: int = repeats, **cfg: Any) -> None:
+        factor, reference, gate = against.factor, against.values, against.gate
         counter[0] += 1
         if only is not None and counter[0] != only:
             return
@@ -269,11 +291,11 @@ def _dattri_case(z: Any, key: str, repeats: int, max_total_s: float, partial: di
     for iters in (int(v) for v in z[f"{key}_cg_iters"]):
         measure("CG, loss scaled by 1/rho", lambda it=iters: IFAttributorCG(task=scaled, device="cpu", max_iter=it,
                                                                              regularization=1.0),
-                rho, ref, "exact IF", warm=lambda: None, max_iter=iters, regularization=1.0)
+                Reference(rho, ref, "exact IF"), warm=lambda: None, max_iter=iters, regularization=1.0)
     for iters in (int(v) for v in z[f"{key}_cg_plain_iters"]):
         measure("CG, loss as given", lambda it=iters: IFAttributorCG(task=plain, device="cpu", max_iter=it,
                                                                       regularization=rho),
-                1.0, ref, "exact IF", warm=lambda: None, max_iter=iters, regularization=rho)
+                Reference(1.0, ref, "exact IF"), warm=lambda: None, max_iter=iters, regularization=rho)
     if bool(z[f"{key}_lissa"]):
         depth = int(z["if_lissa_depth"])
         scaling = lam_max
@@ -281,13 +303,13 @@ def _dattri_case(z: Any, key: str, repeats: int, max_total_s: float, partial: di
             measure("LiSSA", lambda bsz=bsz: IFAttributorLiSSA(
                         task=task_for(n / bsz), device="cpu", batch_size=bsz, num_repeat=1, recursion_depth=depth,
                         damping=rho / scaling, scaling=scaling),
-                    (bsz / n) ** 2, ref, "exact IF", warm=lambda: None, reps=1, recursion_depth=depth,
+                    Reference((bsz / n) ** 2, ref, "exact IF"), warm=lambda: None, reps=1, recursion_depth=depth,
                     batch_size=bsz, scaling=scaling, damping=rho / scaling)
     k = int(z["if_arnoldi_k"])
     for it in (int(v) for v in z[f"{key}_arnoldi_iters"]):
         measure("Arnoldi (top-k eigenspace of H)", lambda it=it: IFAttributorArnoldi(
                     task=plain, device="cpu", proj_dim=k, max_iter=it, regularization=rho),
-                1.0, z[f"{key}_q_topk"].astype(np.float64), f"exact top-{k} IF", warm=lambda: None, reps=1,
+                Reference(1.0, z[f"{key}_q_topk"].astype(np.float64), f"exact top-{k} IF"), warm=lambda: None, reps=1,
                 proj_dim=k, max_iter=it, regularization=rho)
     return {"n": n, "n_test": len(xte), "rho": rho, "lam_max": lam_max, "tol": tol, "configs": results}
 

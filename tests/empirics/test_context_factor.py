@@ -14,7 +14,7 @@ import torch
 from tolerances import F32_REORDER
 
 from empirics.context_product import factor_is_cheaper
-from empirics.datasets import load_dataset
+from empirics.datasets import DataRequest, load_dataset
 from empirics.models import (
     ModelSpec,
     TwoLayerNet,
@@ -31,7 +31,8 @@ VARIANTS = [(False, 1, "raw"), (True, 1, "channel"), (False, 2, "unit"), (True, 
 
 @pytest.fixture(scope="module", params=list(SIZES))
 def data(request):
-    return load_dataset(request.param, n_train=SIZES[request.param], n_test=32, sample="balanced", seed=0)
+    return load_dataset(request.param, n_train=SIZES[request.param], n_test=32,
+                        request=DataRequest(sample="balanced", seed=0))
 
 
 def _torch(ds) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -122,7 +123,8 @@ def test_context_inputs_path_through_the_factor_is_differentiable_in_the_trainin
 
 
 def test_no_factor_where_it_is_not_cheaper_or_the_context_is_truncated():
-    ds = load_dataset("mnist", n_train=400, n_test=8, sample="balanced", seed=0)  # 2 n = 800 > d = 784
+    ds = load_dataset("mnist", n_train=400, n_test=8,
+                      request=DataRequest(sample="balanced", seed=0))  # 2 n = 800 > d = 784
     assert not factor_is_cheaper(400, 784) and factor_is_cheaper(500, 3072)
     spec = ModelSpec("attn", ds.d, 16, ds.num_classes)
     assert TwoLayerNet(spec, torch.as_tensor(ds.x_train)).context_factor.numel() == 0
@@ -137,7 +139,7 @@ def test_the_cost_model_prices_the_product_the_model_computes(dataset, n):
     """`verify.costs.flops` counts, per example, the context product's multiply-adds of the path the model takes."""
     from verify import costs
 
-    ds = load_dataset(dataset, n_train=n, n_test=8, sample="balanced", seed=0)
+    ds = load_dataset(dataset, n_train=n, n_test=8, request=DataRequest(sample="balanced", seed=0))
     model = TwoLayerNet(ModelSpec("attn", ds.d, 16, ds.num_classes), torch.as_tensor(ds.x_train))
     f = model.context_factor
     taken = 2 * f.shape[0] * f.shape[1] if f.dim() == 2 else ds.d * ds.d

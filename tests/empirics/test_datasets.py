@@ -89,7 +89,8 @@ def _write_tiny_mnist(folder: Path, n_train: int = 30, n_test: int = 20, gz: boo
 
 
 def test_real_mnist_first_matches_idx(shared_data: Path, mnist_raw: dict[str, np.ndarray]) -> None:
-    ds = D.load_dataset("mnist", n_train=200, n_test=50, sample="first", data_dir=shared_data, source="full")
+    ds = D.load_dataset("mnist", n_train=200, n_test=50,
+                        request=D.DataRequest(sample="first", data_dir=shared_data, source="full"))
     assert ds.x_train.dtype == np.float32 and ds.y_train.dtype == np.int64
     assert ds.x_train.shape == (200, 784) and ds.x_test.shape == (50, 784) and ds.d == 784
     assert ds.image_shape == (1, 28, 28) and ds.num_classes == 10 and ds.classes == [str(i) for i in range(10)]
@@ -107,10 +108,11 @@ def test_real_mnist_first_matches_idx(shared_data: Path, mnist_raw: dict[str, np
 
 
 def test_full_mnist_available(shared_data: Path) -> None:
-    ds = D.load_dataset("mnist", n_train=60000, n_test=10000, sample="first", data_dir=shared_data)
+    ds = D.load_dataset("mnist", n_train=60000, n_test=10000,
+                        request=D.DataRequest(sample="first", data_dir=shared_data))
     assert (ds.n_train, ds.n_test) == (60000, 10000)
     with pytest.raises(UserInputError, match="60000"):
-        D.load_dataset("mnist", n_train=60001, n_test=1, sample="first", data_dir=shared_data)
+        D.load_dataset("mnist", n_train=60001, n_test=1, request=D.DataRequest(sample="first", data_dir=shared_data))
 
 
 def test_gzip_and_raw_idx_identical(shared_data: Path, tmp_path: Path) -> None:
@@ -118,8 +120,8 @@ def test_gzip_and_raw_idx_identical(shared_data: Path, tmp_path: Path) -> None:
     raw_dir.mkdir(parents=True)
     for stem in idx.MNIST_FILES.values():
         (raw_dir / stem).write_bytes(gzip.decompress((shared_data / "mnist" / f"{stem}.gz").read_bytes()))
-    a = D.load_dataset("mnist", n_train=300, n_test=100, seed=3, data_dir=shared_data)
-    b = D.load_dataset("mnist", n_train=300, n_test=100, seed=3, data_dir=tmp_path / "raw")
+    a = D.load_dataset("mnist", n_train=300, n_test=100, request=D.DataRequest(seed=3, data_dir=shared_data))
+    b = D.load_dataset("mnist", n_train=300, n_test=100, request=D.DataRequest(seed=3, data_dir=tmp_path / "raw"))
     for key in ("x_train", "y_train", "x_test", "y_test"):
         np.testing.assert_array_equal(getattr(a, key), getattr(b, key))
     assert [f["content_sha256"] for f in a.provenance["files"]] == [f["content_sha256"] for f in b.provenance["files"]]
@@ -129,7 +131,7 @@ def test_gzip_and_raw_idx_identical(shared_data: Path, tmp_path: Path) -> None:
 
 def test_idx_roundtrip_and_corruption(tmp_path: Path) -> None:
     arrays = _write_tiny_mnist(tmp_path / "mnist")
-    ds = D.load_dataset("mnist", n_train=30, n_test=20, sample="first", data_dir=tmp_path)
+    ds = D.load_dataset("mnist", n_train=30, n_test=20, request=D.DataRequest(sample="first", data_dir=tmp_path))
     np.testing.assert_array_equal(ds.x_train, arrays["train_images"].reshape(30, -1).astype(np.float32) / 255)
     assert ds.provenance["published_checksums"] == "some files differ from the published checksums"
 
@@ -137,16 +139,16 @@ def test_idx_roundtrip_and_corruption(tmp_path: Path) -> None:
     good = images.read_bytes()
     images.write_bytes(good[: len(good) // 2])
     with pytest.raises(UserInputError, match="corrupt or truncated gzip"):
-        D.load_dataset("mnist", n_train=5, n_test=5, data_dir=tmp_path)
+        D.load_dataset("mnist", n_train=5, n_test=5, request=D.DataRequest(data_dir=tmp_path))
 
     raw = gzip.decompress(good)
     images.write_bytes(gzip.compress(raw[:-100], mtime=0))
     with pytest.raises(UserInputError, match="truncated or corrupt"):
-        D.load_dataset("mnist", n_train=5, n_test=5, data_dir=tmp_path)
+        D.load_dataset("mnist", n_train=5, n_test=5, request=D.DataRequest(data_dir=tmp_path))
 
     images.write_bytes(gzip.compress(struct.pack(">I", 2049) + raw[4:], mtime=0))
     with pytest.raises(UserInputError, match="magic number 2049, expected 2051"):
-        D.load_dataset("mnist", n_train=5, n_test=5, data_dir=tmp_path)
+        D.load_dataset("mnist", n_train=5, n_test=5, request=D.DataRequest(data_dir=tmp_path))
 
     images.write_bytes(b"\x00\x00")
     with pytest.raises(UserInputError, match="truncated"):
@@ -158,7 +160,7 @@ def test_idx_count_mismatch(tmp_path: Path) -> None:
     labels = np.zeros(29, dtype=np.uint8)
     (tmp_path / "mnist" / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(_idx_bytes(labels, 2049)))
     with pytest.raises(UserInputError, match="disagree"):
-        D.load_dataset("mnist", n_train=5, n_test=5, data_dir=tmp_path)
+        D.load_dataset("mnist", n_train=5, n_test=5, request=D.DataRequest(data_dir=tmp_path))
 
 
 # --- CIFAR-10 python batches ----------------------------------------------------------------------
@@ -260,7 +262,7 @@ def _write_cifar_batches(folder: Path, per_batch: int = 20, style: str = "py2") 
 @pytest.mark.parametrize("style", ["py2", "py3"])
 def test_cifar_python_batches(tmp_path: Path, style: str) -> None:
     exp = _write_cifar_batches(tmp_path / "cifar-10-batches-py", style=style)
-    ds = D.load_dataset("cifar10", n_train=100, n_test=20, sample="first", data_dir=tmp_path)
+    ds = D.load_dataset("cifar10", n_train=100, n_test=20, request=D.DataRequest(sample="first", data_dir=tmp_path))
     np.testing.assert_array_equal(ds.x_train, exp["x_train"].astype(np.float32) / 255)
     np.testing.assert_array_equal(ds.y_train, exp["y_train"])
     np.testing.assert_array_equal(ds.x_test, exp["x_test"].astype(np.float32) / 255)
@@ -278,7 +280,7 @@ def test_cifar_python_tarball_equals_folder(tmp_path: Path) -> None:
     root.mkdir()
     with tarfile.open(root / "cifar-10-python.tar.gz", "w:gz") as tf:
         tf.add(tmp_path / "src" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
-    ds = D.load_dataset("cifar10", n_train=100, n_test=20, sample="first", data_dir=root)
+    ds = D.load_dataset("cifar10", n_train=100, n_test=20, request=D.DataRequest(sample="first", data_dir=root))
     assert ds.provenance["source"] == "cifar-python"
     assert ds.provenance["files"][0]["name"] == "cifar-10-python.tar.gz"
     np.testing.assert_array_equal(ds.x_train, exp["x_train"].astype(np.float32) / 255)
@@ -291,13 +293,13 @@ def test_cifar_batch_format_checks(tmp_path: Path) -> None:
     bad = {b"data": np.zeros((3, 100), dtype=np.uint8), b"labels": [0, 1, 2]}
     (folder / "data_batch_2").write_bytes(pickle.dumps(bad))
     with pytest.raises(UserInputError, match="not a uint8 array"):
-        D.load_dataset("cifar10", n_train=5, n_test=5, data_dir=tmp_path)
+        D.load_dataset("cifar10", n_train=5, n_test=5, request=D.DataRequest(data_dir=tmp_path))
     (folder / "data_batch_2").write_bytes(b"\x80\x02}q\x00(U\x04data")
     with pytest.raises(UserInputError, match="corrupt or truncated"):
-        D.load_dataset("cifar10", n_train=5, n_test=5, data_dir=tmp_path)
+        D.load_dataset("cifar10", n_train=5, n_test=5, request=D.DataRequest(data_dir=tmp_path))
     (folder / "data_batch_2").unlink()
     with pytest.raises(UserInputError, match="lacks data_batch_2"):
-        D.load_dataset("cifar10", n_train=5, n_test=5, data_dir=tmp_path)
+        D.load_dataset("cifar10", n_train=5, n_test=5, request=D.DataRequest(data_dir=tmp_path))
 
 
 class _Evil:
@@ -326,7 +328,7 @@ def test_malicious_pickle_is_refused(tmp_path: Path, payload: type) -> None:
     evil = {b"data": payload(marker), b"labels": [0]}
     (folder / "data_batch_1").write_bytes(pickle.dumps(evil, protocol=2))
     with pytest.raises(UserInputError, match="refused for safety"):
-        D.load_dataset("cifar10", n_train=5, n_test=5, data_dir=tmp_path)
+        D.load_dataset("cifar10", n_train=5, n_test=5, request=D.DataRequest(data_dir=tmp_path))
     assert not marker.exists()
     with open(folder / "data_batch_1", "rb") as f:
         with pytest.raises(pickle.UnpicklingError, match="refused global"):
@@ -375,7 +377,8 @@ def test_image_tree_and_tarball(tmp_path: Path) -> None:
     tree = tmp_path / "data" / "cifar10-jpeg"
     exp = _write_image_tree(tree)
     x_exp, y_exp = _round_robin(exp["train"])
-    a = D.load_dataset("cifar10", n_train=120, n_test=30, sample="first", data_dir=tmp_path / "data")
+    a = D.load_dataset("cifar10", n_train=120, n_test=30,
+                       request=D.DataRequest(sample="first", data_dir=tmp_path / "data"))
     assert a.provenance["source"] == "image-folder" and a.provenance["jpeg_reencoding"] is False
     assert a.provenance["canonical_order"].startswith("round-robin")
     assert len(a.provenance["train_selected_files_manifest_sha256"]) == HEX64
@@ -387,7 +390,8 @@ def test_image_tree_and_tarball(tmp_path: Path) -> None:
     tar_root.mkdir(parents=True)
     with tarfile.open(tar_root / "images.tar.gz", "w:gz") as tf:
         tf.add(tree, arcname="prefix")
-    b = D.load_dataset("cifar10", n_train=120, n_test=30, sample="first", data_dir=tmp_path / "tarred")
+    b = D.load_dataset("cifar10", n_train=120, n_test=30,
+                       request=D.DataRequest(sample="first", data_dir=tmp_path / "tarred"))
     assert b.provenance["source"] == "image-tarball"
     for key in ("x_train", "y_train", "x_test", "y_test"):
         np.testing.assert_array_equal(getattr(a, key), getattr(b, key))
@@ -395,7 +399,7 @@ def test_image_tree_and_tarball(tmp_path: Path) -> None:
 
 def test_jpeg_tree_is_labelled(tmp_path: Path) -> None:
     exp = _write_image_tree(tmp_path / "cifar10-jpeg", n_train=2, n_test=1, fmt="JPEG")
-    ds = D.load_dataset("cifar10", n_train=20, n_test=10, sample="first", data_dir=tmp_path)
+    ds = D.load_dataset("cifar10", n_train=20, n_test=10, request=D.DataRequest(sample="first", data_dir=tmp_path))
     assert ds.provenance["jpeg_reencoding"] is True and ds.provenance["label"] == D.JPEG_LABEL
     x_exp, _ = _round_robin(exp["train"])
     np.testing.assert_array_equal(ds.x_train, x_exp.astype(np.float32) / 255)
@@ -405,15 +409,15 @@ def test_image_tree_wrong_size_and_missing_class(tmp_path: Path) -> None:
     _write_image_tree(tmp_path / "cifar10-jpeg", n_train=1, n_test=1)
     Image.new("RGB", (28, 28)).save(tmp_path / "cifar10-jpeg" / "train" / "airplane" / "0.png")
     with pytest.raises(UserInputError, match="must be 32x32"):
-        D.load_dataset("cifar10", n_train=10, n_test=10, sample="first", data_dir=tmp_path)
+        D.load_dataset("cifar10", n_train=10, n_test=10, request=D.DataRequest(sample="first", data_dir=tmp_path))
     for p in (tmp_path / "cifar10-jpeg" / "test" / "truck").iterdir():
         p.unlink()
     with pytest.raises(UserInputError, match="lacks the classes"):
-        D.load_dataset("cifar10", n_train=10, n_test=10, data_dir=tmp_path)
+        D.load_dataset("cifar10", n_train=10, n_test=10, request=D.DataRequest(data_dir=tmp_path))
 
 
 def test_shared_cifar_jpeg_copy(shared_data: Path) -> None:
-    ds = D.load_dataset("cifar10", n_train=50, n_test=20, data_dir=shared_data, source="full")
+    ds = D.load_dataset("cifar10", n_train=50, n_test=20, request=D.DataRequest(data_dir=shared_data, source="full"))
     prov = ds.provenance
     assert prov["source"] == "image-tarball" and prov["jpeg_reencoding"] is True
     assert prov["label"] == D.JPEG_LABEL == "CIFAR-10, JPEG re-encoding (quality ~75; not the original pixels)"
@@ -426,14 +430,14 @@ def test_shared_cifar_jpeg_copy(shared_data: Path) -> None:
 
 
 def test_balanced_subsets(shared_data: Path) -> None:
-    a = D.load_dataset("mnist", n_train=203, n_test=40, seed=5, data_dir=shared_data)
+    a = D.load_dataset("mnist", n_train=203, n_test=40, request=D.DataRequest(seed=5, data_dir=shared_data))
     counts = np.bincount(a.y_train, minlength=10)
     assert counts.tolist() == [21, 21, 21] + [20] * 7
     assert np.bincount(a.y_test).tolist() == [4] * 10
-    b = D.load_dataset("mnist", n_train=203, n_test=40, seed=5, data_dir=shared_data)
+    b = D.load_dataset("mnist", n_train=203, n_test=40, request=D.DataRequest(seed=5, data_dir=shared_data))
     np.testing.assert_array_equal(a.x_train, b.x_train)
     assert a.provenance["train_indices_sha256"] == b.provenance["train_indices_sha256"]
-    c = D.load_dataset("mnist", n_train=203, n_test=40, seed=6, data_dir=shared_data)
+    c = D.load_dataset("mnist", n_train=203, n_test=40, request=D.DataRequest(seed=6, data_dir=shared_data))
     assert c.provenance["train_indices_sha256"] != a.provenance["train_indices_sha256"]
 
 
@@ -452,13 +456,14 @@ def test_select_indices_nested_and_sorted() -> None:
 
 
 def test_binary_tasks(shared_data: Path, mnist_raw: dict[str, np.ndarray]) -> None:
-    ds = D.load_dataset("mnist", n_train=100, n_test=30, task="binary", sample="first", data_dir=shared_data)
+    ds = D.load_dataset("mnist", n_train=100, n_test=30,
+                        request=D.DataRequest(task="binary", sample="first", data_dir=shared_data))
     assert set(np.unique(ds.y_train)) == {0, 1} and ds.classes == ["3", "8"] and ds.num_classes == 2
     orig = mnist_raw["train_labels"]
     pos = np.flatnonzero((orig == 3) | (orig == 8))[:100]
     np.testing.assert_array_equal(ds.y_train, (orig[pos] == 8).astype(np.int64))
     np.testing.assert_array_equal(np.rint(ds.x_train * 255).astype(np.uint8), mnist_raw["train_images"][pos])
-    cf = D.load_dataset("cifar10", n_train=40, n_test=10, task="binary", source="bundled")
+    cf = D.load_dataset("cifar10", n_train=40, n_test=10, request=D.DataRequest(task="binary", source="bundled"))
     assert cf.classes == ["airplane", "automobile"] and np.bincount(cf.y_train).tolist() == [20, 20]
 
 
@@ -475,8 +480,9 @@ def test_bad_arguments(tmp_path: Path) -> None:
     ]:
         args = {"name": "mnist", "n_train": 10, "n_test": 10, **kwargs}
         name = args.pop("name")
+        sizes = {k: args.pop(k) for k in ("n_train", "n_test")}
         with pytest.raises(UserInputError, match=pattern):
-            D.load_dataset(name, **args)
+            D.load_dataset(name, **sizes, request=D.DataRequest(**args))
 
 
 # --- locating data, bundled sample ----------------------------------------------------------------
@@ -487,12 +493,12 @@ def test_nothing_found(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     empty.mkdir()
     monkeypatch.chdir(empty)
     with pytest.raises(UserInputError) as err:
-        D.load_dataset("mnist", n_train=10, n_test=10, data_dir=empty)
+        D.load_dataset("mnist", n_train=10, n_test=10, request=D.DataRequest(data_dir=empty))
     msg = str(err.value)
     assert "\n" not in msg and str(empty) in msg
     assert "--data-dir" in msg and "NTKM_DATA_DIR" in msg and "verify data download" in msg
     with pytest.raises(UserInputError, match="no usable mnist data"):
-        D.load_dataset("mnist", n_train=10, n_test=10, source="full")
+        D.load_dataset("mnist", n_train=10, n_test=10, request=D.DataRequest(source="full"))
     ds = D.load_dataset("mnist", n_train=10, n_test=10)
     assert ds.provenance["source"] == "bundled-sample" and "searched" in ds.provenance["note"]
 
@@ -514,7 +520,7 @@ def test_search_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def test_bundled_sample(shared_data: Path, mnist_raw: dict[str, np.ndarray]) -> None:
     info = D.sample_info()["datasets"]
-    m = D.load_dataset("mnist", n_train=600, n_test=200, sample="first", source="bundled")
+    m = D.load_dataset("mnist", n_train=600, n_test=200, request=D.DataRequest(sample="first", source="bundled"))
     assert m.provenance["source"] == "bundled-sample" and m.provenance["jpeg_reencoding"] is False
     assert m.provenance["files"][0]["sha256"] == info["mnist"]["npz_sha256"]
     src_idx = np.array(info["mnist"]["train_source_index"])
@@ -525,23 +531,25 @@ def test_bundled_sample(shared_data: Path, mnist_raw: dict[str, np.ndarray]) -> 
     assert np.bincount(m.y_train).tolist() == [60] * 10
     assert m.provenance["train_indices_sha256"] == D.index_digest(src_idx)
 
-    c = D.load_dataset("cifar10", n_train=600, n_test=200, sample="first", source="bundled")
+    c = D.load_dataset("cifar10", n_train=600, n_test=200, request=D.DataRequest(sample="first", source="bundled"))
     assert c.provenance["jpeg_reencoding"] is True and D.JPEG_LABEL in c.provenance["label"]
     assert info["cifar10"]["train_source_index"] == list(range(600))
-    full = D.load_dataset("cifar10", n_train=600, n_test=200, sample="first", data_dir=shared_data)
+    full = D.load_dataset("cifar10", n_train=600, n_test=200,
+                          request=D.DataRequest(sample="first", data_dir=shared_data))
     assert np.abs(c.x_train - full.x_train).max() <= 2 / 255  # same JPEG decoded (exact with the same Pillow)
     np.testing.assert_array_equal(c.y_train, full.y_train)
     assert c.provenance["train_indices_sha256"] == full.provenance["train_indices_sha256"]
 
 
 def test_bundled_sample_limits() -> None:
-    b = D.load_dataset("mnist", n_train=120, n_test=40, task="binary", source="bundled")
+    b = D.load_dataset("mnist", n_train=120, n_test=40, request=D.DataRequest(task="binary", source="bundled"))
     assert (b.n_train, b.n_test) == (120, 40) and b.classes == ["3", "8"]
     with pytest.raises(UserInputError, match="bundled mnist sample holds only 120 train images"):
-        D.load_dataset("mnist", n_train=121, n_test=10, task="binary", source="bundled")
+        D.load_dataset("mnist", n_train=121, n_test=10, request=D.DataRequest(task="binary", source="bundled"))
     with pytest.raises(UserInputError, match="only 600 train images.*verify data download"):
-        D.load_dataset("cifar10", n_train=1000, n_test=10, source="bundled")
-    s = D.load_dataset("mnist", n_train=25, n_test=7, sample="balanced", seed=2, source="bundled")
+        D.load_dataset("cifar10", n_train=1000, n_test=10, request=D.DataRequest(source="bundled"))
+    s = D.load_dataset("mnist", n_train=25, n_test=7,
+                       request=D.DataRequest(sample="balanced", seed=2, source="bundled"))
     assert (s.n_train, s.n_test) == (25, 7)
 
 
@@ -665,8 +673,8 @@ def test_every_loader_writes_one_provenance_record(tmp_path: Path) -> None:
     np.savez(tmp_path / "u.npz", x_train=rng.random((8, 4)), y_train=np.arange(8) % 2, x_test=rng.random((4, 4)),
              y_test=np.arange(4) % 2)
     core = [f.name for f in dataclasses.fields(D.DataProvenance) if f.name != "after"]
-    for ds in (D.load_dataset("mnist", n_train=20, n_test=10, source="bundled"),
-               D.load_dataset("cifar10", n_train=20, n_test=10, data_dir=tmp_path),
+    for ds in (D.load_dataset("mnist", n_train=20, n_test=10, request=D.DataRequest(source="bundled")),
+               D.load_dataset("cifar10", n_train=20, n_test=10, request=D.DataRequest(data_dir=tmp_path)),
                load_user_dataset(tmp_path / "u.npz", n_train=8, n_test=4)):
         assert [k for k in ds.provenance if k in core] == core, ds.provenance["source"]
         assert ds.provenance["train_indices_sha256"] and ds.provenance["n_train"] == ds.n_train

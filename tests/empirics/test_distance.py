@@ -50,7 +50,7 @@ def test_gd_function_change_shrinks_with_width(mnist_small):
     """NTK theory: under gd-mse a wide 2L-ReLU's function change follows its linearised model more closely."""
     import torch
 
-    from empirics.common import dataset_tensors
+    from empirics.common import NetworkRequest, dataset_tensors
     from empirics.distance import reference_kernels
     from empirics.losses import targets
     from empirics.models import ModelSpec
@@ -61,7 +61,8 @@ def test_gd_function_change_shrinks_with_width(mnist_small):
     k_tt, k_st, _ = reference_kernels(DistanceConfig(), spec0, x_tr, x_te, t, 0)
     y = targets(t.y_train, t.out_dim, torch.float64).cpu().numpy()
     cfg = TrainConfig(epochs=60, seed=0)
-    ratio = {m: gd_mse_run(ModelSpec("relu", t.x_train.shape[1], m, t.out_dim), t, cfg, k_tt, k_st, y, "cpu")
+    ratio = {m: gd_mse_run(NetworkRequest(ModelSpec("relu", t.x_train.shape[1], m, t.out_dim), t, cfg, "cpu"),
+                           k_tt, k_st, y)
              for m in (32, 2048)}
     assert ratio[2048]["gd_epochs_run"] > 0 and ratio[2048]["gd_gate"]["reason"]
     assert ratio[2048][GD_METRIC] < 0.5 * ratio[32][GD_METRIC], {m: r[GD_METRIC] for m, r in ratio.items()}

@@ -12,11 +12,11 @@ import torch
 from tolerances import F32_ACCUMULATED, F32_REORDER, F32_ROUNDING
 
 from empirics.common import dataset_tensors
-from empirics.datasets import load_dataset
+from empirics.datasets import DataRequest, load_dataset
 from empirics.engine import SUPPORTED_FIELDS, fallback_reason, fallbacks, gemm_flops, train_many
 from empirics.models import ModelSpec, QKVAttentionNet, TwoLayerNet
 from empirics.protocols import PROTOCOL_NAMES, protocol_config
-from empirics.train import TrainConfig, train
+from empirics.train import TrainConfig, train_job
 
 
 @pytest.fixture(autouse=True)
@@ -28,8 +28,10 @@ def _torch_threads():
 @pytest.fixture(scope="module")
 def subsets():
     """Two real MNIST subsets (their own data seeds) of 96 training and 32 test images, and one of CIFAR-10."""
-    mnist = [dataset_tensors(load_dataset("mnist", n_train=96, n_test=32, sample="balanced", seed=s)) for s in (0, 1)]
-    cifar = dataset_tensors(load_dataset("cifar10", n_train=64, n_test=16, sample="balanced", seed=0))
+    mnist = [dataset_tensors(load_dataset("mnist", n_train=96, n_test=32,
+                                          request=DataRequest(sample="balanced", seed=s))) for s in (0, 1)]
+    cifar = dataset_tensors(load_dataset("cifar10", n_train=64, n_test=16,
+                                         request=DataRequest(sample="balanced", seed=0)))
     return mnist, cifar
 
 
@@ -41,8 +43,8 @@ def _jobs(subsets, protocol: str, widths=(16, 320), epochs: int = 40, **override
         for kind in ("relu", "attn"):
             for m in widths:
                 model = TwoLayerNet(ModelSpec(kind, t.x_train.shape[1], m, t.out_dim, seed=s), t.x_train)
-                cfg = protocol_config(protocol, epochs, seed=s, batch_size=32, check_every=2, plateau_window=10,
-                                      **overrides)
+                cfg = replace(protocol_config(protocol, epochs, seed=s), batch_size=32, check_every=2,
+                              plateau_window=10, **overrides)
                 jobs.append((model, t.x_train, t.y_train, cfg, t.x_test, t.y_test, f"{kind} {m}"))
     return jobs
 
@@ -69,7 +71,7 @@ def test_engine_equals_the_loop_for_every_protocol(subsets, protocol):
     gd-mse (full batch, a learning rate per network from its own NTK)."""
     jobs = _jobs(subsets, protocol)
     ours = _copy(jobs)
-    loop = [train(*j) for j in jobs]
+    loop = [train_job(j) for j in jobs]
     _assert_same(jobs, loop, ours, train_many(ours))
     assert not fallbacks(ours)
     if protocol == "width-consistent":
@@ -83,7 +85,7 @@ def test_networks_that_stop_at_different_epochs_are_frozen_where_they_stopped(su
     record of its own stop while the others go on."""
     jobs = _jobs(subsets, "width-consistent", widths=(16,), epochs=80)
     ours = _copy(jobs)
-    loop = [train(*j) for j in jobs]
+    loop = [train_job(j) for j in jobs]
     assert len({r.epochs_run for r in loop}) > 1, [r.epochs_run for r in loop]
     assert any(r.plateau_reached and r.epochs_run < 80 for r in loop)
     _assert_same(jobs, loop, ours, train_many(ours))
@@ -99,11 +101,11 @@ def test_groups_of_different_shapes_and_data_sets_in_one_call(subsets):
              (ModelSpec("relu", 784, 24, t.out_dim, seed=5), t.x_train, t.y_train, t)]
     jobs = []
     for spec, x, y, test in specs:
-        cfg = protocol_config("paper", 6, seed=spec.seed, record_every=1)
+        cfg = replace(protocol_config("paper", 6, seed=spec.seed), record_every=1)
         jobs.append((TwoLayerNet(spec, x), x, y, cfg, None if test is None else test.x_test,
                      None if test is None else test.y_test, spec.kind))
     ours = _copy(jobs)
-    loop = [train(*j) for j in jobs]
+    loop = [train_job(j) for j in jobs]
     got = train_many(ours)
     _assert_same(jobs, loop, ours, got)
     assert got[0].epochs == list(range(1, 7)) and got[1].test_acc == []
@@ -125,7 +127,7 @@ def test_unsupported_jobs_fall_back_to_train(subsets):
     assert "QKVAttentionNet" in reasons[0] and "adv_train" in reasons[1]
     assert "Extended" in fallback_reason((relu, t.x_train, t.y_train, extended))
     ours = _copy(jobs)
-    _assert_same(jobs, [train(*j) for j in jobs], ours, train_many(ours))
+    _assert_same(jobs, [train_job(j) for j in jobs], ours, train_many(ours))
 
 
 def test_whitelist_names_every_train_config_field(monkeypatch):
@@ -157,7 +159,7 @@ def test_a_head_the_engine_does_not_reproduce_falls_back(subsets, monkeypatch):
     jobs = _jobs(subsets, "paper", widths=(16,), epochs=3)[:2]
     monkeypatch.setattr(TwoLayerNet, "head", lambda self, f: 2 * (torch.relu(f @ self.W.T) @ self.A) / self.width**0.5)
     ours = _copy(jobs)
-    _assert_same(jobs, [train(*j) for j in jobs], ours, train_many(ours))
+    _assert_same(jobs, [train_job(j) for j in jobs], ours, train_many(ours))
     assert t.x_train.shape[0] == 96
 
 
@@ -185,7 +187,7 @@ def test_units_give_the_same_record_with_and_without_the_engine(unit, monkeypatc
     by the engine or one by one by `train`, and the engine did train them."""
     from empirics import common, distance, engine, malleability
 
-    tr = protocol_config("width-consistent", 12, check_every=2, plateau_window=6)
+    tr = replace(protocol_config("width-consistent", 12), check_every=2, plateau_window=6)
     if unit == "distance":
         cfg = distance.DistanceConfig(n_train=40, n_test=16, widths=(16, 32), seeds=(0, 1), train=tr)
         run, module = distance.run_ntk_distance, distance
@@ -229,7 +231,7 @@ def test_retraining_study_is_the_same_with_its_refits_trained_together(model, mo
                         lambda nets, label, *rest: groups.append(len(nets)) or real(nets, label, *rest))
     together = _numbers(protocol_retrain_study(cfg).to_dict())
     assert sorted(groups) == [1, 4]  # the full fit, then the four refits as one group
-    monkeypatch.setattr(engine, "train_many", lambda jobs: [train(*j) for j in jobs])
+    monkeypatch.setattr(engine, "train_many", lambda jobs: [train_job(j) for j in jobs])
     one_by_one = _numbers(protocol_retrain_study(cfg).to_dict())
     assert together.keys() == one_by_one.keys()
     for key, value in one_by_one.items():
@@ -248,11 +250,11 @@ def test_fused_adam_option_equals_the_loop_with_torchs_fused_adam(subsets, proto
     jobs = _jobs(subsets, protocol, epochs=20)
     fused_ours, plain = _copy(jobs), _copy(jobs)
     got = train_many(fused_ours, fused_adam=True)
-    loop_plain = [train(*j) for j in plain]
+    loop_plain = [train_job(j) for j in plain]
     for cls in (torch.optim.Adam, torch.optim.AdamW):
         monkeypatch.setattr(torch.optim, cls.__name__, type(cls.__name__, (cls,), {
             "__init__": lambda self, params, _c=cls, **kw: _c.__init__(self, params, fused=True, **kw)}))
-    loop_fused = [train(*j) for j in jobs]
+    loop_fused = [train_job(j) for j in jobs]
     _assert_same(jobs, loop_fused, fused_ours, got)
     for a, b in zip(plain, fused_ours, strict=True):
         assert float((a[0].W - b[0].W).norm() / a[0].W.norm()) < F32_ACCUMULATED

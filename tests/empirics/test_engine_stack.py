@@ -15,7 +15,7 @@ from tolerances import F32_ACCUMULATED, F32_REORDER
 from empirics import engine
 from empirics.engine import stack_plan, train_many
 from empirics.models import ModelSpec, TwoLayerNet
-from empirics.train import TrainConfig, train
+from empirics.train import TrainConfig, train_job
 
 N, D, N_TEST, C = 100, 24, 30, 10
 WIDTHS = (8, 16, 64)
@@ -101,7 +101,7 @@ def _assert_close(loop_jobs, loop_recs, jobs, recs):
 
 def _loop_and_stack(jobs, **kw):
     loop_jobs, ours = _copy(jobs), _copy(jobs)
-    loop = [train(*j) for j in loop_jobs]
+    loop = [train_job(j) for j in loop_jobs]
     got = train_many(ours, pad=True, **kw)
     _assert_close(loop_jobs, loop, ours, got)
     return loop, ours
@@ -190,7 +190,7 @@ def test_cpu_default_is_the_exact_grouping_bit_for_bit():
     jobs = _width_jobs(_cfg(epochs=4), widths=(16, 64), seeds=(0,))
     assert stack_plan(jobs) == stack_plan(jobs, pad=False) == [[0, 2], [1, 3]]
     loop_jobs, ours = _copy(jobs), _copy(jobs)
-    loop = [train(*j) for j in loop_jobs]
+    loop = [train_job(j) for j in loop_jobs]
     got = train_many(ours)
     for a, b, ra, rb in zip(loop_jobs, ours, loop, got, strict=True):
         assert torch.equal(a[0].W, b[0].W) and ra.train_loss == rb.train_loss
@@ -218,7 +218,7 @@ def test_a_head_the_padded_stack_does_not_reproduce_falls_back(monkeypatch):
     monkeypatch.setattr(engine, "_train_group", lambda *a: groups.append(a[3]) or real(*a))
     jobs = _width_jobs(_cfg(epochs=2), seeds=(0,))
     loop_jobs, ours = _copy(jobs), _copy(jobs)
-    loop = [train(*j) for j in loop_jobs]
+    loop = [train_job(j) for j in loop_jobs]
     got = train_many(ours, pad=True)
     assert groups == [True]
     for a, b, ra, rb in zip(loop_jobs, ours, loop, got, strict=True):

@@ -12,6 +12,7 @@ from tolerances import F64_SOLVE, F64_ZERO
 
 from empirics.influence import (
     RetrainConfig,
+    Ridge,
     influence_from_kernels,
     influence_scores,
     kernel_influence,
@@ -51,7 +52,7 @@ def test_closed_form_equals_refitting_without_the_point(kind, out_dim, seed, rid
     x = torch.rand(30, 8, generator=gen, dtype=torch.float64)
     y = torch.randint(0, max(out_dim, 2), (30,), generator=gen)
     model = build_model(ModelSpec(kind, 8, 64, out_dim, seed=seed), x[:20], dtype=torch.float64)
-    res = influence_scores(model, x[:20], y[:20], x[20:], y[20:], ridge_rel=ridge_rel)
+    res = influence_scores(model, (x[:20], y[:20]), (x[20:], y[20:]), Ridge(rel=ridge_rel))
     K, Kt = model_kernels(model, x[:20], x[20:])
     Y = targets(y[:20], out_dim, torch.float64).numpy()
     Yt = targets(y[20:], out_dim, torch.float64).numpy()
@@ -84,10 +85,10 @@ def test_sign_convention_helpful_point_is_positive():
     K = np.array([[1.0, 0.0], [0.0, 1.0]])
     Y = np.array([[1.0], [-1.0]])
     Kt = np.array([[1.0, 0.0]])
-    res = influence_from_kernels(K, Kt, Y, np.array([[1.0]]), np.array([1]), ridge=0.1)
+    res = influence_from_kernels((K, Kt), Y, np.array([[1.0]]), np.array([1]), reg=Ridge(0.1))
     assert res.total[0] > 0
     assert res.total[1] == pytest.approx(0.0, abs=F64_ZERO)
-    wrong = influence_from_kernels(K, Kt, Y, np.array([[-1.0]]), np.array([0]), ridge=0.1)
+    wrong = influence_from_kernels((K, Kt), Y, np.array([[-1.0]]), np.array([0]), reg=Ridge(0.1))
     assert wrong.total[0] < 0
 
 
@@ -131,7 +132,7 @@ def test_dead_network_kernel_gives_zero_influence_not_an_error():
     """A network whose ReLUs all died has K = 0: the relative ridge would be 0, the floor keeps the solve
     defined, and every influence is 0 (no sign that could flip)."""
     K = np.zeros((5, 5))
-    res = influence_from_kernels(K, np.zeros((3, 5)), np.eye(5)[:, :2], np.eye(3)[:, :2])
+    res = influence_from_kernels((K, np.zeros((3, 5))), np.eye(5)[:, :2], np.eye(3)[:, :2])
     assert res.ridge > 0 and np.all(res.total == 0)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tolerances import F64_KAPPA
 
-from empirics.datasets import load_dataset
+from empirics.datasets import DataRequest, load_dataset
 from empirics.kappa import kappa_rows
 
 pytestmark = [pytest.mark.claim("thm4.7-kappa"), pytest.mark.claim("kappa-mnist")]
@@ -18,10 +18,10 @@ pytestmark = [pytest.mark.claim("thm4.7-kappa"), pytest.mark.claim("kappa-mnist"
 @pytest.mark.parametrize("preprocessing", ["raw", "center"])
 def test_kappa_rows_match_eigenvalues_of_the_gram_matrix(preprocessing):
     ns = (20, 40)
-    rows = kappa_rows("mnist", ns, preprocessing=preprocessing, source="bundled", eps=0.2)
+    rows = kappa_rows("mnist", ns, preprocessing=preprocessing, eps=0.2, request=DataRequest(source="bundled"))
     assert [r["n"] for r in rows] == list(ns)
     for n, row in zip(ns, rows, strict=True):
-        x = load_dataset("mnist", n_train=n, n_test=1, source="bundled").x_train.astype(np.float64)
+        x = load_dataset("mnist", n_train=n, n_test=1, request=DataRequest(source="bundled")).x_train.astype(np.float64)
         if preprocessing == "center":
             x = x - x.mean(axis=0)
         lam = np.linalg.eigvalsh(x @ x.T)[::-1]

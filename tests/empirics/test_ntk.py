@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from empirics.models import ModelSpec, build_model
-from empirics.ntk import empirical_ntk
+from empirics.ntk import JacobianOptions, empirical_ntk
 from theory import gram, kernels
 
 
@@ -20,8 +20,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_torch_func_symmetric_chunks_match_unchunked(mnist_small):
     x = torch.as_tensor(mnist_small.x_train[:30], dtype=torch.float64)
     model = build_model(ModelSpec("attn", x.shape[1], 32, 10, seed=1), x, dtype=torch.float64)
-    whole = empirical_ntk(model, x, None, "full", "torch_func", max_bytes=1 << 30)
-    chunked = empirical_ntk(model, x, None, "full", "torch_func", max_bytes=50_000)
+    whole = empirical_ntk(model, x, None, "full", "torch_func", options=JacobianOptions(max_bytes=1 << 30))
+    chunked = empirical_ntk(model, x, None, "full", "torch_func", options=JacobianOptions(max_bytes=50_000))
     assert _rel(chunked, whole) < 1e-12
 
 

@@ -19,7 +19,7 @@ from torchscript import script
 
 from empirics.audit_ntk import ModelJacobian
 from empirics.models import ModelSpec, build_model
-from empirics.ntk import NtkImpl, empirical_ntk, resolve_implementation
+from empirics.ntk import JacobianOptions, NtkImpl, empirical_ntk, resolve_implementation
 from ntkm.errors import UserInputError
 
 D, OUT, N = 12, 3, 10
@@ -105,7 +105,7 @@ def test_static_batch_export_matches_torch_func():
     x = _inputs(1)
     mlp = _mlp()
     static = torch.export.export(mlp, (x[:3],)).module()
-    got = empirical_ntk(static, x, implementation="autograd_factored", static_batch=3)
+    got = empirical_ntk(static, x, implementation="autograd_factored", options=JacobianOptions(static_batch=3))
     want = empirical_ntk(mlp, x, implementation="torch_func")
     assert torch.allclose(got, want, rtol=RTOL, atol=ATOL_REL * float(want.abs().max()))
 
@@ -122,7 +122,7 @@ def test_closed_form_matches_torch_func_over_shapes_and_reductions(kind, width, 
     x = torch.rand(17, 12, generator=gen, dtype=torch.float64)
     model = build_model(ModelSpec(kind, 12, width, out_dim, attn_layers=layers, seed=seed), x, dtype=torch.float64)
     fast = empirical_ntk(model, x[:9], x[4:], reduction, "closed_form")
-    slow = empirical_ntk(model, x[:9], x[4:], reduction, "torch_func", max_bytes=4096)
+    slow = empirical_ntk(model, x[:9], x[4:], reduction, "torch_func", options=JacobianOptions(max_bytes=4096))
     assert fast.shape == slow.shape
     if slow.norm() == 0:
         assert fast.norm() == 0
@@ -164,4 +164,4 @@ def test_bad_choices_are_user_input_errors():
     with pytest.raises(UserInputError, match="'mean' reduction only"):
         empirical_ntk(mlp, x, reduction="full", implementation="autograd_factored")
     with pytest.raises(UserInputError, match="static_batch applies to the autograd_factored"):
-        empirical_ntk(mlp, x, static_batch=3)
+        empirical_ntk(mlp, x, options=JacobianOptions(static_batch=3))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from tolerances import F64_KAPPA, F64_ROUNDING
 
-from empirics.datasets import load_dataset
+from empirics.datasets import DataRequest, load_dataset
 from empirics.models import ModelSpec, build_model
 from empirics.premise import OUT_DIM, BinaryKappaRecord, PremiseRecord, binary_kappa_unit, premise_row, premise_unit
 from ntkm import codec
@@ -78,13 +78,14 @@ def test_units_on_real_data_record_sizes_they_cannot_load() -> None:
     rec = premise_unit(["mnist"], [8, 10**7], [16], "first", 0, None)
     assert PremiseRecord.from_dict(codec.loads(codec.dumps(rec))) == rec
     assert [r["n"] for r in rec.rows] == [8] and rec.missing[0]["n"] == 10**7
-    X = load_dataset("mnist", n_train=8, n_test=1, sample="first").x_train
+    X = load_dataset("mnist", n_train=8, n_test=1, request=DataRequest(sample="first")).x_train
     assert math.isclose(rec.rows[0]["kappa_G"], condition_numbers(X)["kappa"], rel_tol=F64_ROUNDING)
     rec = binary_kappa_unit(["mnist"], [10], [0, 1], "balanced", None)
     assert BinaryKappaRecord.from_dict(codec.loads(codec.dumps(rec))) == rec
     assert len(rec.rows) == 2 and not rec.missing
     r = rec.rows[1]
-    X = load_dataset("mnist", n_train=10, n_test=1, task="binary", sample="balanced", seed=1).x_train
+    X = load_dataset("mnist", n_train=10, n_test=1,
+                     request=DataRequest(task="binary", sample="balanced", seed=1)).x_train
     assert math.isclose(r["binary"]["kappa"], condition_numbers(X)["kappa"], rel_tol=F64_ROUNDING)
     assert r["binary"]["classes"] == ["3", "8"]
     assert len(r["10class"]["classes"]) == 10

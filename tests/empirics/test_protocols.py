@@ -3,6 +3,8 @@ influence of the claims' own setting is checked against real leave-one-out retra
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -23,7 +25,7 @@ def test_width_consistent_protocol_keeps_relative_weight_change_shrinking(mnist_
     widths = (256, 1024, 4096)
     change = {}
     for name in ("width-consistent", "paper"):
-        cfg = protocol_config(name, 30, plateau=False)
+        cfg = replace(protocol_config(name, 30), plateau=False)
         change[name] = [train_network(ModelSpec("relu", t.x_train.shape[1], m, t.out_dim), t, cfg)
                         .record.rel_weight_change for m in widths]
     proper = change["width-consistent"]
@@ -42,7 +44,7 @@ def test_paper_protocol_decay_is_coupled_and_decoupled_differs(mnist_small):
     spec = ModelSpec("attn", t.x_train.shape[1], 64, t.out_dim)
     norms = {}
     for name in ("paper", "decoupled"):
-        cfg = protocol_config(name, 20, plateau=False, weight_decay=0.5, lr=0.05)
+        cfg = replace(protocol_config(name, 20), plateau=False, weight_decay=0.5, lr=0.05)
         norms[name] = float(train_network(spec, t, cfg).model.W.detach().norm())
     init = float(train_network(spec, t, protocol_config("paper", 0)).model.W.detach().norm())
     # coupled decay with Adam: the decay term dominates the normalised step and shrinks W fast
@@ -263,7 +265,7 @@ def test_protocol_names_and_bad_input():
     with pytest.raises(UserInputError):
         protocol_config("sgd-magic", 3)
     with pytest.raises(UserInputError):
-        protocol_config("paper", 3, lr=float("nan"))
+        replace(protocol_config("paper", 3), lr=float("nan"))
 
 
 @pytest.mark.slow
@@ -313,7 +315,7 @@ def test_loss_residuals_are_the_gradient_of_the_training_loss(out_dim, loss):
 
 def test_the_initial_function_removed_estimand_is_the_papers_when_the_network_starts_at_zero():
     """With f0 = 0 the residual targets are the targets: the two kernel estimands coincide; with f0 they differ."""
-    from empirics.influence import matched_predictions, model_kernels
+    from empirics.influence import SplitAtInit, matched_predictions, model_kernels
     from empirics.models import ModelSpec, build_model
 
     gen = torch.Generator().manual_seed(0)
@@ -321,10 +323,11 @@ def test_the_initial_function_removed_estimand_is_the_papers_when_the_network_st
     y, yt = torch.randint(0, 3, (20,), generator=gen), torch.randint(0, 3, (9,), generator=gen)
     net = build_model(ModelSpec("relu", 6, 32, 3, seed=0), x)
     K = model_kernels(net, x, xt)
-    zero = matched_predictions(net, K, x, xt, y, yt, 0.1, "auto", np.zeros((20, 3)), np.zeros((9, 3)))
+    zero = matched_predictions(net, K, SplitAtInit(x, y, np.zeros((20, 3))), SplitAtInit(xt, yt, np.zeros((9, 3))),
+                               0.1, "auto")
     np.testing.assert_allclose(zero["initial-removed"], zero["paper"], rtol=1e-12)
-    f0 = np.full((20, 3), 0.3), np.full((9, 3), 0.3)
-    shifted = matched_predictions(net, K, x, xt, y, yt, 0.1, "auto", *f0)
+    shifted = matched_predictions(net, K, SplitAtInit(x, y, np.full((20, 3), 0.3)),
+                                  SplitAtInit(xt, yt, np.full((9, 3), 0.3)), 0.1, "auto")
     assert not np.allclose(shifted["initial-removed"], shifted["paper"])
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy import stats
 
-from empirics.influence import influence_from_kernels
+from empirics.influence import Ridge, influence_from_kernels
 from empirics.malleability import compare, n_top, top_by_abs
 from empirics.retrain_flip import (
     RetrainFlipConfig,
@@ -37,11 +37,11 @@ def test_on_kernel_regression_the_retrain_flip_rate_is_the_ntk_one(seed):
     n, nt, d, c, ridge = 40, 25, 6, 3, 0.5
     X, Xt = rng.normal(size=(n, d)), rng.normal(size=(nt, d))
     Y, Yt = np.eye(c)[rng.integers(0, c, n)], np.eye(c)[rng.integers(0, c, nt)]
-    clean = influence_from_kernels(X @ X.T, Xt @ X.T, Y, Yt, ridge=ridge)
+    clean = influence_from_kernels((X @ X.T, Xt @ X.T), Y, Yt, reg=Ridge(ridge))
     sel = top_by_abs(clean.total, n_top(0.25, n))
     Xp = X.copy()
     Xp[sel] += 0.8 * rng.choice([-1.0, 1.0], size=(len(sel), d))
-    pert = influence_from_kernels(Xp @ Xp.T, Xt @ Xp.T, Y, Yt, ridge=ridge)
+    pert = influence_from_kernels((Xp @ Xp.T, Xt @ Xp.T), Y, Yt, reg=Ridge(ridge))
     ntk = compare(clean, pert, sel)
 
     def effects(Xs: np.ndarray) -> np.ndarray:
@@ -65,11 +65,12 @@ def test_some_kernel_regression_case_flips():
         rng = np.random.default_rng(seed)
         X, Xt = rng.normal(size=(40, 6)), rng.normal(size=(25, 6))
         Y, Yt = np.eye(3)[rng.integers(0, 3, 40)], np.eye(3)[rng.integers(0, 3, 25)]
-        clean = influence_from_kernels(X @ X.T, Xt @ X.T, Y, Yt, ridge=0.5)
+        clean = influence_from_kernels((X @ X.T, Xt @ X.T), Y, Yt, reg=Ridge(0.5))
         sel = top_by_abs(clean.total, 10)
         Xp = X.copy()
         Xp[sel] += 0.8 * rng.choice([-1.0, 1.0], size=(10, 6))
-        rates.append(compare(clean, influence_from_kernels(Xp @ Xp.T, Xt @ Xp.T, Y, Yt, ridge=0.5), sel)["flip_rate"])
+        pert = influence_from_kernels((Xp @ Xp.T, Xt @ Xp.T), Y, Yt, reg=Ridge(0.5))
+        rates.append(compare(clean, pert, sel)["flip_rate"])
     assert 0 < max(rates) and min(rates) < 1
 
 
@@ -125,7 +126,7 @@ def test_study_effects_are_those_of_retraining_one_network_at_a_time(model):
     """The study's effects (engine, many networks at once) against one leave-one-out retraining through the plain
     `empirics.train.train` loop, and its record against its own arrays."""
     from empirics.common import dataset_tensors
-    from empirics.datasets import load_dataset
+    from empirics.datasets import DataRequest, load_dataset
     from empirics.losses import loss_fn
     from empirics.models import ModelSpec, build_model, input_channels
     from empirics.protocols import protocol_config
@@ -141,7 +142,7 @@ def test_study_effects_are_those_of_retraining_one_network_at_a_time(model):
     again = effect_flips(np.array(r.effects["clean"]["training"]), np.array(r.effects["attack"]["training"]))
     assert again["flipped"] == r.flips["attack"]["training"]["flipped"]
 
-    ds = load_dataset("mnist", n_train=30, n_test=20, task="10class", seed=0)
+    ds = load_dataset("mnist", n_train=30, n_test=20, request=DataRequest(task="10class", seed=0))
     t = dataset_tensors(ds)
     spec = ModelSpec(model, t.x_train.shape[1], 32, t.out_dim, seed=1, preprocess="unit",
                      channels=input_channels(ds))
@@ -151,7 +152,7 @@ def test_study_effects_are_those_of_retraining_one_network_at_a_time(model):
     def loss_after(keep: np.ndarray) -> float:
         kt = torch.as_tensor(keep)
         net = build_model(spec, t.x_train[kt], reference=t.x_train)
-        train(net, t.x_train[kt], t.y_train[kt], tcfg, t.x_test, t.y_test, "loop")
+        train(net, t.x_train[kt], t.y_train[kt], tcfg, (t.x_test, t.y_test), "loop")
         with torch.no_grad():
             return float(ce(net(t.x_test), t.y_test).double().sum())
 

@@ -77,7 +77,7 @@ def image_folder(sample, tmp_path_factory) -> tuple[Path, dict[str, dict[str, li
 
 
 def test_idx_folder_reads_the_arrays_it_was_built_from(idx_folder, sample):
-    ds = load_user_dataset(idx_folder, n_train=50, n_test=20, sample="first")
+    ds = load_user_dataset(idx_folder, n_train=50, n_test=20, request=D.DataRequest(sample="first"))
     a = sample["mnist"]
     np.testing.assert_array_equal(ds.x_train, a["x_train"][:50].astype(np.float32) / 255)
     np.testing.assert_array_equal(ds.y_test, a["y_test"][:20])
@@ -91,19 +91,19 @@ def test_idx_folder_reads_the_arrays_it_was_built_from(idx_folder, sample):
 def test_balanced_subset_is_the_one_of_the_same_images_as_a_built_in(idx_folder):
     """The IDX folder holds the bundled sample in its order, so a seeded balanced subset must pick the
     same images as the bundled-sample loader does."""
-    ds = load_user_dataset(idx_folder, n_train=40, n_test=20, seed=3)
-    ref = D.load_dataset("mnist", n_train=40, n_test=20, seed=3, source="bundled")
+    ds = load_user_dataset(idx_folder, n_train=40, n_test=20, request=D.DataRequest(seed=3))
+    ref = D.load_dataset("mnist", n_train=40, n_test=20, request=D.DataRequest(seed=3, source="bundled"))
     np.testing.assert_array_equal(ds.x_train, ref.x_train)
     np.testing.assert_array_equal(ds.y_train, ref.y_train)
     np.testing.assert_array_equal(ds.x_test, ref.x_test)
     assert np.bincount(ds.y_train).tolist() == [4] * 10
-    other = load_user_dataset(idx_folder, n_train=40, n_test=20, seed=4)
+    other = load_user_dataset(idx_folder, n_train=40, n_test=20, request=D.DataRequest(seed=4))
     assert other.provenance["train_indices_sha256"] != ds.provenance["train_indices_sha256"]
 
 
 def test_image_folder_round_robin_first_n_and_manifest(image_folder):
     root, written = image_folder
-    ds = load_user_dataset(root, n_train=9, n_test=6, sample="first")
+    ds = load_user_dataset(root, n_train=9, n_test=6, request=D.DataRequest(sample="first"))
     expect = [written["train"][c][i] for i in range(3) for c in CLASSES3]
     np.testing.assert_array_equal(ds.x_train, np.stack(expect).reshape(9, -1).astype(np.float32) / 255)
     assert ds.y_train.tolist() == [0, 1, 2] * 3 and ds.classes == CLASSES3 and ds.image_shape == (3, 32, 32)
@@ -116,14 +116,17 @@ def test_image_folder_round_robin_first_n_and_manifest(image_folder):
 
 def test_binary_task_by_names_or_indices(image_folder):
     root, written = image_folder
-    by_name = load_user_dataset(root, n_train=6, n_test=4, task="binary", sample="first", classes=("ship", "cat"))
+    by_name = load_user_dataset(root, n_train=6, n_test=4, classes=("ship", "cat"),
+                                request=D.DataRequest(task="binary", sample="first"))
     assert by_name.classes == ["ship", "cat"] and by_name.provenance["class_labels"] == [2, 0]
     # canonical order interleaves cat, ship; ship is label 0 of the task, cat label 1
     assert by_name.y_train.tolist() == [1, 0] * 3
     np.testing.assert_array_equal(by_name.x_train[1], written["train"]["ship"][0].reshape(-1) / np.float32(255))
-    by_index = load_user_dataset(root, n_train=6, n_test=4, task="binary", sample="first", classes=("2", "0"))
+    by_index = load_user_dataset(root, n_train=6, n_test=4, classes=("2", "0"),
+                                 request=D.DataRequest(task="binary", sample="first"))
     np.testing.assert_array_equal(by_index.x_train, by_name.x_train)
-    balanced = load_user_dataset(root, n_train=6, n_test=4, task="binary", seed=1, classes=("cat", "dog"))
+    balanced = load_user_dataset(root, n_train=6, n_test=4, classes=("cat", "dog"),
+                                 request=D.DataRequest(task="binary", seed=1))
     assert np.bincount(balanced.y_train).tolist() == [3, 3]
 
 
@@ -131,7 +134,7 @@ def test_audit_and_experiments_read_one_image_folder_alike(image_folder):
     """The audit's `load_split` and the experiments' loader share the reader: same images, same order."""
     root, _ = image_folder
     split = load_split(str(root), "test", None)
-    ds = load_user_dataset(root, n_train=3, n_test=9, sample="first")
+    ds = load_user_dataset(root, n_train=3, n_test=9, request=D.DataRequest(sample="first"))
     np.testing.assert_array_equal(split.x, ds.x_test)
     np.testing.assert_array_equal(split.y, ds.y_test)
 
@@ -141,7 +144,7 @@ def test_npz_with_four_arrays(tmp_path: Path):
     x_tr, x_te = rng.random((20, 5, 5, 3)), rng.random((8, 5, 5, 3))
     y_tr, y_te = np.arange(20) % 4, np.arange(8) % 4
     np.savez(tmp_path / "d.npz", x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te)
-    ds = load_user_dataset(tmp_path / "d.npz", n_train=20, n_test=8, sample="first")
+    ds = load_user_dataset(tmp_path / "d.npz", n_train=20, n_test=8, request=D.DataRequest(sample="first"))
     np.testing.assert_allclose(ds.x_train[3], x_tr[3].transpose(2, 0, 1).reshape(-1), rtol=F32_ROUNDING)
     assert ds.image_shape == (3, 5, 5) and ds.num_classes == 4 and ds.provenance["files"][0]["sha256"] == _sha(
         tmp_path / "d.npz")
@@ -162,8 +165,8 @@ def _cifar_style(folder: Path, a: dict[str, np.ndarray]) -> None:
 def test_cifar_style_batches(tmp_path: Path, sample):
     a = sample["cifar10"]
     _cifar_style(tmp_path / "batches", a)
-    ds = load_user_dataset(tmp_path / "batches", n_train=30, n_test=10, sample="first", task="binary",
-                           classes=("airplane", "truck"))
+    ds = load_user_dataset(tmp_path / "batches", n_train=30, n_test=10, classes=("airplane", "truck"),
+                           request=D.DataRequest(sample="first", task="binary"))
     keep = np.flatnonzero(np.isin(a["y_train"], [0, 9]))[:30]
     np.testing.assert_array_equal(ds.x_train, a["x_train"][keep].astype(np.float32) / 255)
     np.testing.assert_array_equal(ds.y_train, (a["y_train"][keep] == 9).astype(np.int64))
@@ -228,7 +231,7 @@ def test_bad_user_data_is_one_line(tmp_path: Path, image_folder, idx_folder, mak
 
 
 def test_built_in_data_sets_keep_their_binary_pair():
-    ds = load_data("mnist", n_train=20, n_test=10, task="binary", source="bundled")
+    ds = load_data("mnist", n_train=20, n_test=10, request=D.DataRequest(task="binary", source="bundled"))
     assert ds.classes == ["3", "8"]
 
 
@@ -244,7 +247,7 @@ def test_malleability_on_an_idx_folder(tmp_path: Path, idx_folder):
     prov = rec["data"]
     assert rec["config"]["dataset"] == str(idx_folder) and prov["user_data"] is True
     assert {f["name"]: f["sha256"] for f in prov["files"]} == {p.name: _sha(p) for p in idx_folder.iterdir()}
-    ref = load_user_dataset(idx_folder, n_train=12, n_test=6, seed=0)
+    ref = load_user_dataset(idx_folder, n_train=12, n_test=6, request=D.DataRequest(seed=0))
     assert prov["train_indices_sha256"] == ref.provenance["train_indices_sha256"]
     assert rec["runs"] and prov["classes"] == [str(i) for i in range(10)]
 
@@ -276,7 +279,8 @@ def test_provenance_is_the_same_whichever_spelling_found_the_files(idx_folder, t
     root = idx_folder.parent if idx_folder.name == "mnist" else idx_folder
     link = tmp_path / "link"
     link.symlink_to(root, target_is_directory=True)
-    recs = [load_dataset("mnist", n_train=20, n_test=10, seed=0, data_dir=d, source="full").provenance
+    recs = [load_dataset("mnist", n_train=20, n_test=10,
+                         request=D.DataRequest(seed=0, data_dir=d, source="full")).provenance
             for d in (root, link, root / ".." / root.name)]
     digests = [[f.get("content_sha256") for f in r["files"]] for r in recs]
     assert all(d == digests[0] for d in digests) and all(digests[0])

@@ -20,7 +20,7 @@ from torchscript import script
 from empirics.audit_attribution import INSTALL, PEERS, installed
 from empirics.audit_ntk import ModelJacobian
 from empirics.common import Tensors, train_network
-from empirics.datasets import load_dataset
+from empirics.datasets import DataRequest, load_dataset
 from empirics.gauss_newton import gn_influence_explicit, gn_influence_full, gn_influence_mean, loss_residuals
 from empirics.models import ModelSpec, save_model
 from empirics.train import TrainConfig
@@ -87,7 +87,7 @@ def _quiet(monkeypatch):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict:
-    ds = load_dataset("mnist", n_train=80, n_test=30, source="bundled")
+    ds = load_dataset("mnist", n_train=80, n_test=30, request=DataRequest(source="bundled"))
     folder = tmp_path_factory.mktemp("audit")
     np.savez(folder / "train.npz", x=(ds.x_train.reshape(-1, 28, 28) * 255).round().astype(np.uint8), y=ds.y_train)
     np.savez(folder / "test.npz", x=ds.x_test.reshape(-1, 1, 28, 28), y=ds.y_test)
@@ -556,10 +556,10 @@ def test_perturbed_rows_equal_a_full_recomputation(budget: int):
 
 
 def test_only_an_earlier_audits_files_count_as_its_outputs(tmp_path: Path):
-    """`verify.audit.pipeline.earlier_audit_file` decides what a rerun may replace: an audit's PDF, HTML, summary
+    """`verify.audit.files.earlier_audit_file` decides what a rerun may replace: an audit's PDF, HTML, summary
     and JSON record, never a user's file that happens to have the same name."""
     from verify.audit.config import SUMMARY_MARKER
-    from verify.audit.pipeline import earlier_audit_file, output_members
+    from verify.audit.files import earlier_audit_file, output_members
 
     assert output_members(tmp_path / "a.pdf") == ("a.pdf", "a.html", "a.json", "a-summary.md")
     files = {"a.pdf": (b"%PDF-1.7 ...", b"my notes"),

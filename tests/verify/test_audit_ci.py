@@ -17,7 +17,7 @@ from tolerances import F64_ROUNDING
 from torch import nn
 from torchscript import script
 
-from empirics.datasets import load_dataset
+from empirics.datasets import DataRequest, load_dataset
 from empirics.intervals import wilson
 from verify.audit.ci import DIFF_MOVED_EXIT, FAIL_ON_EXIT, diff_records, load_schema, schema_errors
 from verify.audit.config import SCHEMA_VERSION
@@ -58,7 +58,7 @@ def records(tmp_path_factory) -> dict:
     import os
 
     os.environ["NTKM_PROGRESS"] = "0"
-    ds = load_dataset("mnist", n_train=60, n_test=30, source="bundled")
+    ds = load_dataset("mnist", n_train=60, n_test=30, request=DataRequest(source="bundled"))
     d = tmp_path_factory.mktemp("audit-ci")
     np.savez(d / "train.npz", x=ds.x_train.reshape(-1, 1, 28, 28), y=ds.y_train)
     np.savez(d / "test.npz", x=ds.x_test.reshape(-1, 1, 28, 28), y=ds.y_test)

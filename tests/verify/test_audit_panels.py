@@ -14,7 +14,7 @@ from torchscript import script
 
 from empirics.audit_ntk import ModelJacobian
 from empirics.common import Tensors
-from empirics.datasets import load_dataset
+from empirics.datasets import DataRequest, load_dataset
 from empirics.gauss_newton import gn_influence_mean, loss_residuals
 from empirics.influence import influence_from_kernels
 from empirics.losses import targets
@@ -77,7 +77,7 @@ def _quiet(monkeypatch):
 
 @pytest.fixture(scope="module")
 def mnist():
-    return load_dataset("mnist", n_train=600, n_test=200, source="bundled")
+    return load_dataset("mnist", n_train=600, n_test=200, request=DataRequest(source="bundled"))
 
 
 def _binary(x: np.ndarray, y: np.ndarray, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +88,7 @@ def _binary(x: np.ndarray, y: np.ndarray, n: int) -> tuple[torch.Tensor, torch.T
 def _influences(net: nn.Module, x, y, xt, yt, out_dim):
     jac = ModelJacobian(net, (x.shape[1],))
     K, Kt = jac.kernel(x).numpy(), jac.kernel(xt, x).numpy()
-    inf = influence_from_kernels(K, Kt, targets(y, out_dim, torch.float64).numpy(),
+    inf = influence_from_kernels((K, Kt), targets(y, out_dim, torch.float64).numpy(),
                                  targets(yt, out_dim, torch.float64).numpy(), yt.numpy())
     with torch.no_grad():
         o, ot = net(x), net(xt)

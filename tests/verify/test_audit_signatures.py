@@ -1,8 +1,7 @@
-"""No function of the audit takes more than `MAX_PARAMS` parameters (issue 28, item 4): the audit's code passes its
-typed objects (`AuditConfig`, `AuditRun`, `NetworkContext`, `Tensors`, `RefitInputs`, ...) instead of long lists of
-loose values. Every function, method and lambda of `verify/audit/*.py`, `empirics/audit_*.py`, `reports/audit_*.py`
-and the `verify audit` command is read with `ast` (nothing is imported); `self` / `cls` do not count, `*args` and
-`**kwargs` count one each."""
+"""No function takes more than `MAX_PARAMS` parameters (issue 28 item 4 for the audit; issue 41 for every source
+file outside tests): the code passes typed objects (`AuditConfig`, `AuditRun`, `NetworkContext`, `Tensors`,
+`RefitInputs`, `DataRequest`, ...) instead of long lists of loose values. Every function, method and lambda is read
+with `ast` (nothing is imported); `self` / `cls` do not count, `*args` and `**kwargs` count one each."""
 
 from __future__ import annotations
 
@@ -14,6 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MAX_PARAMS = 6
 GLOBS = ("verify/audit/*.py", "empirics/audit_*.py", "reports/audit_*.py", "verify/commands/audit.py")
+#: Every source folder outside tests (issue 41).
+SOURCE_FOLDERS = ("ntkm", "theory", "empirics", "verify", "reports", "benchmarks", "scripts")
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
@@ -61,3 +62,19 @@ def test_no_audit_function_takes_more_than_six_parameters():
     over = [line for path in audit_files() for line in too_long(path)]
     assert not over, (f"audit functions with more than {MAX_PARAMS} parameters (group them in the typed objects "
                       "that exist, or a small frozen dataclass):\n" + "\n".join(over))
+
+
+def source_files() -> list[Path]:
+    return sorted(p for folder in SOURCE_FOLDERS for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_the_source_files_are_found():
+    names = {p.relative_to(ROOT).as_posix() for p in source_files()}
+    assert {"empirics/train.py", "verify/stability.py", "benchmarks/harness.py", "scripts/compare_claims.py",
+            "theory/bounds.py", "ntkm/io.py"} <= names
+
+
+def test_no_function_outside_tests_takes_more_than_six_parameters():
+    over = [line for path in source_files() for line in too_long(path)]
+    assert not over, (f"functions with more than {MAX_PARAMS} parameters (group them in the typed objects that "
+                      "exist, or a small frozen dataclass):\n" + "\n".join(over))

@@ -13,7 +13,7 @@ from test_audit import CNN, SMALL, data  # noqa: F401 - the module-scoped data f
 from tolerances import F32_ACCUMULATED
 from torch import nn
 
-from verify.audit import pipeline
+from verify.audit import binding, pipeline
 from verify.audit.refit import RefitConfig, RefitJob, Refitter, per_example_loss
 from verify.cli import main
 from verify.modelio import FlatInput
@@ -198,8 +198,8 @@ def test_model_and_data_move_to_the_device_before_the_jacobians(data, tmp_path, 
 
     monkeypatch.setattr(pipeline, "pick_device", lambda requested: "meta")
     monkeypatch.setattr(pipeline, "estimate_network", stop)
-    monkeypatch.setattr(pipeline, "choose_projection", lambda *a, **k: (None, "exact (test)"))
-    monkeypatch.setattr(pipeline.StructuredJacobian, "build", lambda *a: (None, "its probe reads values (.item())"))
+    monkeypatch.setattr(binding, "choose_projection", lambda *a, **k: (None, "exact (test)"))
+    monkeypatch.setattr(binding.StructuredJacobian, "build", lambda *a: (None, "its probe reads values (.item())"))
     cfg = pipeline.AuditConfig(model=str(path), train=data["train"], test=data["test"], n=40, n_test=20,
                                reference=False)
     with pytest.raises(_Stop):

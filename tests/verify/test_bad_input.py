@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torchscript import script
 
-from empirics.datasets import load_dataset
+from empirics.datasets import DataRequest, load_dataset
 from ntkm.errors import UserInputError
 from verify.cli import main
 from verify.outputs import MANIFEST, check_output_dir, output_set
@@ -100,7 +100,7 @@ def _quiet(monkeypatch):
 def env(tmp_path_factory) -> dict:
     """Tiny data, models in every format (good and bad) and one finished audit to re-render."""
     d = tmp_path_factory.mktemp("bad")
-    ds = load_dataset("mnist", n_train=40, n_test=10, source="bundled")
+    ds = load_dataset("mnist", n_train=40, n_test=10, request=DataRequest(source="bundled"))
     x = ds.x_train.reshape(-1, 1, 28, 28)
     np.savez(d / "train.npz", x=x, y=ds.y_train)
     np.savez(d / "test.npz", x=ds.x_test.reshape(-1, 1, 28, 28), y=ds.y_test)

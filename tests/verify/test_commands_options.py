@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -113,7 +113,7 @@ def test_an_experiment_command_builds_the_config_its_options_describe():
                                       "--center", "--attn-rank", "3", "--protocol", PAPER, "--lr", "0.5"])
     assert nd.config_from_args(args) == DistanceConfig(
         models=("relu",), widths=(8, 16), seeds=(0, 1), n_train=100, n_test=40, attn_centre=True, attn_rank=3,
-        train=protocol_config(PAPER, 20, lr=0.5))
+        train=replace(protocol_config(PAPER, 20), lr=0.5))
 
 
 def test_the_malleability_command_fills_from_the_preset_and_parses_its_text_options():

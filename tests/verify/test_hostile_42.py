@@ -292,10 +292,10 @@ class FailsLater(Linear):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict:
-    from empirics.datasets import load_dataset
+    from empirics.datasets import DataRequest, load_dataset
 
     d = tmp_path_factory.mktemp("h42")
-    ds = load_dataset("mnist", n_train=40, n_test=10, source="bundled")
+    ds = load_dataset("mnist", n_train=40, n_test=10, request=DataRequest(source="bundled"))
     np.savez(d / "train.npz", x=ds.x_train.reshape(-1, 1, 28, 28), y=ds.y_train)
     np.savez(d / "test.npz", x=ds.x_test.reshape(-1, 1, 28, 28), y=ds.y_test)
     torch.manual_seed(0)

@@ -58,9 +58,9 @@ def test_tost_power_at_its_limits():
     den = rng.normal(0.3, 0.01, 10)
     tight = den + rng.normal(0, 0.002, 10)
     loose = den + rng.normal(0, 0.3, 10)
-    assert tost_power(tight, den, 0.8, 1.25, draws=200) > 0.95
-    assert tost_power(loose, den, 0.8, 1.25, draws=200) < 0.3
-    assert np.isnan(tost_power([0.3], [0.3], 0.8, 1.25))
+    assert tost_power(tight, den, (0.8, 1.25), draws=200) > 0.95
+    assert tost_power(loose, den, (0.8, 1.25), draws=200) < 0.3
+    assert np.isnan(tost_power([0.3], [0.3], (0.8, 1.25)))
 
 
 def test_vectorised_tost_power_equals_tost_ratio_draw_by_draw():
@@ -73,7 +73,7 @@ def test_vectorised_tost_power_equals_tost_ratio_draw_by_draw():
     cov = np.cov(np.vstack([num, den]))
     sims = np.random.default_rng(0).multivariate_normal([den.mean(), den.mean()], cov, size=(300, 8), method="svd")
     loop = np.mean([tost_ratio(s[:, 0], s[:, 1], 0.8, 1.25)["equivalent"] for s in sims])
-    assert tost_power(num, den, 0.8, 1.25, draws=300) == pytest.approx(loop, abs=1e-12)
+    assert tost_power(num, den, (0.8, 1.25), draws=300) == pytest.approx(loop, abs=1e-12)
 
 
 def test_the_t_p_value_is_scipys_one_sample_t_test():

@@ -32,12 +32,15 @@ def mean_rule(results: dict) -> Outcome:
     return Outcome(f"{np.mean(vals):.2f}", HOLDS if np.mean(vals) > 1 else INCONCLUSIVE, "synthetic")
 
 
+#: The conditions of the synthetic runs.
+RAW_PROPER = S.RunConditions(("raw",), ("proper",))
 CLAIM = Claim("synthetic", "-", "mean above 1", "-", "holds when the mean over seeds exceeds 1", ("kappa:binary",),
               mean_rule)
 
 
 def test_one_seed_deciding_the_verdict_is_flagged_by_leave_one_out_and_the_bootstrap() -> None:
-    st = S.stability([CLAIM], {"kappa:binary": kappa_record([0.0] * 9 + [10.5])}, ("raw",), ("proper",), n=1000)
+    st = S.stability([CLAIM], {"kappa:binary": kappa_record([0.0] * 9 + [10.5])}, RAW_PROPER,
+                     resampling=S.Resampling(n=1000))
     s = st["synthetic"]
     assert s["computable"] and s["verdict"] == "holds"
     assert s["loo_seeds"] == [9] and s["loo_changes"][0]["verdict"] == "inconclusive"
@@ -47,21 +50,22 @@ def test_one_seed_deciding_the_verdict_is_flagged_by_leave_one_out_and_the_boots
 
 
 def test_a_clear_verdict_is_stable() -> None:
-    s = S.stability([CLAIM], {"kappa:binary": kappa_record([5.0, 6.0, 4.0, 5.5, 4.5])}, ("raw",), ("proper",),
-                    n=1000)["synthetic"]
+    s = S.stability([CLAIM], {"kappa:binary": kappa_record([5.0, 6.0, 4.0, 5.5, 4.5])}, RAW_PROPER,
+                    resampling=S.Resampling(n=1000))["synthetic"]
     assert s["bootstrap_agreement"] == 1.0 and s["loo_changes"] == [] and s["fragile"] is False
 
 
 def test_the_bootstrap_is_reproducible_from_its_seed() -> None:
     res = {"kappa:binary": kappa_record([0.0] * 9 + [10.5])}
-    a = S.stability([CLAIM], res, ("raw",), ("proper",), n=200, seed=1)["synthetic"]
-    b = S.stability([CLAIM], res, ("raw",), ("proper",), n=200, seed=1)["synthetic"]
+    a = S.stability([CLAIM], res, RAW_PROPER, resampling=S.Resampling(n=200, seed=1))["synthetic"]
+    b = S.stability([CLAIM], res, RAW_PROPER, resampling=S.Resampling(n=200, seed=1))["synthetic"]
     assert a == b
 
 
 def test_a_claim_without_seeds_says_why_it_is_not_computable() -> None:
     claim = Claim("kappa-only", "-", "-", "-", "-", ("kappa:mnist",), mean_rule)
-    s = S.stability([claim], {"kappa:mnist": {"rows": []}}, ("raw",), ("proper",), n=10)["kappa-only"]
+    s = S.stability([claim], {"kappa:mnist": {"rows": []}}, RAW_PROPER,
+                    resampling=S.Resampling(n=10))["kappa-only"]
     assert s["computable"] is False and s["reason"].startswith("not computable: ")
 
 

@@ -44,7 +44,7 @@ from empirics.gauss_newton import (
     loss_residuals,
     output_hessians,
 )
-from empirics.influence import InfluenceResult, influence_from_kernels, model_kernels
+from empirics.influence import InfluenceResult, Ridge, influence_from_kernels, model_kernels
 from empirics.intervals import spearman
 from empirics.losses import predict_labels, targets
 from empirics.malleability import compare, n_top, top_by_abs
@@ -228,7 +228,7 @@ class Estimated:
                   r_train: Callable[[], np.ndarray]) -> InfluenceResult:
         """Estimator `name`'s influence on a perturbed training set with kernels `K2`, `Kst2` and (for Gauss-Newton
         and empirical Fisher) loss residuals `r_train()`, at the clean data's ridges."""
-        new = influence_from_kernels(K2, Kst2, self.Y, self.Yt, yt, ridge=self.clean.ridge)
+        new = influence_from_kernels((K2, Kst2), self.Y, self.Yt, yt, reg=Ridge(self.clean.ridge))
         rescore = kernel_estimator(name).rescore
         if rescore is None:
             return new
@@ -275,7 +275,7 @@ def estimate_network(net: Network, t: Tensors, cfg: AuditConfig) -> Estimated:
     tic = time.perf_counter()
     Y = targets(y, c, torch.float64).cpu().numpy()
     Yt = targets(yt, c, torch.float64).cpu().numpy()
-    clean = influence_from_kernels(K, Kst, Y, Yt, yt.cpu().numpy(), ridge=None, ridge_rel=cfg.ridge_rel)
+    clean = influence_from_kernels((K, Kst), Y, Yt, yt.cpu().numpy(), reg=Ridge(rel=cfg.ridge_rel))
     lam = clean.ridge
     est_s = {"ntk": times["kernel"] + time.perf_counter() - tic}
     tic_gn = time.perf_counter()

@@ -36,7 +36,7 @@ from torch import nn
 
 from empirics.attacks import AttackConfig, attack
 from empirics.gauss_newton import gn_influence_mean, loss_residuals
-from empirics.influence import influence_from_kernels
+from empirics.influence import Ridge, influence_from_kernels
 from empirics.intervals import t_interval, wilson
 from empirics.losses import targets
 from empirics.progress import log
@@ -254,8 +254,8 @@ def poison_panel(inp: RefitInputs, kernels: Callable[[nn.Module], Any], cfg: Aud
         with torch.no_grad():
             out_tr, out_te = net(xp), net(xt)
     Yp = targets(yp, out_dim, torch.float64).cpu().numpy()
-    inf = influence_from_kernels(K, Kst, Yp, targets(yt, out_dim, torch.float64).cpu().numpy(), yt.cpu().numpy(),
-                                 ridge_rel=ridge_rel)
+    inf = influence_from_kernels((K, Kst), Yp, targets(yt, out_dim, torch.float64).cpu().numpy(), yt.cpu().numpy(),
+                                 reg=Ridge(rel=ridge_rel))
     self_inf = loo_error(K, Yp, inf.ridge)
     gn = gn_influence_mean(K, Kst, loss_residuals(out_tr, yp), loss_residuals(out_te, yt), inf.ridge).sum(axis=1)
     loss = per_example_loss(out_tr.double().cpu().numpy(), yp.cpu().numpy(), out_dim)

@@ -31,7 +31,7 @@ import torch
 from empirics.audit_ntk import ModelJacobian, ProjectedJacobian, Projection
 from empirics.audit_structured import ProjectedStructured, StructuredJacobian
 from empirics.common import Tensors
-from empirics.influence import influence_from_kernels
+from empirics.influence import Ridge, influence_from_kernels
 from empirics.intervals import spearman
 from empirics.losses import targets
 from empirics.progress import log
@@ -108,8 +108,8 @@ def projection_error(exact: ModelJacobian | StructuredJacobian, proj: ProjectedJ
     f = proj.features(both)
     kp_all = proj.gram(f, f).cpu().numpy()
     kp, kpt = kp_all[:m, :m], kp_all[m:, :m]
-    ie = influence_from_kernels(ke, ket, Y[sub], Yt[subt], yt[subt], ridge=None, ridge_rel=ridge_rel)
-    ip = influence_from_kernels(kp, kpt, Y[sub], Yt[subt], yt[subt], ridge=None, ridge_rel=ridge_rel)
+    ie = influence_from_kernels((ke, ket), Y[sub], Yt[subt], yt[subt], reg=Ridge(rel=ridge_rel))
+    ip = influence_from_kernels((kp, kpt), Y[sub], Yt[subt], yt[subt], reg=Ridge(rel=ridge_rel))
     return {"n": int(m), "n_test": int(mt), "kernel_rel_error": _rel(kp, ke), "test_kernel_rel_error": _rel(kpt, ket),
             "influence_spearman": spearman(ie.total, ip.total), "wall_s": time.perf_counter() - tic,
             "what": "relative Frobenius error of the kernel entries, and Spearman correlation of NTK leave-one-out "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from empirics.intervals import ALPHA_TOST, TOST_METHOD, tost_ratio
@@ -188,10 +188,21 @@ def _opened(res: MalleabilityRecord, pair: Pair = PAPER_PAIR) -> tuple[str, Outc
     return protocol, replace(out, numbers={**out.numbers, "gate_failures": by_role})
 
 
-def _done(ours: str, verdict: Verdict, protocol: str, numbers: dict[str, Any], seeds: int | None,
-          condition: str, partly_as: PartlyAs | None = None, tests: list[dict[str, Any]] | None = None) -> Outcome:
-    return Outcome(ours, verdict, protocol, numbers, seeds, GATE_TEXT, condition,
-                   partly_as if verdict is PARTLY else None, tests=tests or [])
+@dataclass(frozen=True)
+class Decision:
+    """A rule's verdict with the condition that decided it, what a "partly" stands for and the deciding tests."""
+
+    verdict: Verdict
+    condition: str
+    partly_as: PartlyAs | None = None
+    tests: list[dict[str, Any]] | None = None
+
+
+def _done(ours: str, decision: Decision, protocol: str, numbers: dict[str, Any], seeds: int | None) -> Outcome:
+    """The rule's outcome behind the adequacy gate; `partly_as` is kept only for a "partly" verdict."""
+    d = decision
+    return Outcome(ours, d.verdict, protocol, numbers, seeds, GATE_TEXT, d.condition,
+                   d.partly_as if d.verdict is PARTLY else None, tests=d.tests or [])
 
 
 def _where(res: MalleabilityRecord, intervention: str = "transformed", eps: float | None = None,
@@ -318,7 +329,7 @@ def _flip(res: MalleabilityRecord, ds: str, task: str, pair: Pair) -> Outcome:
     where = _where(res)
     cmp_ = res.summary.find("comparisons", **where, attack=POOLED)
     if why or cmp_ is None:
-        return _done("-", NA, protocol, {}, None, why or "needs the transformed intervention")
+        return _done("-", Decision(NA, why or "needs the transformed intervention"), protocol, {}, None)
     pa, pr = (res.summary.find("pooled", **where, model=m) for m in pair)
     paper = paper_ratio_range(ds, task)
     raw, diff, ea, rx = cmp_["ratio_ci"], cmp_["excess_diff_ci"], pa["excess_ci"], cmp_["ratio_excess_ci"]
@@ -347,10 +358,11 @@ def _flip(res: MalleabilityRecord, ds: str, task: str, pair: Pair) -> Outcome:
                "noise_ratio_ci": noise, "attn_beyond_noise": beyond, "gap_beyond_noise": gap,
                "ratio_above_one": above(raw, 1.0),
                "ratio_overlaps_paper": paper is None or overlaps(raw, *paper), "paper_range": paper}
-    return _done(ours, verdict, protocol, numbers, pa["n_seeds"], condition, partly_as,
-                 tests_of(point_test("ratio of flip rates vs 1", raw, 1.0),
-                          point_test("Attn excess over noise", ea, 0.0),
-                          point_test("attack-over-noise gap", diff, 0.0)))
+    decision = Decision(verdict, condition, partly_as,
+                        tests_of(point_test("ratio of flip rates vs 1", raw, 1.0),
+                                 point_test("Attn excess over noise", ea, 0.0),
+                                 point_test("attack-over-noise gap", diff, 0.0)))
+    return _done(ours, decision, protocol, numbers, pa["n_seeds"])
 
 
 def _flip_claim(ds: str, task: str) -> Callable[[Results], Outcome]:
@@ -424,8 +436,9 @@ def ratio_outcome(results: Results) -> Outcome:
         conds.append(f"{dataset_label(ds)} {cond}")
     verdict = combine_datasets(sub)
     numbers["sub_verdicts"] = {ds: v.value for ds, v in sub.items()}
-    return _done("; ".join(parts), verdict, protocol, numbers, len(recs["mnist"].config["seeds"]),
-                 "; ".join(conds) + f"; combined: {verdict.value}", combined_partly_as(sub), tests_of(*tests))
+    decision = Decision(verdict, "; ".join(conds) + f"; combined: {verdict.value}", combined_partly_as(sub),
+                        tests_of(*tests))
+    return _done("; ".join(parts), decision, protocol, numbers, len(recs["mnist"].config["seeds"]))
 
 
 # ---- no gap (binary CIFAR-10) ---------------------------------------------------------------------
@@ -451,11 +464,11 @@ def _no_gap(res: MalleabilityRecord) -> Outcome:
     where = _where(res)
     c = res.summary.find("comparisons", **where, attack=POOLED)
     if _needs_both(res) or c is None:
-        return _done("-", NA, protocol, {}, None, "needs both models and the transformed intervention")
+        return _done("-", Decision(NA, "needs both models and the transformed intervention"), protocol, {}, None)
     raw, rx = c["ratio_ci"], c["ratio_excess_ci"]
     lo, hi = NO_GAP_BAND
     tost = tost_ratio(raw["per_seed_num"], raw["per_seed_den"], lo, hi)
-    tost = {**tost, "power_at_observed_spread": tost_power(raw["per_seed_num"], raw["per_seed_den"], lo, hi),
+    tost = {**tost, "power_at_observed_spread": tost_power(raw["per_seed_num"], raw["per_seed_den"], (lo, hi)),
             "power_method": f"{POWER_DRAWS} simulated runs of as many seeds, true ratio 1, the observed covariance"}
     outside = below(raw, lo) or above(raw, hi)
     verdict = HOLDS if tost["equivalent"] else NOT if outside else INCONCLUSIVE
@@ -468,11 +481,11 @@ def _no_gap(res: MalleabilityRecord) -> Outcome:
                  f"{_yes(tost['equivalent'])}; its power at the observed spread, were the true ratio 1: "
                  f"{tost['power_at_observed_spread']:.2f}); Fieller interval {x_txt(raw)} entirely outside: "
                  f"{_yes(outside)}")
-    return _done(ours, verdict, protocol, {"ratio_ci": raw, "ratio_excess_ci": rx, "tost": tost}, pa["n_seeds"],
-                 condition, tests=[{"name": f"TOST inside [{lo:g}, {hi:g}]", "point": None, "p": tost["p"],
-                                    "rejected": bool(tost["equivalent"])},
-                                   *tests_of(point_test("ratio vs the nearer end of the margin", raw,
-                                                        hi if raw["value"] > hi else lo))])
+    decision = Decision(verdict, condition, tests=[{"name": f"TOST inside [{lo:g}, {hi:g}]", "point": None,
+                                                    "p": tost["p"], "rejected": bool(tost["equivalent"])},
+                                                   *tests_of(point_test("ratio vs the nearer end of the margin", raw,
+                                                                        hi if raw["value"] > hi else lo))])
+    return _done(ours, decision, protocol, {"ratio_ci": raw, "ratio_excess_ci": rx, "tost": tost}, pa["n_seeds"])
 
 
 # ---- adversarial training -------------------------------------------------------------------------
@@ -500,7 +513,7 @@ def _adv(res: MalleabilityRecord, model: str) -> Outcome:
         return na
     row = res.summary.find("adv_train", model=model, attack="pgd")
     if row is None:
-        return _done("-", NA, protocol, {}, None, "needs adversarial training and the PGD attack")
+        return _done("-", Decision(NA, "needs adversarial training and the PGD attack"), protocol, {}, None)
     rise, rx = row["rise_ci"], row["rise_excess_ci"]
     verdict = (HOLDS if above(rx) else PARTLY) if above(rise) else NOT if below(rise) else INCONCLUSIVE
     ours = (f"PGD flip rate {pct_txt(row['standard_ci'])} -> {pct_txt(row['adversarial_ci'])}, rise "
@@ -508,9 +521,10 @@ def _adv(res: MalleabilityRecord, model: str) -> Outcome:
             f"{ci_txt(row['adversarial_excess_ci'])}, rise {ci_txt(rx)}; {row['n_seeds']} seeds")
     condition = (f"rise {ci_txt(rise)} above 0: {_yes(above(rise))}, below 0: {_yes(below(rise))}; rise of the "
                  f"excess {ci_txt(rx)} above 0: {_yes(above(rx))}")
-    return _done(ours, verdict, protocol, {"rise_ci": rise, "rise_excess_ci": rx}, row["n_seeds"], condition,
-                 PartlyAs.NOISE, tests_of(point_test("rise of the flip rate", rise, 0.0),
-                                          point_test("rise of the excess over noise", rx, 0.0)))
+    decision = Decision(verdict, condition, PartlyAs.NOISE,
+                        tests_of(point_test("rise of the flip rate", rise, 0.0),
+                                 point_test("rise of the excess over noise", rx, 0.0)))
+    return _done(ours, decision, protocol, {"rise_ci": rise, "rise_excess_ci": rx}, row["n_seeds"])
 
 
 def _adv_claim(ds: str, model: str) -> Callable[[Results], Outcome]:
@@ -539,18 +553,19 @@ def eps_outcome(res: MalleabilityRecord) -> Outcome:
     for eps in eps_values:
         c = res.summary.find("comparisons", **_where(res, eps=eps), attack=POOLED)
         if c is None:
-            return _done("-", NA, protocol, {}, None, "needs both models and the transformed intervention")
+            return _done("-", Decision(NA, "needs both models and the transformed intervention"), protocol, {}, None)
         ok = above(c["excess_diff_ci"])
         wins += ok
         losses += below(c["excess_diff_ci"])
         cis[str(eps)] = c["excess_diff_ci"]
         parts.append(f"eps {eps:g}: Attn - ReLU excess {ci_txt(c['excess_diff_ci'])}{'' if ok else ' (x)'}")
     verdict = (NOT if losses else HOLDS if wins == len(eps_values) else PARTLY if wins else INCONCLUSIVE)
-    return _done("; ".join(parts), verdict, protocol,
+    decision = Decision(verdict, f"difference interval above 0 at {wins} of {len(eps_values)} eps, below 0 "
+                        f"at {losses}", PartlyAs.SOME_EPS,
+                        tests_of(*(point_test(f"eps {e} excess difference", ci, 0.0) for e, ci in cis.items())))
+    return _done("; ".join(parts), decision, protocol,
                  {"excess_diff_ci": cis, "eps_with_attn_higher": wins, "eps_with_attn_lower": losses},
-                 len(res.config["seeds"]), f"difference interval above 0 at {wins} of {len(eps_values)} eps, below 0 "
-                 f"at {losses}", PartlyAs.SOME_EPS,
-                 tests_of(*(point_test(f"eps {e} excess difference", ci, 0.0) for e, ci in cis.items())))
+                 len(res.config["seeds"]))
 
 
 # ---- new rows: curated removal, adversarial intervention, Spearman rankings -----------------------
@@ -580,9 +595,9 @@ def _two_datasets(results: Results, what: str, judge: Callable[[str, Malleabilit
         parts.append(_sub_text(ds, got[0], got[2]))
     verdict = combine_datasets(sub)
     numbers["sub_verdicts"] = {ds: v.value for ds, v in sub.items()}
-    return _done("; ".join(parts), verdict, protocol, numbers, len(recs["mnist"].config["seeds"]),
-                 ", ".join(f"{dataset_label(ds)} {v.value}" for ds, v in sub.items()) + f"; combined: {verdict.value}",
-                 combined_partly_as(sub), tests_of(*tests))
+    decision = Decision(verdict, ", ".join(f"{dataset_label(ds)} {v.value}" for ds, v in sub.items())
+                        + f"; combined: {verdict.value}", combined_partly_as(sub), tests_of(*tests))
+    return _done("; ".join(parts), decision, protocol, numbers, len(recs["mnist"].config["seeds"]))
 
 
 CURATED_RULE = (GATE_FIRST + "Curated intervention, 10 classes, each data set and model: |change of the kernel "

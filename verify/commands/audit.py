@@ -29,7 +29,8 @@ from verify.audit.ci import (
     read_record,
 )
 from verify.audit.config import AUDIT_ATTACKS, PANELS, PEERS, AuditConfig
-from verify.audit.pipeline import attributions_name, output_members, run_audit, summary_name, write_outputs
+from verify.audit.files import attributions_name, output_members, summary_name, write_outputs
+from verify.audit.pipeline import run_audit
 from verify.commands.options import Param, choices, options, values
 from verify.outputs import check_members, check_output_dir
 from verify.presets import parse_choices

@@ -30,7 +30,7 @@ from verify.preregistration import preregistration
 from verify.presets import preset
 from verify.reproducibility import knife_edges, reproducibility_block
 from verify.runner import Cache
-from verify.stability import N_RESAMPLES, stability, stability_block
+from verify.stability import N_RESAMPLES, Resampling, RunConditions, stability, stability_block
 
 NAME = "claims"
 HELP = "regenerate every claim of the paper with our value, its spread and an honest verdict"
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     skipped = {u: why for u, why in not_run_units(args.preset, args.data_dir, args.device).items() if u in wanted}
     needed = sorted(wanted - skipped.keys(), key=list(units).index)
     if args.plan:
-        return show_plan(args, claims, pres, [units[n] for n in needed], cache if args.resume else None, executor.jobs,
+        return show_plan(args, claims, [units[n] for n in needed], cache if args.resume else None, executor.jobs,
                          skipped)
     if not args.resume:
         drop_cache_entries(cache.folder)
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     edges = knife_edges(lambda res: [claim_row(c, res, pres, protos) for c in claims], results, rows)
     t_st = time.perf_counter()
     n_resamples = preset(args.preset).get("stability_resamples", N_RESAMPLES)
-    seed_stability = stability(claims, results, pres, protos, rows, n=n_resamples)
+    seed_stability = stability(claims, results, RunConditions(pres, protos), rows, Resampling(n=n_resamples))
     adjusted = across_claims(rows)
     rows = [{**r, "stability": seed_stability[r["id"]], "multiplicity": adjusted.get(r["id"])} for r in rows]
     stability_s = time.perf_counter() - t_st
@@ -196,12 +196,13 @@ def with_jobs(ex: ExecutorConfig, jobs: int | None) -> ExecutorConfig:
     return dataclasses.replace(ex, jobs=jobs if jobs is not None else default_jobs(torch.get_num_threads()))
 
 
-def show_plan(args: argparse.Namespace, claims: list[Any], pres: tuple[str, ...], units: list[Any],
-              cache: Cache | None, jobs: int, skipped: dict[str, str] | None = None) -> int:
+def show_plan(args: argparse.Namespace, claims: list[Any], units: list[Any], cache: Cache | None, jobs: int,
+              skipped: dict[str, str] | None = None) -> int:
     """`--plan`: the table on stdout (unless the JSON goes there) and the JSON record with --json. `skipped`: the
     units the claims read that the preset does not run, with the reason (`not_run` in the record, where any)."""
     from verify import costs, plan
 
+    pres = tuple(preset(args.preset)["preprocessings"])
     device = args.device or ("cuda" if args.preset == "gpu" else None)
     needed_by: dict[str, list[str]] = {}
     for c in claims:

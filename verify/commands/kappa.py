@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from empirics.datasets import PREPROCESSING, SOURCES
+from empirics.datasets import PREPROCESSING, SOURCES, DataRequest
 from empirics.kappa import kappa_rows
 from empirics.records import library_versions
 from ntkm.errors import UserInputError
@@ -137,13 +137,15 @@ def run(args: argparse.Namespace) -> int:
     rows = kappa_rows(
         args.dataset,
         ns,
-        task=args.task,
-        sample=args.sample,
+        request=DataRequest(
+            task=args.task,
+            sample=args.sample,
+            seed=args.seed,
+            data_dir=args.data_dir,
+            source=args.source,
+        ),
         preprocessing=args.preprocess,
         eps=args.eps,
-        seed=args.seed,
-        data_dir=args.data_dir,
-        source=args.source,
     )
     record = {
         "command": "kappa",

@@ -15,7 +15,7 @@ from typing import Any
 
 from empirics.mall_stats import POOLED, MallSummary
 from empirics.malleability import INTERVENTIONS, MalleabilityConfig, MalleabilityRecord, run_malleability
-from empirics.vocab import MODEL_KINDS, PAPER_ATTACKS
+from empirics.vocab import MODEL_KINDS, PAPER_ATTACKS, model_name
 from ntkm.errors import UserInputError
 from reports.text import mean_pm, text_table
 from verify.claims.base import Outcome
@@ -66,22 +66,19 @@ def config_from_args(args: argparse.Namespace) -> MalleabilityConfig:
                               train=train_config(args, pre), device=args.device)
 
 
-MODEL_LABEL = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
-
-
 def flip_table(summary: MallSummary, training: str, intervention: str, eps: float) -> str:
     """Flip rate, noise flip rate and excess over noise per model and attack, each with its 95 % interval."""
     rows = []
     for r in summary.rows:
         if r["training"] == training and r["intervention"] == intervention and r["eps"] == eps:
             paper = r.get("paper_flip_pct")
-            rows.append([MODEL_LABEL.get(r["model"], r["model"]), r["attack"].upper(), pct_txt(r["flip_ci"]),
+            rows.append([model_name(r["model"]), r["attack"].upper(), pct_txt(r["flip_ci"]),
                          "-" if paper is None else f"{paper:g}%", pct_txt(r["baseline_ci"]), ci_txt(r["excess_ci"]),
                          rho_txt(r["rho_all_ci"]), mean_pm(r["baseline_rho_all"]), mean_pm(r["rho_top"]),
                          mean_pm(r["pair_flip_rate"], digits=3, scale=100.0, unit="%")])
     for r in summary.pooled:
         if r["training"] == training and r["intervention"] == intervention and r["eps"] == eps:
-            rows.append([MODEL_LABEL.get(r["model"], r["model"]), "pooled", pct_txt(r["flip_ci"]), "-",
+            rows.append([model_name(r["model"]), "pooled", pct_txt(r["flip_ci"]), "-",
                          pct_txt(r["baseline_ci"]), ci_txt(r["excess_ci"]), rho_txt(r["rho_all_ci"]),
                          rho_txt(r["baseline_rho_all_ci"]), "-", "-"])
     return text_table(["model", "attack", "flip rate [95% CI]", "paper", "random noise", "excess over noise",
@@ -128,18 +125,18 @@ def summary_table(result: MalleabilityRecord) -> str:
             if s.comparisons:
                 out += [ratio_table(s, training, "adversarial", eps0, None), ""]
         if "curated" in cfg["interventions"]:
-            rows = [[MODEL_LABEL.get(c["model"], c["model"]), c["removal"], rho_txt(c["test_loss_change_ci"], True),
+            rows = [[model_name(c["model"]), c["removal"], rho_txt(c["test_loss_change_ci"], True),
                      ci_txt(c["test_acc_change_ci"]), rho_txt(c["rho_remaining_ci"]),
                      pct_txt(c["flip_rate_remaining_ci"])]
                     for c in s.curated if c["training"] == training]
-            rows += [[MODEL_LABEL.get(d["model"], d["model"]), "|top| - |random|",
+            rows += [[model_name(d["model"]), "|top| - |random|",
                       rho_txt(d["abs_test_loss_change_diff_ci"], True), "-", rho_txt(d["rho_remaining_diff_ci"], True),
                       "-"] for d in s.curated_diff if d["training"] == training]
             out += [f"Curated (top points removed; random removal as baseline; t intervals over seeds){tag}",
                     text_table(["model", "removed", "d test loss", "d test acc", "rho remaining",
                                 "flips remaining"], rows), ""]
     if s.seed_baseline:
-        rows = [[MODEL_LABEL.get(b["model"], b["model"]), pct_txt(b["flip_ci"]), rho_txt(b["rho_all_ci"])]
+        rows = [[model_name(b["model"]), pct_txt(b["flip_ci"]), rho_txt(b["rho_all_ci"])]
                 for b in s.seed_baseline]
         out += ["Seed-to-seed baseline (no perturbation; a second network differing only in its initialisation)",
                 text_table(["model", "top points with a different sign", "rho (all)"], rows), ""]
@@ -153,11 +150,11 @@ def summary_table(result: MalleabilityRecord) -> str:
                 for a in cfg["attacks"]:
                     cells = {r["eps"]: r for r in s.rows if r["training"] == "standard" and r["model"] == model
                              and r["attack"] == a and r["intervention"] == intervention}
-                    rows.append([MODEL_LABEL.get(model, model), a.upper()] + [_sweep_cell(cells[e]) for e in sweep])
+                    rows.append([model_name(model), a.upper()] + [_sweep_cell(cells[e]) for e in sweep])
             out += [f"Eps sweep, {intervention}: flip rate (excess over noise, 95% CI, pp)",
                     text_table(["model", "attack"] + [f"eps={e:g}" for e in sweep], rows), ""]
     if s.adv_train:
-        rows = [[MODEL_LABEL.get(a["model"], a["model"]), a["attack"].upper() if a["attack"] != POOLED else "pooled",
+        rows = [[model_name(a["model"]), a["attack"].upper() if a["attack"] != POOLED else "pooled",
                  pct_txt(a["standard_ci"]), pct_txt(a["adversarial_ci"]), ci_txt(a["rise_ci"]),
                  ci_txt(a["rise_excess_ci"]),
                  "-" if a["paper_pct"] is None else f"{a['paper_pct'][0]:g}% -> {a['paper_pct'][1]:g}%"]

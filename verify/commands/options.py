@@ -24,7 +24,7 @@ import math
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, dataclass, field
+from dataclasses import MISSING, dataclass, field, replace
 from typing import Any
 
 from empirics.protocols import PAPER, PROPER, PROTOCOL_NAMES, protocol_config
@@ -280,8 +280,8 @@ def train_config(args: argparse.Namespace, pre: Mapping[str, Any]) -> TrainConfi
     epochs = args.epochs if args.epochs is not None else pre["paper_epochs" if args.protocol == PAPER else "epochs"]
     overrides = {k: v for k, v in (("lr", args.lr), ("optimizer", args.optimizer), ("loss", args.loss))
                  if v is not None}
-    return protocol_config(args.protocol, epochs, dataset=getattr(args, "dataset", None),
-                           preprocess=getattr(args, "preprocess", None) or "raw", **overrides)
+    return replace(protocol_config(args.protocol, epochs, dataset=getattr(args, "dataset", None),
+                                   preprocess=getattr(args, "preprocess", None) or "raw"), **overrides)
 
 
 # ---- where experiment units run -------------------------------------------------------------------------------
