@@ -222,7 +222,7 @@ def _cnn_inputs(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, log: Any) -> tup
     from verify.audit.binding import load_inputs
     from verify.audit.config import AuditConfig
     from verify.audit.measure import GenericKernels
-    from verify.modelio import bind_input, fx_graph_for, parse_shape
+    from verify.audit.modelio import bind_input, fx_graph_for, parse_shape
 
     torch.manual_seed(0)
     n, nt = cfg.cnn_n, cfg.cnn_n_test

@@ -4,7 +4,7 @@ memory budget (`max_bytes = --max-memory-gb GiB`; the graph is kept within half 
 
 The model is `benchmarks.bench_audit_resnet.ResNet18` (11,173,962 parameters, float32), trained `--train-epochs`
 epochs on the points (Adam, lr 1e-3, batch 64; 0: random initialisation), in evaluation mode, by default exported with
-torch.export and reloaded the way the audit loads it (`verify.modelio.load_model`, called on flat inputs through
+torch.export and reloaded the way the audit loads it (`verify.audit.modelio.load_model`, called on flat inputs through
 `FlatInput`); `--eager` keeps the plain module. The points are `--n` CIFAR-10 training images from `../shared/data`
 (107: the audit's sharpness subsample for this model on 1,000 images) or, with `--random`, uniform noise images.
 Each mode runs in its own child process, so that each peak resident memory (`getrusage(RUSAGE_SELF).ru_maxrss`) is
@@ -69,7 +69,7 @@ def prepare(args: argparse.Namespace, folder: Path) -> None:
 def _load(args: argparse.Namespace, folder: Path) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     """The model as the audit calls it (on flat inputs) and the points, from `prepare`'s files."""
     from benchmarks.bench_audit_resnet import ResNet18
-    from verify.modelio import FlatInput, load_model
+    from verify.audit.modelio import FlatInput, load_model
 
     saved = torch.load(folder / "points.pt", weights_only=True)
     x, y = saved["x"], saved["y"]

@@ -72,7 +72,7 @@ def first_line(exc: BaseException, limit: int = 160) -> str:
 
 def sniff_format(path: str | Path) -> str:
     """The kind of file from its bytes: torchscript, export, safetensors, torch-zip, pickle, npz,
-    json, zip or unknown (used for data files here and for model files by `verify.modelio`)."""
+    json, zip or unknown (used for data files here and for model files by `verify.audit.modelio`)."""
     import stat
 
     p = Path(path)

@@ -202,7 +202,7 @@ def test_jackknife_of_a_linear_statistic_is_the_standard_error():
 @pytest.mark.parametrize("kind", ["softmax", "qkv"])
 def test_save_and_load_through_the_audit_loader(kind, tmp_path):
     """The audit rebuilds suite models from spec + safetensors without the training set (`_build_suite`)."""
-    from verify.modelio import load_model
+    from verify.audit.modelio import load_model
 
     x, xt = _data(13)
     m = build_model(ModelSpec(kind, D, 5, 2, seed=5, qkv_dim=3), x.float())

@@ -105,7 +105,7 @@ def test_centring_spreads_the_features_of_real_images(mnist_small):
 
 
 def test_centred_model_round_trips_through_safetensors(tmp_path):
-    from verify.modelio import load_model
+    from verify.audit.modelio import load_model
 
     x_tr, x_te = _data(7)
     model = build_model(ModelSpec("attn", x_tr.shape[1], 8, 3, seed=1, attn_centre=True),

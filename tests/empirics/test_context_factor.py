@@ -83,7 +83,7 @@ def test_factored_features_and_input_gradients_equal_the_dense_product(data, cen
 
 def test_the_state_dict_is_unchanged_and_a_saved_model_loads(data, tmp_path):
     """The factor is never saved: the keys are the weights, signs, input statistics, C (and the mean)."""
-    from verify.modelio import load_model
+    from verify.audit.modelio import load_model
 
     _, x_te, _ = _torch(data)
     model = _model(data, True, 1, "channel")

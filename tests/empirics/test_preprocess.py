@@ -120,7 +120,7 @@ def test_leave_one_out_refits_can_keep_the_full_sets_statistics():
 
 @pytest.mark.parametrize("kind", ["relu", "attn", "qkv"])
 def test_save_load_round_trip_keeps_the_statistics(tmp_path, kind):
-    from verify.modelio import load_model
+    from verify.audit.modelio import load_model
 
     x = _pixels(20).float()
     model = build_model(_spec(kind, "unit"), x)

@@ -17,9 +17,9 @@ from empirics import audit_attribution as aa
 from empirics.common import Tensors
 from ntkm.errors import UserInputError
 from reports.audit_report import lds_rows
+from verify.audit.modelio import FlatInput
 from verify.audit.validity import estimator_rows
 from verify.commands.audit import _peers
-from verify.modelio import FlatInput
 
 
 class SmallCNN(nn.Module):

@@ -15,9 +15,9 @@ from empirics.gauss_newton import ef_influence_explicit, loss_residuals
 from verify.audit.config import AuditConfig
 from verify.audit.ensemble import PREFIX, ensemble_estimates
 from verify.audit.measure import EF_RIDGE_REL, ESTIMATORS
+from verify.audit.modelio import FlatInput
 from verify.audit.refit import RefitConfig, Refitter
 from verify.audit.seeding import FRESH_OFFSET
-from verify.modelio import FlatInput
 
 
 def _setup(seed: int = 0):

@@ -34,7 +34,7 @@ from verify.audit.measure import (
     estimate_network,
     measure_network,
 )
-from verify.modelio import FlatInput
+from verify.audit.modelio import FlatInput
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from verify.audit.modelio import FlatInput
 from verify.audit.sharpness import (
     HESSIAN_MIN_POINTS,
     HESSIAN_VALUES,
@@ -18,7 +19,6 @@ from verify.audit.sharpness import (
     hessian_subset,
     top_hessian,
 )
-from verify.modelio import FlatInput
 
 
 def test_small_models_keep_every_point():

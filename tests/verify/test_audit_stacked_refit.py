@@ -14,9 +14,9 @@ from tolerances import F32_ACCUMULATED
 from torch import nn
 
 from verify.audit import binding, pipeline
+from verify.audit.modelio import FlatInput
 from verify.audit.refit import RefitConfig, RefitJob, Refitter, per_example_loss
 from verify.cli import main
-from verify.modelio import FlatInput
 
 SHAPE = (1, 12, 12)
 D = 144

@@ -24,9 +24,7 @@ from empirics.records import peak_rss_gib
 from ntkm.errors import UserInputError
 from verify.audit.config import AuditConfig
 from verify.audit.measure import PROJECTED, GenericKernels, SuiteKernels
-from verify.audit.projection import choose_projection, projected_kernel, projection_error
-from verify.audit.refit import load_train_fn
-from verify.modelio import (
+from verify.audit.modelio import (
     FlatInput,
     LoadedModel,
     Split,
@@ -41,6 +39,8 @@ from verify.modelio import (
     probe_batches,
     sniff_format,
 )
+from verify.audit.projection import choose_projection, projected_kernel, projection_error
+from verify.audit.refit import load_train_fn
 
 
 @dataclass

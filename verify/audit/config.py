@@ -12,10 +12,10 @@ from empirics.audit_ntk import PROJECTION_KINDS
 from empirics.influence import RIDGE_REL_DEFAULT
 from ntkm.errors import UserInputError
 from verify.audit.budget import REALISTIC_EPS
+from verify.audit.modelio import parse_shape
 from verify.audit.projection import AUTO_DIM
 from verify.audit.refit import STACK_MODES, RefitConfig
 from verify.audit.seeding import SEEDINGS
-from verify.modelio import parse_shape
 
 AUDIT_ATTACKS = ("fgsm", "pgd", "mim")
 PANELS = ("budget", "poison", "validity", "outcome")

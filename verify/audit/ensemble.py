@@ -27,9 +27,9 @@ from empirics.common import Tensors
 from empirics.progress import log
 from verify.audit.config import AuditConfig
 from verify.audit.measure import ESTIMATORS, GenericKernels, Network, estimate_network
+from verify.audit.modelio import FlatInput
 from verify.audit.refit import Refitter
 from verify.audit.seeding import seeding
-from verify.modelio import FlatInput
 
 #: The prefix of an ensemble estimator's name (`ens-ef`: empirical Fisher averaged over the re-fits).
 PREFIX = "ens-"

@@ -11,7 +11,7 @@ from scipy import stats
 
 from verify.audit.config import AuditConfig
 from verify.audit.measure import NetworkContext
-from verify.modelio import Split
+from verify.audit.modelio import Split
 from verify.multiplicity import ALPHA, holm
 
 

@@ -53,8 +53,8 @@ from empirics.progress import log
 from empirics.records import peak_rss_gib
 from reports.text import eps_label
 from verify.audit.config import AuditConfig
+from verify.audit.modelio import FlatInput
 from verify.audit.sharpness import HvpOptions, hessian_subset, top_hessian
-from verify.modelio import FlatInput
 
 # --- kernels ---------------------------------------------------------------------------------------
 

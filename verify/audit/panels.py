@@ -18,12 +18,12 @@ from verify.audit.budget import budget_curves
 from verify.audit.config import PANELS
 from verify.audit.ensemble import Ensembles, ensemble_estimates
 from verify.audit.measure import PROJECTED, Estimated, GenericKernels, NetworkContext, SuiteKernels
+from verify.audit.modelio import FlatInput
 from verify.audit.outcome import CurveGrid, outcome_curves, outcome_panel, poison_panel
 from verify.audit.projection import projected_kernel
 from verify.audit.refit import RefitInputs, Refitter, refit_adequacy
 from verify.audit.risk import NOT_MEASURABLE
 from verify.audit.validity import Estimates, estimator_rows, validity_panel
-from verify.modelio import FlatInput
 
 
 @dataclass

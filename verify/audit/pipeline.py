@@ -4,7 +4,7 @@ The pipeline (`run_audit`; every number lands in one JSON-ready record; nothing 
 Each step lives in its own module, named below; the settings are `verify.audit.config`, the output files
 `verify.audit.files` (`write_outputs`), the report's context and HTML `reports.audit_report`.
 
-1. Load the model safely (`verify.modelio`) and the training / test data; bind the model to the data's
+1. Load the model safely (`verify.audit.modelio`) and the training / test data; bind the model to the data's
    input shape (`verify.audit.binding`); validate labels against the model's outputs. All of that on the CPU; then
    the model and the data move once to `--device` (auto: CUDA when visible), where everything below runs (numpy
    crossings are explicit), and the kernel provider is chosen.

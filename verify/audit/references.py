@@ -13,7 +13,7 @@ from empirics.protocols import PROPER, protocol_config
 from empirics.vocab import PAPER_MODELS, model_name
 from verify.audit.binding import AuditRun
 from verify.audit.measure import Network, SuiteKernels, measure_network
-from verify.modelio import FlatInput
+from verify.audit.modelio import FlatInput
 
 
 def reference_models(run: AuditRun, lead: str, device: str) -> dict[str, dict[str, Any]]:

@@ -243,7 +243,7 @@ class Refitter:
 
     def _checked_outputs(self, model: nn.Module, x: torch.Tensor) -> nn.Module:
         """The train function's model on flat inputs, refused unless it gives `out_dim` logits per example."""
-        from verify.modelio import FlatInput
+        from verify.audit.modelio import FlatInput
 
         net = FlatInput(model, self.input_shape)
         try:

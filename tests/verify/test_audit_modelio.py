@@ -19,7 +19,7 @@ from empirics.audit_ntk import ModelJacobian
 from empirics.models import ModelSpec, build_model, save_model
 from empirics.ntk import empirical_ntk
 from ntkm.errors import UserInputError
-from verify.modelio import (
+from verify.audit.modelio import (
     FlatInput,
     bind_input,
     check_labels,
