@@ -24,7 +24,7 @@ from empirics.datasets import DataRequest, load_dataset
 from empirics.gauss_newton import gn_influence_explicit, gn_influence_full, gn_influence_mean, loss_residuals
 from empirics.models import ModelSpec, save_model
 from empirics.train import TrainConfig
-from verify.audit.measure import ESTIMATORS
+from verify.audit.estimators import ESTIMATORS
 from verify.audit.risk import NOT_MEASURABLE, NOT_VALIDATED, RISK_LEVELS, assess_risk, model_gate, risk_level
 from verify.cli import main
 

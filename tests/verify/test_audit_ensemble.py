@@ -14,7 +14,7 @@ from empirics.common import Tensors
 from empirics.gauss_newton import ef_influence_explicit, loss_residuals
 from verify.audit.config import AuditConfig
 from verify.audit.ensemble import PREFIX, ensemble_estimates
-from verify.audit.measure import EF_RIDGE_REL, ESTIMATORS
+from verify.audit.estimators import EF_RIDGE_REL, ESTIMATORS
 from verify.audit.modelio import FlatInput
 from verify.audit.refit import RefitConfig, Refitter
 from verify.audit.seeding import FRESH_OFFSET
@@ -97,7 +97,7 @@ def test_an_ensemble_of_one_is_refused_in_one_line():
 def test_the_generalised_gauss_newton_estimator_says_why_it_did_not_run(monkeypatch):
     """Above its exact dual's size limit the estimator is not computed and the panel's unscored rows say why, instead
     of an interval of NaN; below it, it is computed beside the others."""
-    import verify.audit.measure as measure
+    import verify.audit.estimators as estimators
     from empirics.audit_ntk import ModelJacobian
     from verify.audit.measure import GenericKernels, Network, estimate_network
 
@@ -106,6 +106,6 @@ def test_the_generalised_gauss_newton_estimator_says_why_it_did_not_run(monkeypa
     cfg = AuditConfig("model", "train")
     est = estimate_network(member, t, cfg)
     assert "ggn" in est.per_test and np.isfinite(est.per_test["ggn"]).all() and not est.skipped
-    monkeypatch.setattr(measure, "GGN_MAX_DIM", len(t.x_train) * t.out_dim - 1)
+    monkeypatch.setattr(estimators, "GGN_MAX_DIM", len(t.x_train) * t.out_dim - 1)
     small = estimate_network(member, t, cfg)
     assert "ggn" not in small.per_test and "above" in small.skipped["ggn"] and "--n" in small.skipped["ggn"]

@@ -4,7 +4,7 @@ TRAK (Park et al. 2023) averages its attributions over several trained models an
 number; the audit already fits the user's model again on the full training set with several seeds (the control
 re-fits behind the re-fit noise and the noise ceiling). Each such checkpoint gets its own exact empirical NTK
 (`empirics.audit_ntk.ModelJacobian` on the re-fitted module) and loss residuals, and every registered estimator of
-`verify.audit.measure.ESTIMATORS` is computed on it (`estimate_network`); the ensemble estimator is their mean over
+`verify.audit.estimators.ESTIMATORS` is computed on it (`estimate_network`); the ensemble estimator is their mean over
 the checkpoints. The validity panel scores each ensemble by the same LDS as every other estimator.
 
 No re-fit scores itself: the members are full-data re-fits with the seeds seed, seed + 1, ...; the LDS targets are
@@ -26,16 +26,19 @@ from empirics.audit_ntk import ModelJacobian
 from empirics.common import Tensors
 from empirics.progress import log
 from verify.audit.config import AuditConfig
-from verify.audit.measure import ESTIMATORS, GenericKernels, Network, estimate_network
+from verify.audit.estimators import ESTIMATORS
+from verify.audit.measure import GenericKernels, Network, estimate_network
 from verify.audit.modelio import FlatInput
 from verify.audit.refit import Refitter
 from verify.audit.seeding import seeding
 
 #: The prefix of an ensemble estimator's name (`ens-ef`: empirical Fisher averaged over the re-fits).
 PREFIX = "ens-"
-#: Each ensemble's label in the report, from the registry's.
-ENSEMBLE_LABELS = {f"{PREFIX}{name}": f"{e.label}, averaged over the re-fits (ensemble)"
-                   for name, e in ESTIMATORS.items()}
+
+
+def ensemble_labels() -> dict[str, str]:
+    """Each ensemble's label in the report, from the registry's (read at call time)."""
+    return {f"{PREFIX}{name}": f"{e.label}, averaged over the re-fits (ensemble)" for name, e in ESTIMATORS.items()}
 
 
 @dataclass

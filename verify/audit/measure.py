@@ -34,16 +34,7 @@ from empirics.attacks import ATTACKS, AttackConfig, attack
 from empirics.audit_ntk import JacobianFeatures, ModelJacobian, ProjectedJacobian
 from empirics.audit_structured import ProjectedStructured
 from empirics.common import Tensors
-from empirics.gauss_newton import (
-    GGN_MAX_DIM,
-    ef_grams_mean,
-    ef_influence,
-    ggn_influence_mean,
-    ggn_ridge,
-    gn_influence_mean,
-    loss_residuals,
-    output_hessians,
-)
+from empirics.gauss_newton import loss_residuals
 from empirics.influence import InfluenceResult, Ridge, influence_from_kernels, model_kernels
 from empirics.intervals import spearman
 from empirics.losses import predict_labels, targets
@@ -53,6 +44,7 @@ from empirics.progress import log
 from empirics.records import peak_rss_gib
 from reports.text import eps_label
 from verify.audit.config import AuditConfig
+from verify.audit.estimators import ESTIMATORS, Scoring, kernel_estimator
 from verify.audit.modelio import FlatInput
 from verify.audit.sharpness import HvpOptions, hessian_subset, top_hessian
 
@@ -139,51 +131,8 @@ def ntk_spectrum(K: np.ndarray) -> dict[str, Any]:
             "rank": int(np.sum(ev > tol)), "eigenvalues": ev.tolist()}
 
 
-#: Ridge of the empirical-Fisher influence, relative to the mean diagonal of the gradients' Gram matrix (tr S / n):
-#: the value issue 29 measured best on a small CNN (0.177 LDS there), fixed here before any audit used it.
-EF_RIDGE_REL = 0.1
-
-
 def _seed(base: int, name: str, k: int = 0) -> int:
     return 1_000_003 * base + 10_007 * ATTACKS.index(name) + k
-
-
-#: The estimators the flip-rate protocol can rank by, with their labels: each is recomputed on a perturbed training set
-#: from the kernel rows of the perturbed points and the model's loss residuals there. The attribution libraries'
-#: scores are validated beside them but would need their factors fitted again for every perturbed set, so they do not
-#: drive the flip rates.
-@dataclass(frozen=True)
-class KernelEstimator:
-    """One of the audit's own influence estimators, each computed from the network's empirical NTK (issue 41 item
-    1: an estimator is an object, so a branch is a call): its name, its label, and `rescore`, which gives its
-    per-test influence on a (perturbed) training set's kernels and loss residuals at the clean data's ridges; None
-    for NTK leave-one-out, whose influence is the kernel machine's own (`influence_from_kernels`)."""
-
-    name: str
-    label: str
-    rescore: Callable[[Estimated, np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None
-
-
-#: The audit's own estimators, by name (the flip rates, levers and budget curves can rank by each).
-ESTIMATORS: dict[str, KernelEstimator] = {e.name: e for e in (
-    KernelEstimator("ntk", "NTK leave-one-out"),
-    KernelEstimator("gn", "Gauss-Newton",
-                    lambda est, K2, Kst2, r2: gn_influence_mean(K2, Kst2, r2, est.r_test, est.clean.ridge)),
-    KernelEstimator("ef", "empirical Fisher (exact, dual)",
-                    lambda est, K2, Kst2, r2: ef_influence(*ef_grams_mean(K2, Kst2, r2, est.r_test), est.ef_ridge)),
-    KernelEstimator("ggn", "generalised Gauss-Newton (loss Hessian, exact, dual)",
-                    lambda est, K2, Kst2, r2: ggn_influence_mean(K2, Kst2, r2, est.r_test, output_hessians(r2, est.Y),
-                                                                 est.ggn_ridge)),
-)}
-FLIP_ESTIMATORS = {name: e.label for name, e in ESTIMATORS.items()}
-
-
-def kernel_estimator(name: str) -> KernelEstimator:
-    """The registered estimator `name`; an unknown name is a one-line error."""
-    try:
-        return ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown estimator {name!r}; one of {', '.join(ESTIMATORS)}") from None
 
 
 #: `probe(chosen, attack, eps, seed)`: attack the training points `chosen` and return the comparison of influence
@@ -195,8 +144,8 @@ Probe = Callable[[np.ndarray, str, float, int], tuple[dict[str, Any], InfluenceR
 class Estimated:
     """One network's kernel and its influence estimates on the clean data (`estimate_network`): the kernels, the
     targets, NTK leave-one-out influence (`clean`, whose predictions and losses every estimator's result shares), each
-    estimator's per-test influence (training x test points, by `FLIP_ESTIMATORS` name), the loss residuals and ridges
-    the Gauss-Newton and empirical-Fisher solves use, the model's accuracies, and the seconds and peak memory of each
+    estimator's per-test influence (training x test points, by estimator name), the loss residuals, each
+    estimator's ridge and the audit's relative ridge, the model's accuracies, and the seconds and peak memory of each
     step."""
 
     K: np.ndarray
@@ -207,33 +156,33 @@ class Estimated:
     per_test: dict[str, np.ndarray]
     r_train: np.ndarray
     r_test: np.ndarray
-    ef_ridge: float
+    #: Each computed estimator's ridge on the clean data (kept on every perturbed set).
+    ridges: dict[str, float]
+    ridge_rel: float
     accuracy: tuple[float, float]
     seconds: dict[str, float]
     times: dict[str, float]
     peak: dict[str, float]
-    #: The generalised Gauss-Newton solve's ridge (`empirics.gauss_newton.ggn_ridge`; NaN where it was not run).
-    ggn_ridge: float = float("nan")
     #: The registered estimators not computed on this network, with why (e.g. a dual too large to solve exactly).
     skipped: dict[str, str] = field(default_factory=dict)
 
     def result(self, name: str) -> InfluenceResult:
         """The clean influence of estimator `name` (NTK leave-one-out's predictions and losses)."""
-        if kernel_estimator(name).rescore is None:
-            return self.clean
+        kernel_estimator(name)
         per = self.per_test[name]
+        if per is self.clean.per_test:  # the estimator's influence is NTK leave-one-out's own
+            return self.clean
         return replace(self.clean, per_test=per, total=per.sum(axis=1))
 
     def perturbed(self, name: str, K2: np.ndarray, Kst2: np.ndarray, yt: np.ndarray,
                   r_train: Callable[[], np.ndarray]) -> InfluenceResult:
-        """Estimator `name`'s influence on a perturbed training set with kernels `K2`, `Kst2` and (for Gauss-Newton
-        and empirical Fisher) loss residuals `r_train()`, at the clean data's ridges."""
+        """Estimator `name`'s influence on a perturbed training set with kernels `K2`, `Kst2` and, where the
+        estimator needs them, the loss residuals `r_train()`, at the clean data's ridges."""
+        estimator = kernel_estimator(name)
         new = influence_from_kernels((K2, Kst2), self.Y, self.Yt, yt, reg=Ridge(self.clean.ridge))
-        rescore = kernel_estimator(name).rescore
-        if rescore is None:
-            return new
-        per = rescore(self, K2, Kst2, r_train())
-        return replace(new, per_test=per, total=per.sum(axis=1))
+        residuals = r_train() if estimator.needs_residuals else None
+        s = Scoring(K2, Kst2, self.Y, residuals, self.r_test, new, self.ridge_rel)
+        return estimator.result(s, self.ridges[name])
 
 
 @dataclass(frozen=True)
@@ -261,7 +210,8 @@ class Network:
 
 
 def estimate_network(net: Network, t: Tensors, cfg: AuditConfig) -> Estimated:
-    """The empirical NTK of `net` on the data `t` and the three influence estimates from it (module docstring)."""
+    """The empirical NTK of `net` on the data `t` and every registered estimator's influence from it
+    (`verify.audit.estimators.ESTIMATORS`; one that cannot run here is in `skipped`, with why)."""
     label, model, provider = net.label, net.model, net.provider
     times: dict[str, float] = {}
     peak: dict[str, float] = {}
@@ -276,43 +226,41 @@ def estimate_network(net: Network, t: Tensors, cfg: AuditConfig) -> Estimated:
     Y = targets(y, c, torch.float64).cpu().numpy()
     Yt = targets(yt, c, torch.float64).cpu().numpy()
     clean = influence_from_kernels((K, Kst), Y, Yt, yt.cpu().numpy(), reg=Ridge(rel=cfg.ridge_rel))
-    lam = clean.ridge
-    est_s = {"ntk": times["kernel"] + time.perf_counter() - tic}
-    tic_gn = time.perf_counter()
+    base_s = time.perf_counter() - tic
+    tic_r = time.perf_counter()
     with torch.no_grad():
         out_tr, out_te = model(x), model(xt)
     r_tr, r_te = loss_residuals(out_tr, y), loss_residuals(out_te, yt)
-    gn_per_test = gn_influence_mean(K, Kst, r_tr, r_te, lam)
-    est_s["gn"] = times["kernel"] + time.perf_counter() - tic_gn
-    tic_ef = time.perf_counter()
-    S, St = ef_grams_mean(K, Kst, r_tr, r_te)
-    ef_ridge = EF_RIDGE_REL * float(np.trace(S)) / len(S)
-    ef_per_test = ef_influence(S, St, ef_ridge) if ef_ridge > 0 else np.full_like(gn_per_test, np.nan)
-    est_s["ef"] = times["kernel"] + time.perf_counter() - tic_ef
-    per_test = {"ntk": clean.per_test, "gn": gn_per_test, "ef": ef_per_test}
-    skipped, ggn_rho = {}, float("nan")
-    if len(x) * c <= GGN_MAX_DIM:
-        tic_ggn = time.perf_counter()
-        hess = output_hessians(r_tr, Y)
-        ggn_rho = ggn_ridge(K, hess, cfg.ridge_rel)
-        per_test["ggn"] = ggn_influence_mean(K, Kst, r_tr, r_te, hess, ggn_rho)
-        est_s["ggn"] = times["kernel"] + time.perf_counter() - tic_ggn
-    else:
-        skipped["ggn"] = (f"its exact dual is {len(x) * c} x {len(x) * c} (n x classes), above {GGN_MAX_DIM}: "
-                          "audit fewer training points (--n)")
+    residual_s = time.perf_counter() - tic_r
+    scoring = Scoring(K, Kst, Y, r_tr, r_te, clean, cfg.ridge_rel)
+    per_test: dict[str, np.ndarray] = {}
+    ridges: dict[str, float] = {}
+    est_s: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    for name, estimator in ESTIMATORS.items():
+        why = estimator.unavailable(len(x), c)
+        if why is not None:
+            skipped[name] = why
+            continue
+        tic_e = time.perf_counter()
+        ridges[name] = estimator.ridge(scoring)
+        per_test[name] = estimator.score(scoring, ridges[name])
+        shared = residual_s if estimator.needs_residuals else base_s
+        est_s[name] = times["kernel"] + shared + time.perf_counter() - tic_e
     times["influence"] = time.perf_counter() - tic
     peak["influence"] = peak_rss_gib()
     with torch.no_grad():
         acc = (float((predict_labels(out_tr) == y).double().mean()),
                float((predict_labels(out_te) == yt).double().mean()))
-    return Estimated(K, Kst, Y, Yt, clean, per_test, r_tr, r_te, ef_ridge, acc, est_s, times, peak, ggn_rho, skipped)
+    return Estimated(K, Kst, Y, Yt, clean, per_test, r_tr, r_te, ridges, cfg.ridge_rel, acc, est_s, times, peak,
+                     skipped)
 
 
 def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str = "ntk",
                     est: Estimated | None = None) -> tuple[dict[str, Any], NetworkContext]:
     """Every audit measurement for one network (see the module docstring) on the data `t`, the flip rates ranking by
-    `estimator` (a `FLIP_ESTIMATORS` name; the audit passes the one its validity panel found best): its JSON-ready
-    record, and the context the panels work from. `est`: the network's estimates when already made."""
+    `estimator` (a registered estimator's name; the audit passes the one its validity panel found best): its
+    JSON-ready record, and the context the panels work from. `est`: the network's estimates when already made."""
     kernel_estimator(estimator)
     est = est if est is not None else estimate_network(net, t, cfg)
     label, model, provider, n_params, width = net.label, net.model, net.provider, net.n_params, net.width
@@ -356,7 +304,7 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str =
     attacks: dict[str, Any] = {}
     adv_pixels: dict[str, torch.Tensor] = {}
     for name in cfg.attacks:
-        log(f"audit: {label}: {name.upper()} on the top {k} points by {FLIP_ESTIMATORS[estimator]} influence, "
+        log(f"audit: {label}: {name.upper()} on the top {k} points by {kernel_estimator(estimator).label} influence, "
             f"eps={eps_label(cfg.eps)}")
         m, new, x_adv = trial(name, _seed(cfg.seed, name))
         m["new_total"] = new.total.tolist()
@@ -385,7 +333,7 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str =
         "label": label, "parameters": int(n_params), "width": int(width), "kernel_method": provider.method,
         "train_acc": acc_tr, "test_acc": acc_te,
         "kernel_test_acc": ntk.test_acc, "kernel_test_loss": ntk.test_loss, "ridge": ntk.ridge,
-        "estimator": estimator, "estimator_label": FLIP_ESTIMATORS[estimator],
+        "estimator": estimator, "estimator_label": kernel_estimator(estimator).label,
         "estimator_total": clean.total.tolist(),
         "influence_total": ntk.total.tolist(), "gn_total": gn.tolist(),
         "rho_ntk_gn": spearman(ntk.total, gn),

@@ -34,7 +34,7 @@ from empirics.intervals import wilson
 from empirics.protocols import GATE_TEST, GATE_TEXT, chance_accuracy
 from reports.text import eps_label
 from theory.paper import PAPER_AUDIT_REFERENCE
-from verify.audit.validity import ESTIMATOR_LABELS, FRACTION_MIN, TRUSTWORTHY
+from verify.audit.validity import FRACTION_MIN, TRUSTWORTHY, estimator_label
 
 RISK_LEVELS = ("low", "medium", "high")
 NOT_MEASURABLE = "not measurable"
@@ -100,14 +100,14 @@ def _not_validated(validity: dict[str, Any] | None) -> str:
         return "the validity panel was not run (--skip validity), so the influence behind the flip rates is unchecked"
     if validity.get("verdict") == TRUSTWORTHY:
         return ""
-    lead = ESTIMATOR_LABELS.get(validity.get("lead", "ntk"), "NTK leave-one-out")
+    lead = estimator_label(validity.get("lead", "ntk"))
     why = f"the influence behind the flip rates ({lead}) is {validity.get('verdict', 'unchecked')} against re-fits"
     scores = validity.get("lds") or {}
     if not scores:
         return f"{why} ({validity.get('reason', '')})"
     best = validity.get("best") or max(scores, key=lambda k: scores[k]["value"])
     s, c = scores[best], validity.get("ceiling", {})
-    who = "it" if best == validity.get("lead", "ntk") else f"the best estimator, {ESTIMATOR_LABELS.get(best, best)},"
+    who = "it" if best == validity.get("lead", "ntk") else f"the best estimator, {estimator_label(best)},"
     why += f"; {who} reached LDS {s['value']:.2f} [{s['lo']:.2f}, {s['hi']:.2f}]"
     if not math.isfinite(s.get("fraction", math.nan)):
         return (f"{why}, which cannot be set against the noise ceiling {c.get('value', math.nan):.2f}: "
@@ -208,7 +208,7 @@ def assess_risk(models: dict[str, Any], trained: bool, eps: float, gate: dict[st
         risk["references"] = "paper-reported values (no references trained)"
         if user.get("estimator", "ntk") != "ntk":
             risk["references"] += (f"; the paper ranked by NTK leave-one-out influence, your model's flip rates by "
-                                   f"{ESTIMATOR_LABELS.get(user['estimator'], user['estimator'])}")
+                                   f"{estimator_label(user['estimator'])}")
         if abs(eps - 0.3) > 1e-9:
             risk["references"] += (f"; the paper measured them at eps 0.3, not at the eps {eps_label(eps)} "
                                    "used here")

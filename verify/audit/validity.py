@@ -15,7 +15,7 @@ Every "actual" number is a re-fit (`verify.audit.refit`) minus a control re-fit 
   its square root (`ceiling_from_agreement`). Each estimator's LDS is also reported as a fraction of the
   ceiling, with the interval of the ratio from the same bootstrap.
 - **The estimator behind the flip rates** (`lead_estimator`): of the estimators the flip-rate protocol can rank by
-  (`verify.audit.measure.FLIP_ESTIMATORS`: NTK leave-one-out, Gauss-Newton, empirical Fisher, generalised
+  (`verify.audit.estimators.ESTIMATORS`: NTK leave-one-out, Gauss-Newton, empirical Fisher, generalised
   Gauss-Newton with the loss's own Hessian) the one that
   predicts the re-fits best (`best_estimator`: the highest LDS, the ceiling applied after the choice). The levers,
   the flip rates and the budget curves of the audit rank by it, and the two checks below and the verdict are about
@@ -58,19 +58,29 @@ from empirics.audit_attribution import PEER_LABELS
 from empirics.common import Tensors
 from empirics.progress import log
 from verify.audit.config import AuditConfig
-from verify.audit.ensemble import ENSEMBLE_LABELS
-from verify.audit.measure import FLIP_ESTIMATORS
+from verify.audit.ensemble import ensemble_labels
+from verify.audit.estimators import ESTIMATORS
 from verify.audit.refit import RefitJob, Refitter, labels_of, per_example_loss, refit_adequacy
 from verify.audit.seeding import seeding
 
 #: The bar of validation, fixed before any measurement: the lower end of the 95 % interval of an estimator's LDS as a
 #: fraction of the noise ceiling must reach it (half of what a perfect predictor of the re-fits could reach).
 FRACTION_MIN = 0.5
-ESTIMATOR_LABELS = {**FLIP_ESTIMATORS, **PEER_LABELS, **ENSEMBLE_LABELS,
-                    "ensembles": "ensemble estimators (averaged over re-fits)"}
+
+
+def estimator_label(name: str) -> str:
+    """The report's label of an estimator scored by the validity panel: the audit's own (the registry's), a library
+    peer's, an ensemble's, or the name itself."""
+    labels = {**{n: e.label for n, e in ESTIMATORS.items()}, **PEER_LABELS, **ensemble_labels(),
+              "ensembles": "ensemble estimators (averaged over re-fits)"}
+    return labels.get(name, name)
+
+
 TRUSTWORTHY, FRAGILE, INCONCLUSIVE, NOT_MEASURABLE = "trustworthy", "fragile", "inconclusive", "not measurable"
-VALIDITY_RULE = ("the lead estimator is the one of NTK leave-one-out, Gauss-Newton and empirical Fisher with the "
-                 "highest LDS against the re-fits (ties: the higher lower end of its interval; the noise ceiling is "
+VALIDITY_RULE = ("the lead estimator is the one of the audit's own ("
+                 + "; ".join(e.label for e in ESTIMATORS.values())
+                 + ", each where it runs) with the highest LDS against the re-fits (ties: the higher lower end of its "
+                 "interval; the noise ceiling is "
                  "applied after the choice, not inside it); the flip rates, levers and budget curves rank by it; "
                  f"trustworthy if the lower end of the 95 % interval of the lead estimator's LDS as a fraction of the "
                  f"noise ceiling is at least {FRACTION_MIN:g} and removing the top levers raises the re-fitted test "
@@ -193,9 +203,9 @@ def best_estimator(scores: dict[str, dict[str, Any]]) -> str:
 
 
 def lead_estimator(scores: dict[str, dict[str, Any]]) -> str:
-    """The estimator the flip rates rank by: the best validating of `FLIP_ESTIMATORS` with a finite LDS (NTK
+    """The estimator the flip rates rank by: the best validating registered estimator with a finite LDS (NTK
     leave-one-out, the paper's, when none has one)."""
-    own = {k: s for k, s in scores.items() if k in FLIP_ESTIMATORS and np.isfinite(s["value"])}
+    own = {k: s for k, s in scores.items() if k in ESTIMATORS and np.isfinite(s["value"])}
     return best_estimator(own) if own else "ntk"
 
 
@@ -369,7 +379,7 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
     subsets = len(removed)
     actual = reps.mean(axis=0)
     for name, sc in scores.items():
-        sc["label"] = ESTIMATOR_LABELS.get(name, name)
+        sc["label"] = estimator_label(name)
     lead_per_test = estimates[lead]
     total = lead_per_test.sum(axis=1)
     k = max(1, min(n - 1, round(tau * n)))
@@ -394,7 +404,7 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
             "subsets": subsets, "fraction": fraction, "left_out": int(r), "repeats": repeats, "lds": scores,
             "lds_seeds": {"design": design.name, "text": design.text},
             "adaptive": adaptive,
-            "ceiling": ceiling, "best": best_estimator(scores), "lead": lead, "lead_label": ESTIMATOR_LABELS[lead],
+            "ceiling": ceiling, "best": best_estimator(scores), "lead": lead, "lead_label": estimator_label(lead),
             "fraction_min": FRACTION_MIN,
             "noise": {"refits": len(noise_means), "mean_test_loss": noise_means, "sd": noise_sd},
             "signal_sd": float(actual.mean(axis=1).std(ddof=1)) if subsets > 1 else float("nan"),
@@ -412,7 +422,7 @@ def estimator_rows(val: dict[str, Any], seconds: dict[str, float], peers: dict[s
     status and why."""
     scores = val.get("lds") or {}
     for name, why in (skipped or {}).items():
-        val.setdefault("unscored", {})[name] = {"label": ESTIMATOR_LABELS.get(name, name), "status": "not run",
+        val.setdefault("unscored", {})[name] = {"label": estimator_label(name), "status": "not run",
                                                 "reason": why}
     for name, sec in seconds.items():
         if name in scores:
@@ -426,7 +436,7 @@ def estimator_rows(val: dict[str, Any], seconds: dict[str, float], peers: dict[s
 
 
 def _fmt_score(name: str, s: dict[str, Any]) -> str:
-    return (f"{ESTIMATOR_LABELS.get(name, name)} LDS {s['value']:.2f} [{s['lo']:.2f}, {s['hi']:.2f}], "
+    return (f"{estimator_label(name)} LDS {s['value']:.2f} [{s['lo']:.2f}, {s['hi']:.2f}], "
             f"{s['fraction']:.2f} [{s['fraction_lo']:.2f}, {s['fraction_hi']:.2f}] of the ceiling")
 
 
