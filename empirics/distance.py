@@ -79,6 +79,7 @@ from empirics.models import ModelSpec, SuiteNet, TwoLayerNet, build_model, input
 from empirics.ntk import empirical_ntk
 from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig
+from empirics.vocab import NOT_MEASURABLE
 from ntkm import tables
 from ntkm.codec import Record, encode, stable_hash
 from theory import kernels, krr
@@ -238,7 +239,7 @@ def trend(widths: list[int], values: list[float]) -> dict[str, Any]:
     ok = np.isfinite(v)
     w, v = w[ok], v[ok]
     if v.size < 2:
-        return {"verdict": "not measurable", "spearman": float("nan"), "loglog_slope": float("nan")}
+        return {"verdict": NOT_MEASURABLE, "spearman": float("nan"), "loglog_slope": float("nan")}
     rho = float(stats.spearmanr(w, v).statistic) if v.size > 2 else float(np.sign(v[-1] - v[0]))
     pos = v > 0
     slope = float(np.polyfit(np.log(w[pos]), np.log(v[pos]), 1)[0]) if pos.sum() >= 2 else float("nan")

@@ -15,7 +15,8 @@ import math
 import time
 from typing import Any
 
-from empirics.datasets import DataRequest, load_dataset, preprocess
+from empirics.datasets import DataRequest, load_dataset
+from empirics.datasets import preprocess as preprocess_inputs
 from theory.bounds import width_bound_v1, width_bound_v2
 from theory.conditioning import condition_numbers, log10_kappa_power
 
@@ -25,7 +26,7 @@ def kappa_rows(
     ns: tuple[int, ...],
     *,
     request: DataRequest | None = None,
-    preprocessing: str = "raw",
+    preprocess: str = "raw",
     eps: float = 0.1,
 ) -> list[dict[str, Any]]:
     """One record per n: condition numbers, kappa^3 (log10), both width bounds and data provenance (`request`: the
@@ -35,10 +36,10 @@ def kappa_rows(
         t0 = time.perf_counter()
         ds = load_dataset(dataset, n_train=n, n_test=1, request=request)
         channels = ds.image_shape[0] if ds.image_shape else 1
-        cn = condition_numbers(preprocess(ds.x_train, preprocessing, channels=channels))
+        cn = condition_numbers(preprocess_inputs(ds.x_train, preprocess, channels=channels))
         beside = {}
-        if preprocessing == "raw":  # the same images standardised per channel, reported beside
-            standardised = condition_numbers(preprocess(ds.x_train, "channel", channels=channels))
+        if preprocess == "raw":  # the same images standardised per channel, reported beside
+            standardised = condition_numbers(preprocess_inputs(ds.x_train, "channel", channels=channels))
             beside = {f"{k}_channel": standardised[k] for k in ("kappa", "kappa_d", "log10_kappa")}
         log10_k3 = log10_kappa_power(cn["kappa"], 3)
         rows.append(

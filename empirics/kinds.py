@@ -68,10 +68,6 @@ class Kind:
         return strategy(self.features)
 
 
-#: The paper's comparison, (treated, control): MLP-Attn against 2L-ReLU. Code that needs the paper's two networks reads
-#: them here (a variant is compared as (variant, control)), never by writing their names.
-PAPER_PAIR: tuple[str, str] = (Model.ATTN.value, Model.RELU.value)
-
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(Model.RELU, "identity", ANALYTIC, has_context=False, attention_options=False,
          recomputed_context=False, trains_attention=False, description="the paper's two-layer ReLU network"),

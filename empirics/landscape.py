@@ -52,13 +52,13 @@ from empirics.common import (
 )
 from empirics.distance import KERNEL_PREDICTOR_ACC, kernel_predictor_accuracy
 from empirics.intervals import t_interval
-from empirics.kinds import PAPER_PAIR, kinds_where
 from empirics.kinds import kind as kind_of
+from empirics.kinds import kinds_where
 from empirics.losses import loss_fn, predict_labels
 from empirics.models import ModelSpec, TwoLayerNet, input_channels
 from empirics.records import device_info, library_versions
 from empirics.train import TrainConfig
-from empirics.vocab import LandscapeVerdict
+from empirics.vocab import PAPER_PAIR, LandscapeVerdict
 from ntkm.codec import Record, encode, optional
 from ntkm.errors import UserInputError
 

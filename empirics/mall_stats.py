@@ -31,8 +31,8 @@ import numpy as np
 
 from empirics.common import spread
 from empirics.intervals import FIELLER_METHOD, LEVEL, T_METHOD, difference, fieller, t_interval
-from empirics.kinds import PAPER_PAIR, kind
-from empirics.vocab import PAPER_ATTACKS, Attack, model_name
+from empirics.kinds import kind
+from empirics.vocab import PAPER_ATTACKS, PAPER_PAIR, Attack, model_name
 from ntkm.codec import Record, encode, optional
 from theory.paper import PAPER_ADV, PAPER_FLIP
 

@@ -9,6 +9,13 @@ The tuples below are the values in their fixed order (the order seeds attacks: `
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import NamedTuple
+
+from theory.paper import PAPER_DATASET_LABELS, PAPER_MODEL_NAMES
+
+#: The one word for a measurement that cannot be made here (a landscape verdict, an audit's risk level or validity
+#: verdict, a width trend of too few points). The claims' verdict says "not measurable here" (`verify.claims.base`).
+NOT_MEASURABLE = "not measurable"
 
 
 class Dataset(StrEnum):
@@ -20,7 +27,7 @@ class Dataset(StrEnum):
     @property
     def label(self) -> str:
         """The name the paper and the report print."""
-        return {"mnist": "MNIST", "cifar10": "CIFAR-10"}[self.value]
+        return PAPER_DATASET_LABELS[self.value]
 
 
 class Model(StrEnum):
@@ -39,7 +46,7 @@ class Model(StrEnum):
     @property
     def paper_name(self) -> str:
         """The paper's name ('2L-ReLU', 'MLP-Attn'; the variants by their value)."""
-        return {"relu": "2L-ReLU", "attn": "MLP-Attn"}.get(self.value, self.value)
+        return PAPER_MODEL_NAMES.get(self.value, self.value)
 
 
 class Attack(StrEnum):
@@ -58,13 +65,29 @@ class LandscapeVerdict(StrEnum):
     HOLDS = "holds"
     PARTLY = "partly"
     NOT = "does not hold"
-    NA = "not measurable"
+    NA = NOT_MEASURABLE
 
 
 #: The built-in data sets, in report order.
 DATASETS: tuple[str, ...] = tuple(d.value for d in Dataset)
-#: The paper's two networks.
-PAPER_MODELS: tuple[str, ...] = (Model.RELU.value, Model.ATTN.value)
+
+
+class ModelPair(NamedTuple):
+    """Two model kinds compared as (treated, control): a flip-rate ratio is treated / control. A tuple, so it
+    unpacks and compares as one."""
+
+    treated: str
+    control: str
+
+    @property
+    def paper_order(self) -> tuple[str, str]:
+        """The two as the paper's tables list them, control first (2L-ReLU, then MLP-Attn)."""
+        return (self.control, self.treated)
+
+
+#: The paper's comparison: MLP-Attn (treated) against 2L-ReLU (control). The one name of the paper's two networks:
+#: code that needs them reads them here (a variant is compared as (variant, control)), never by writing their names.
+PAPER_PAIR = ModelPair(Model.ATTN.value, Model.RELU.value)
 #: Every model kind a network may be built as.
 MODEL_KINDS: tuple[str, ...] = tuple(m.value for m in Model)
 #: Every perturbation an `AttackConfig` may name (the paper's attacks, then the noise baseline).

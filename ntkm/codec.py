@@ -240,7 +240,10 @@ def optional(default: Any = None) -> Any:
 
 class Record:
     """Base of the suite's typed stored records (dataclasses): `to_dict` is the stored dict, `from_dict` reads it
-    back (the one codec both ways: `encode` and the module's `from_dict`)."""
+    back (the one codec both ways: `encode` and the module's `from_dict`). `RENAMED` maps a field's former stored
+    name to its name now: a record stored before the rename reads back unchanged."""
+
+    RENAMED: typing.ClassVar[dict[str, str]] = {}
 
     def to_dict(self) -> dict[str, Any]:
         """The stored dict of this record (`encode`: NaN / inf as strings, tuples as lists)."""
@@ -252,4 +255,7 @@ class Record:
         field)."""
         if not isinstance(data, Mapping):
             raise TypeError(f"stored {cls.__name__} is a {type(data).__name__}, not a dict")
+        renamed = getattr(cls, "RENAMED", {})
+        if any(old in data for old in renamed):
+            data = {renamed.get(k, k) if renamed.get(k, k) not in data else k: v for k, v in data.items()}
         return from_dict(cls, data)

@@ -15,7 +15,7 @@ from reports.render import image_data_uri, render_html
 from reports.text import eps_label
 
 #: The record's keys of the paper's two reference networks, (treated, control): `verify.audit` writes them from
-#: `empirics.kinds.PAPER_PAIR` (reports reads plain records and imports no experiment code).
+#: `empirics.vocab.PAPER_PAIR` (reports reads plain records and imports no experiment code).
 REFERENCE_KEYS = ("attn", "relu")
 
 

@@ -13,8 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ntkm.io import atomic_write_bytes  # noqa: E402
 from ntkm.tables import at_width, widths  # noqa: E402
+from theory.paper import PAPER_MODEL_NAMES  # noqa: E402
 
-MODEL_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
 MODEL_COLORS = {"relu": "#1f77b4", "attn": "#d62728"}
 
 
@@ -41,7 +41,7 @@ def distance_vs_width(result: dict[str, Any], path: str | Path,
             mean = [at_width(res["per_width"], w, metric)["mean"] for w in ws]
             std = [at_width(res["per_width"], w, metric)["std"] for w in ws]
             si = res.get("trends", {}).get(metric, {}).get("slope_interval")
-            label = MODEL_LABELS.get(kind, kind) + (
+            label = PAPER_MODEL_NAMES.get(kind, kind) + (
                 f" (slope {si['slope']:.2f} [{si['ci'][0]:.2f}, {si['ci'][1]:.2f}])" if si else "")
             ax.errorbar(ws, mean, yerr=std, marker="o", capsize=3, label=label, color=MODEL_COLORS.get(kind))
         ax.set_xscale("log", base=2)
@@ -104,7 +104,7 @@ def landscape_lines(result: dict[str, Any], path: str | Path) -> Path:
         for kind, res in result["models"].items():
             runs = res["runs"]
             color = MODEL_COLORS.get(kind)
-            label = MODEL_LABELS.get(kind, kind)
+            label = PAPER_MODEL_NAMES.get(kind, kind)
             xs, mean, lo, hi = _landscape_mean(runs, key, "train")
             ax.plot(xs, mean, color=color, label=f"{label} train")
             ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
@@ -160,7 +160,7 @@ def landscape_contours(result: dict[str, Any], path: str | Path) -> Path:
         ax.set_aspect("equal")
         ax.set_xlabel("direction 1")
         ax.set_ylabel("direction 2")
-        ax.set_title(f"{MODEL_LABELS.get(kind, kind)} ({data}, seed {seed})\ntrain loss - L(W_T)", fontsize=9)
+        ax.set_title(f"{PAPER_MODEL_NAMES.get(kind, kind)} ({data}, seed {seed})\ntrain loss - L(W_T)", fontsize=9)
     if filled is not None:
         fig.colorbar(filled, ax=list(axes[0]), shrink=0.85, format="%.3g", label="L - L(W_T) (shared scale)")
     return save_figure(fig, path)
@@ -195,7 +195,7 @@ def flip_rate_bars(results: dict[str, dict[str, Any]], path: str | Path) -> Path
                 means = [100 * mine[a]["flip_rate"]["mean"] for a in attacks] + [100 * base["mean"]]
                 err = np.array([100 * mine[a]["flip_rate"]["std"] for a in attacks] + [100 * base["std"]])
             bars = ax.bar(x + (k - 0.5) * 0.38, means, 0.38, yerr=err, capsize=3, color=MODEL_COLORS[kind],
-                          label=MODEL_LABELS[kind], alpha=0.85)
+                          label=PAPER_MODEL_NAMES[kind], alpha=0.85)
             bars[-1].set_hatch("//")
             bars[-1].set_alpha(0.45)
         ax.set_xticks(x, [lab.upper() if lab != "random" else "random\n(baseline)" for lab in labels])

@@ -1,14 +1,13 @@
 """Model kinds are read from the registry (`empirics.kinds`), never by comparing against their names: no `==`, `!=`,
 `in` or `not in` with a model kind's name as a string literal outside `empirics/kinds.py` and `empirics/vocab.py`
-(issue 28). Code that needs the paper's two networks reads `empirics.kinds.PAPER_PAIR`; a capability is a flag."""
+(issue 28). Code that needs the paper's two networks reads `empirics.vocab.PAPER_PAIR`; a capability is a flag."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from empirics.kinds import PAPER_PAIR
-from empirics.vocab import Model
+from empirics.vocab import PAPER_PAIR, Model
 from reports.audit_report import REFERENCE_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +42,8 @@ def test_no_comparison_against_a_model_kind_name_outside_the_registry():
             rel = path.relative_to(ROOT).as_posix()
             if rel not in REGISTRY:
                 found += [f"{rel}:{hit}" for hit in kind_name_comparisons(path.read_text())]
-    assert not found, "compare through empirics.kinds (flags, PAPER_PAIR) instead:\n" + "\n".join(found)
+    assert not found, ("compare through empirics.kinds (flags) and empirics.vocab.PAPER_PAIR instead:\n"
+                       + "\n".join(found))
 
 
 def test_the_scan_sees_each_form_of_comparison():

@@ -6,6 +6,7 @@ Every line below names the paper, so a search for copied figures finds only this
 from __future__ import annotations
 
 PAPER_DATASET_LABELS = {"mnist": "MNIST", "cifar10": "CIFAR-10"}  # paper's names of the data sets
+PAPER_MODEL_NAMES = {"relu": "2L-ReLU", "attn": "MLP-Attn"}  # paper's names of its two networks
 
 #: Condition numbers kappa(G) the paper states (n and preprocessing not stated by the paper).
 PAPER_KAPPA = {"mnist": 1.2e3, "cifar10": 8.7e3}  # paper, Sec. 4.3

@@ -30,7 +30,7 @@ def theory_unit(seed: int) -> TheoryRecord:
     return TheoryRecord.from_dict({"checks": [asdict(c) for c in run_all_checks(seed=seed)]})
 
 
-def kappa_unit(dataset: str, ns: list[int], sample: str, preprocessing: str, eps: float,
+def kappa_unit(dataset: str, ns: list[int], sample: str, preprocess: str, eps: float,
                data_dir: str | None) -> KappaRecord:
     """kappa(G) against n; sizes that the available data cannot provide are recorded as such."""
     from empirics.datasets import DataRequest
@@ -41,12 +41,12 @@ def kappa_unit(dataset: str, ns: list[int], sample: str, preprocessing: str, eps
     for n in ns:
         try:
             rows += kappa_rows(dataset, (n,), request=DataRequest(sample=sample, data_dir=data_dir),
-                               preprocessing=preprocessing, eps=eps)
+                               preprocess=preprocess, eps=eps)
         except UserInputError as exc:
             missing.append({"n": n, "reason": str(exc)})
             if not rows and n == ns[-1]:
                 raise  # no size could be loaded at all: a data problem, not a result (never cached)
-    return KappaRecord.from_dict(encode({"dataset": dataset, "sample": sample, "preprocessing": preprocessing,
+    return KappaRecord.from_dict(encode({"dataset": dataset, "sample": sample, "preprocess": preprocess,
                                          "rows": rows, "missing": missing}))
 
 
@@ -138,7 +138,7 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     units: dict[str, Unit] = {names.THEORY: Unit(names.THEORY, {"seed": 0}, theory_unit, TheoryRecord)}
     for ds in DATASETS:
         units[names.kappa(ds)] = Unit(names.kappa(ds), {
-            "dataset": ds, "ns": list(p["kappa_ns"]), "sample": "first", "preprocessing": "raw", "eps": 0.1,
+            "dataset": ds, "ns": list(p["kappa_ns"]), "sample": "first", "preprocess": "raw", "eps": 0.1,
             "data_dir": data_dir}, kappa_unit, KappaRecord)
     units.update(kappa_extra_units(p, data_dir))
     control = {**control_unit_config(p, data_dir), "train": asdict(protocol_config(GD_MSE, p["epochs"])),

@@ -40,7 +40,7 @@ def summary(cfg: Mapping[str, Any]) -> dict[str, Any]:
     widths = cfg.get("widths", [cfg["width"]] if "width" in cfg else None)
     out = {"seeds": seeds, "widths": widths, "n_train": cfg.get("n_train"), "n_test": cfg.get("n_test"),
            "ns": cfg.get("ns"), "epochs": tr.get("epochs"), "protocol": tr.get("protocol"),
-           "preprocess": cfg.get("preprocess", cfg.get("preprocessing")), "dataset": cfg.get("dataset"),
+           "preprocess": cfg.get("preprocess"), "dataset": cfg.get("dataset"),
            "models": cfg.get("models", [cfg["model"]] if "model" in cfg else None)}
     return {k: v for k, v in out.items() if v is not None}
 

@@ -8,7 +8,7 @@ assembled here, from `theory.checks.CheckResult` and `empirics.kappa.kappa_rows`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ntkm.codec import Record
 from theory.checks import CheckResult
@@ -32,6 +32,9 @@ class KappaRecord(Record):
 
     dataset: str
     sample: str
-    preprocessing: str
+    preprocess: str
     rows: list[dict[str, Any]]
     missing: list[dict[str, Any]]
+
+    #: Stored as `preprocessing` before issue 41 (one spelling of the input preprocessing).
+    RENAMED: ClassVar[dict[str, str]] = {"preprocessing": "preprocess"}

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.claim("thm4.7-kappa"), pytest.mark.claim("kappa-mnist"
 @pytest.mark.parametrize("preprocessing", ["raw", "center"])
 def test_kappa_rows_match_eigenvalues_of_the_gram_matrix(preprocessing):
     ns = (20, 40)
-    rows = kappa_rows("mnist", ns, preprocessing=preprocessing, eps=0.2, request=DataRequest(source="bundled"))
+    rows = kappa_rows("mnist", ns, preprocess=preprocessing, eps=0.2, request=DataRequest(source="bundled"))
     assert [r["n"] for r in rows] == list(ns)
     for n, row in zip(ns, rows, strict=True):
         x = load_dataset("mnist", n_train=n, n_test=1, request=DataRequest(source="bundled")).x_train.astype(np.float64)

@@ -14,7 +14,7 @@ from empirics.vocab import (
     DATASETS,
     MODEL_KINDS,
     PAPER_ATTACKS,
-    PAPER_MODELS,
+    PAPER_PAIR,
     Attack,
     Dataset,
     LandscapeVerdict,
@@ -36,7 +36,7 @@ def baseline() -> dict:
 
 def test_values_are_the_strings_of_stored_records(baseline):
     cfg = baseline["results"]["malleability:mnist:10class@proper"]["config"]
-    assert list(PAPER_ATTACKS) == cfg["attacks"] and list(PAPER_MODELS) == cfg["models"]
+    assert list(PAPER_ATTACKS) == cfg["attacks"] and list(PAPER_PAIR.paper_order) == cfg["models"]
     assert {baseline["results"][f"kappa:{d}"]["dataset"] for d in DATASETS} == {"mnist", "cifar10"}
     assert ATTACKS == ("fgsm", "pgd", "mim", "random")  # the order seeds each attack (empirics.malleability)
     assert MODEL_KINDS == ("relu", "attn", "softmax", "qkv")
@@ -50,7 +50,7 @@ def test_members_equal_their_values_and_store_as_them():
 def test_display_names():
     assert [dataset_label(d) for d in DATASETS] == ["MNIST", "CIFAR-10"]
     assert [model_short(m) for m in MODEL_KINDS] == ["ReLU", "Attn", "softmax", "qkv"]
-    assert [model_name(m) for m in PAPER_MODELS] == ["2L-ReLU", "MLP-Attn"]
+    assert [model_name(m) for m in PAPER_PAIR.paper_order] == ["2L-ReLU", "MLP-Attn"]
     assert dataset_label("user.npz") == "user.npz" and model_name("cnn") == "cnn"
 
 

@@ -121,6 +121,21 @@ def test_from_dict_refuses_unknown_fields():
         codec.from_dict(Interval, {"value": 1.0, "lo": 0.0, "hi": 2.0, "width": 3.0})
 
 
+def test_a_renamed_field_reads_back_from_a_record_stored_before_the_rename():
+    """`Record.RENAMED`: a kappa record stored with the former key `preprocessing` reads back as `preprocess`; the
+    new key wins where both are present, and an unknown key is still refused."""
+    from verify.records import KappaRecord
+
+    old = {"dataset": "mnist", "sample": "first", "preprocessing": "unit", "rows": [], "missing": []}
+    back = KappaRecord.from_dict(old)
+    assert back.preprocess == "unit" and "preprocessing" not in back.to_dict()
+    assert KappaRecord.from_dict(back.to_dict()) == back
+    with pytest.raises(TypeError, match="no field"):
+        KappaRecord.from_dict({**old, "preprocess": "raw"})
+    with pytest.raises(TypeError, match="no field"):
+        KappaRecord.from_dict({**old, "colour": "red"})
+
+
 def test_cache_reads_back_what_it_wrote(tmp_path):
     from verify.runner import Cache, Unit
 

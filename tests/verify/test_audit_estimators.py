@@ -138,7 +138,7 @@ class _GnStiff(KernelEstimator):
 
 
 def test_a_new_estimator_registered_in_one_place_runs_through_the_audit(monkeypatch):
-    """EXTENDING.md's recipe: one class and one registry entry; nothing else is edited."""
+    """docs/EXTENDING.md's recipe: one class and one registry entry; nothing else is edited."""
     monkeypatch.setenv("NTKM_PROGRESS", "0")
     monkeypatch.setitem(ESTIMATORS, _GnStiff.name, _GnStiff())
     torch.manual_seed(3)

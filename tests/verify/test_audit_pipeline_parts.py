@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from empirics.userdata import Split
-from empirics.vocab import PAPER_MODELS, model_name
+from empirics.vocab import PAPER_PAIR, model_name
 from theory.bounds import width_bound_v1
-from verify.audit import references
 from verify.audit.binding import AuditRun, Stage
 from verify.audit.config import AuditConfig
 from verify.audit.diagnostics import diagnostics
@@ -105,8 +104,7 @@ def test_diagnostics_fall_back_to_the_effective_kappa_on_rank_deficient_data():
 
 
 def test_the_references_are_the_papers_pair_under_their_paper_names():
-    assert references.PAPER_MODELS == PAPER_MODELS
-    assert [model_name(k) for k in PAPER_MODELS] == ["2L-ReLU", "MLP-Attn"]
+    assert [model_name(k) for k in PAPER_PAIR.paper_order] == ["2L-ReLU", "MLP-Attn"]
 
 
 def test_the_lead_is_the_validity_panels_else_ntk_leave_one_out():

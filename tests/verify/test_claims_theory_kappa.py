@@ -62,7 +62,7 @@ def test_kappa_rule_underdetermined_at_a_step_to_infinity_and_at_the_edges() -> 
 
 
 def _kappa(rows: list[dict[str, Any]], missing: list[dict[str, Any]]) -> KappaRecord:
-    return KappaRecord.from_dict({"dataset": "x", "sample": "first", "preprocessing": "raw", "rows": rows,
+    return KappaRecord.from_dict({"dataset": "x", "sample": "first", "preprocess": "raw", "rows": rows,
                                   "missing": missing})
 
 

@@ -28,7 +28,7 @@ def untimed(stored: dict) -> dict:
 def test_theory_and_kappa_units_read_back_as_their_records(tmp_path: Path):
     """The two units assembled in `verify`, on real runs: the cache returns the record the unit computed."""
     theory = Unit("theory", {"seed": 0}, theory_unit, TheoryRecord)
-    kappa = Unit("kappa:mnist", {"dataset": "mnist", "ns": [10, 20], "sample": "first", "preprocessing": "raw",
+    kappa = Unit("kappa:mnist", {"dataset": "mnist", "ns": [10, 20], "sample": "first", "preprocess": "raw",
                                  "eps": 0.1, "data_dir": None}, kappa_unit, KappaRecord)
     for unit in (theory, kappa):
         computed = unit.fn(**unit.config)

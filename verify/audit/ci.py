@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from empirics.intervals import wilson
-from empirics.kinds import PAPER_PAIR
+from empirics.vocab import NOT_MEASURABLE, PAPER_PAIR
 from ntkm.codec import decode
 from ntkm.errors import UserInputError
 from ntkm.io import parse_json, read_regular
 from verify.audit.config import SCHEMA_VERSION, SUMMARY_MARKER
-from verify.audit.risk import ALL_LEVELS, NOT_MEASURABLE, RISK_LEVELS
+from verify.audit.risk import ALL_LEVELS, RISK_LEVELS
 
 FAIL_ON_EXIT = 4
 DIFF_MOVED_EXIT = 5

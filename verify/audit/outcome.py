@@ -40,9 +40,9 @@ from empirics.influence import Ridge, influence_from_kernels
 from empirics.intervals import t_interval, wilson
 from empirics.losses import targets
 from empirics.progress import log
+from empirics.vocab import NOT_MEASURABLE
 from verify.audit.config import AuditConfig
 from verify.audit.refit import RefitInputs, RefitJob, labels_of, per_example_loss
-from verify.audit.risk import NOT_MEASURABLE
 
 OUTCOME_RULE = ("the levers move an outcome beyond random points when the 95 % t-interval over seeds of the paired "
                 "difference (levers - random) excludes zero")

@@ -13,6 +13,7 @@ import torch
 from empirics.audit_attribution import NOT_APPLICABLE, OK, peer_estimators, unscored
 from empirics.audit_ntk import ModelJacobian
 from empirics.progress import log
+from empirics.vocab import NOT_MEASURABLE
 from verify.audit.binding import AuditRun
 from verify.audit.budget import budget_curves
 from verify.audit.config import PANELS
@@ -22,7 +23,6 @@ from verify.audit.modelio import FlatInput
 from verify.audit.outcome import CurveGrid, outcome_curves, outcome_panel, poison_panel
 from verify.audit.projection import projected_kernel
 from verify.audit.refit import RefitInputs, Refitter, refit_adequacy
-from verify.audit.risk import NOT_MEASURABLE
 from verify.audit.validity import Estimates, estimator_rows, validity_panel
 
 

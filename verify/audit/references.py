@@ -10,7 +10,7 @@ from empirics.common import train_network
 from empirics.models import ModelSpec
 from empirics.progress import log
 from empirics.protocols import PROPER, protocol_config
-from empirics.vocab import PAPER_MODELS, model_name
+from empirics.vocab import PAPER_PAIR, model_name
 from verify.audit.binding import AuditRun
 from verify.audit.measure import Network, SuiteKernels, measure_network
 from verify.audit.modelio import FlatInput
@@ -21,7 +21,7 @@ def reference_models(run: AuditRun, lead: str, device: str) -> dict[str, dict[st
     was trained and its adequacy gate, by kind."""
     cfg, st, t = run.cfg, run.st, run.t
     models: dict[str, dict[str, Any]] = {}
-    for kind in PAPER_MODELS:
+    for kind in PAPER_PAIR.paper_order:
         label = f"{model_name(kind)} (m={cfg.ref_width})"
         log(f"audit: training the {label} reference ({PROPER} protocol, at most {cfg.ref_epochs} epochs)")
         spec = ModelSpec(kind, t.x_train.shape[1], cfg.ref_width, t.out_dim, seed=cfg.seed)

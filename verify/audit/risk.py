@@ -32,12 +32,12 @@ import numpy as np
 
 from empirics.intervals import wilson
 from empirics.protocols import GATE_TEST, GATE_TEXT, chance_accuracy
+from empirics.vocab import NOT_MEASURABLE, PAPER_PAIR, model_name
 from reports.text import eps_label
 from theory.paper import PAPER_AUDIT_REFERENCE
 from verify.audit.validity import FRACTION_MIN, TRUSTWORTHY, estimator_label
 
 RISK_LEVELS = ("low", "medium", "high")
-NOT_MEASURABLE = "not measurable"
 NOT_VALIDATED = "not validated"
 #: The levels `verify audit` can issue: a risk level, or why none could be issued.
 ALL_LEVELS = (*RISK_LEVELS, NOT_VALIDATED, NOT_MEASURABLE)
@@ -64,7 +64,8 @@ def risk_level(flip: float, baseline: list[float], relu_flip: float | None, attn
         level = NOT_MEASURABLE
         reason = ("a flip rate could not be computed (NaN): influence is undefined for these data, e.g. constant "
                   "or duplicated inputs or a kernel without signal")
-    left_out = [name for name, v in (("2L-ReLU", relu_flip), ("MLP-Attn", attn_flip)) if v is None]
+    left_out = [model_name(kind) for kind, v in zip(PAPER_PAIR.paper_order, (relu_flip, attn_flip), strict=True)
+                if v is None]
     return {"level": level, "reason": reason, "flip_rate": flip, "noise_ceiling": noise, "low_ceiling": low_ceiling,
             "high_floor": high_floor, "relu_reference": math.nan if relu_flip is None else relu_flip,
             "attn_reference": math.nan if attn_flip is None else attn_flip, "left_out": left_out,

@@ -57,6 +57,7 @@ from scipy import stats
 from empirics.audit_attribution import PEER_LABELS
 from empirics.common import Tensors
 from empirics.progress import log
+from empirics.vocab import NOT_MEASURABLE
 from verify.audit.config import AuditConfig
 from verify.audit.ensemble import ensemble_labels
 from verify.audit.estimators import ESTIMATORS
@@ -76,7 +77,7 @@ def estimator_label(name: str) -> str:
     return labels.get(name, name)
 
 
-TRUSTWORTHY, FRAGILE, INCONCLUSIVE, NOT_MEASURABLE = "trustworthy", "fragile", "inconclusive", "not measurable"
+TRUSTWORTHY, FRAGILE, INCONCLUSIVE = "trustworthy", "fragile", "inconclusive"
 VALIDITY_RULE = ("the lead estimator is the one of the audit's own ("
                  + "; ".join(e.label for e in ESTIMATORS.values())
                  + ", each where it runs) with the highest LDS against the re-fits (ties: the higher lower end of its "

@@ -10,7 +10,7 @@ from typing import Any
 from empirics.influence import ESTIMAND_LOSS, RetrainRecord
 from empirics.intervals import wilson
 from empirics.protocols import GATE_TEXT
-from empirics.vocab import PAPER_MODELS, model_name
+from empirics.vocab import PAPER_PAIR, model_name
 from reports.text import fmt
 from verify.claims import units
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, Claim, Outcome, PartlyAs, Results
@@ -18,7 +18,7 @@ from verify.claims.retrain_flip import FLIP_RETRAIN_UNITS, retrain_flip_verdict,
 from verify.multiplicity import rank_test, share_test, tests_of
 from verify.presets import PresetSizes
 
-MODELS = PAPER_MODELS
+MODELS = PAPER_PAIR.paper_order
 #: The retrain check's units, one per paper model (resolved per condition like every empirical unit).
 RETRAIN_UNITS = tuple(units.influence_retrain(m) for m in MODELS)
 

@@ -6,7 +6,7 @@ Spearman rankings. Verdict rules are fixed here, before any run, and decide on 9
 Each rule is one function taking the unit's record; the claims registry and `verify malleability`
 (`experiment_outcomes`) call the same functions. Every rule first applies the adequacy gate.
 
-The rules compare the paper's pair (`empirics.mall_stats.PAPER_PAIR`: MLP-Attn, the treated, against 2L-ReLU, the
+The rules compare the paper's pair (`empirics.vocab.PAPER_PAIR`: MLP-Attn, the treated, against 2L-ReLU, the
 control); the flip rule takes any (treated, control) pair, so that a variant row judges (variant, relu) by the
 same rule. The rules' texts and numbers name the two networks by their role, as the rule text does ('Attn' for the
 treated, 'ReLU' for the control, whatever their kinds); only the gate's text names the failing networks by kind.

@@ -6,9 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from empirics.distance import GD_METRIC, DistanceRecord, slope_interval
-from empirics.kinds import PAPER_PAIR
 from empirics.protocols import GATE_TEXT
-from empirics.vocab import DATASETS, dataset_label
+from empirics.vocab import DATASETS, PAPER_PAIR, dataset_label
 from reports.text import fmt
 from verify.claims import units
 from verify.claims.base import (

@@ -12,14 +12,14 @@ from typing import Any
 
 from empirics.protocols import GATE_TEXT, GD_MSE
 from empirics.retrain_flip import RetrainFlipRecord
-from empirics.vocab import PAPER_MODELS, model_name
+from empirics.vocab import PAPER_PAIR, model_name
 from ntkm.errors import UserInputError
 from verify.claims import units
 from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, Claim, Outcome, PartlyAs, Results
 from verify.power import P_ATTACK, P_BASELINE, TARGET, design_points, flip_power
 from verify.presets import PresetSizes
 
-MODELS = PAPER_MODELS
+MODELS = PAPER_PAIR.paper_order
 #: The data sets and tasks (`DATASET:TASK`) with a retrain-based flip row, in the table's order.
 RETRAIN_FLIP_SETS = ("mnist:10class", "mnist:binary", "cifar10:10class")
 #: The rows a preset runs when it does not name them (`verify.presets.PresetSizes.retrain_flip_sets`).

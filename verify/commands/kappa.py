@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             data_dir=args.data_dir,
             source=args.source,
         ),
-        preprocessing=args.preprocess,
+        preprocess=args.preprocess,
         eps=args.eps,
     )
     record = {
