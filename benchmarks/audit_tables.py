@@ -76,21 +76,21 @@ also on the training images): 26-27 s measured for a control, so about 91 x 25 s
 the re-fit panels measured 8.7 min on this model (kernel 3.1, attacks 1.5, noise 0.8, sharpness 1.4, projection error
 0.6, references 0.7: `results/audit-resnet18.md`), and its budget curves were extrapolated there at 16.3 min (12
 attack probes of about 36 s and 36 noise probes of about 15 s). The four library estimators, measured 2026-12-02 on
-this trained ResNet-18 (`empirics.audit_attribution.peer_estimators` alone, 2 torch threads, machine otherwise idle)
-at 80 training + 30 test points and at 240 + 60: kronfluence identity 11.5 s and 27.6 s (plus a 34 s wiring check),
-KFAC 126 s and 192 s, EK-FAC 172 s and more than 370 s (cut off), TRAK 65 s and 168 s; peak resident memory 8.8 GiB
-(kronfluence) and 15.5 GiB (TRAK) at 240 + 60. Linear in the points, at 1,000 + 200: identity about 2 min, KFAC
-about 8.5 min (88 s fixed: the factors' eigendecompositions, up to 4,608 x 4,608), EK-FAC at least 22 min, TRAK about
-11 min: at least 44 min, with TRAK's memory growing with its projection (500 dimensions at n = 1,000, 120 at 240).
-So the whole audit comes to about 8.7 + 16.3 + 38 + 44 = 107 min or more on 2 cores: **the 30-minute target is not
-reachable with every panel and every library estimator at n = 1,000.** What no option at or above the config's
-minimum can cut: the re-fitted budget curves alone are 48 one-epoch re-fits (20 min) at the minimum S = 2, the budget
-curves' probes 13-16 min, and at the floor (M = 3) the re-fits are still 73 (30 min). Each LDS subset costs 2
-re-fits (about 50 s): 12 subsets rather than 8 cost 3 minutes and give the LDS interval half as many subsets again to
-resample. What would come near 30 minutes: `peers` = identity, kfac (saves about 33 min of EK-FAC and TRAK) and
-`--skip budget` (saves the curves' probes and their 48 re-fits, about 36 min); or fewer images (every stage scales
-with n, TRAK and the kernel faster than linearly). Taken here: `peers` = identity, kfac and every panel kept
-(about 8.7 + 16.3 + 38 + 2 + 8.5 = 73 min), so the ResNet-18's table is over the 30-minute target and says so.
+this trained ResNet-18 (`empirics.attribution.audit_attribution.peer_estimators` alone, 2 torch threads, machine
+otherwise idle) at 80 training + 30 test points and at 240 + 60: kronfluence identity 11.5 s and 27.6 s (plus a 34 s
+wiring check), KFAC 126 s and 192 s, EK-FAC 172 s and more than 370 s (cut off), TRAK 65 s and 168 s; peak resident
+memory 8.8 GiB (kronfluence) and 15.5 GiB (TRAK) at 240 + 60. Linear in the points, at 1,000 + 200: identity about 2
+min, KFAC about 8.5 min (88 s fixed: the factors' eigendecompositions, up to 4,608 x 4,608), EK-FAC at least 22 min,
+TRAK about 11 min: at least 44 min, with TRAK's memory growing with its projection (500 dimensions at n = 1,000, 120 at
+240). So the whole audit comes to about 8.7 + 16.3 + 38 + 44 = 107 min or more on 2 cores: **the 30-minute target is not
+reachable with every panel and every library estimator at n = 1,000.** What no option at or above the config's minimum
+can cut: the re-fitted budget curves alone are 48 one-epoch re-fits (20 min) at the minimum S = 2, the budget curves'
+probes 13-16 min, and at the floor (M = 3) the re-fits are still 73 (30 min). Each LDS subset costs 2 re-fits (about 50
+s): 12 subsets rather than 8 cost 3 minutes and give the LDS interval half as many subsets again to resample. What would
+come near 30 minutes: `peers` = identity, kfac (saves about 33 min of EK-FAC and TRAK) and `--skip budget` (saves the
+curves' probes and their 48 re-fits, about 36 min); or fewer images (every stage scales with n, TRAK and the kernel
+faster than linearly). Taken here: `peers` = identity, kfac and every panel kept (about 8.7 + 16.3 + 38 + 2 + 8.5 = 73
+min), so the ResNet-18's table is over the 30-minute target and says so.
 
 `--smoke` runs all three at tiny sizes (80 training and 30 test images, 10-20 training epochs of a few seconds, the
 smallest settings `AuditConfig` accepts where they cut time, no references, `SMOKE_AUDIT`) to check the script end to
@@ -123,7 +123,7 @@ from benchmarks.bench_audit import data as mnist_data
 from benchmarks.bench_audit import mlp
 from benchmarks.bench_audit import train as train_adam
 from benchmarks.bench_audit_resnet import ResNet18
-from empirics.datasets import load_dataset
+from empirics.data.datasets import load_dataset
 from empirics.records import git_state
 from ntkm.codec import dumps, read_json
 from ntkm.io import atomic_write_text

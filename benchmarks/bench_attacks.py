@@ -1,12 +1,12 @@
 """Attack throughput and the cost of one flip-rate evaluation, at the quick preset's sizes.
 
-- Attacks: `empirics.attacks.attack` (FGSM, PGD with random start, MIM) on the whole training set of
+- Attacks: `empirics.nets.attacks.attack` (FGSM, PGD with random start, MIM) on the whole training set of
   the quick preset (`mall_n_train` points, width `mall_width`, `attack_steps` steps, eps 0.3) for
   both trained networks; examples per second. Checked in the same run: every output inside the
   eps-ball and the [0, 1] box, and the mean loss raised above the clean loss.
 - One flip-rate evaluation (one model, one attack): clean NTK influence, top-tau selection,
   the attack on the selected points, the kernel and influence recomputed on the modified training
-  set, sign flips counted (`empirics.malleability` pieces). Checked: the suite's influence against
+  set, sign flips counted (`empirics.experiments.malleability` pieces). Checked: the suite's influence against
   the independent implementation `theory.krr.loo_influence` on the same kernels. Also the module's
   own `measure_model` for one model and one attack (it adds the random-noise baseline).
 """
@@ -56,7 +56,7 @@ class AttackBenchConfig:
 def _loss(model: Any, x: Any, y: Any) -> float:
     import torch
 
-    from empirics.losses import loss_fn
+    from empirics.nets.losses import loss_fn
 
     with torch.no_grad():
         out = model(x)
@@ -68,10 +68,10 @@ def bench_attacks(cfg: AttackBenchConfig, x: np.ndarray, y: np.ndarray, devices:
     """Throughput rows for every (model, attack) and the flip-rate evaluation rows."""
     import torch
 
-    from empirics.attacks import AttackConfig, attack
     from empirics.common import Tensors, train_network
-    from empirics.models import ModelSpec
-    from empirics.train import TrainConfig
+    from empirics.nets.attacks import AttackConfig, attack
+    from empirics.nets.models import ModelSpec
+    from empirics.nets.train import TrainConfig
 
     c = cfg.resolved()
     n, nt = c.n_train, c.n_test
@@ -128,10 +128,10 @@ def bench_attacks(cfg: AttackBenchConfig, x: np.ndarray, y: np.ndarray, devices:
 def _flip_rows(c: AttackBenchConfig, model: Any, t: Any, data: dict[str, Any], log: Any) -> list[Row]:
     import torch
 
-    from empirics.attacks import AttackConfig, attack
-    from empirics.influence import Ridge, influence_scores, model_kernels, resolve_ridge
-    from empirics.losses import targets
-    from empirics.malleability import MalleabilityConfig, compare, measure_model, n_top, top_by_abs
+    from empirics.attribution.influence import Ridge, influence_scores, model_kernels, resolve_ridge
+    from empirics.experiments.malleability import MalleabilityConfig, compare, measure_model, n_top, top_by_abs
+    from empirics.nets.attacks import AttackConfig, attack
+    from empirics.nets.losses import targets
     from theory.krr import loo_influence
 
     n = t.x_train.shape[0]

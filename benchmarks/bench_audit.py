@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from empirics.datasets import DataRequest, load_dataset
+from empirics.data.datasets import DataRequest, load_dataset
 from ntkm.errors import UserInputError
 from verify.cli import main as verify_main
 

@@ -14,7 +14,7 @@ automatically, its error measured against the exact kernel on a subsample), with
 extrapolated below from measured parts). Printed: the audit's wall time, its peak resident memory (the child's, from
 `getrusage`), its stage timings, the projection and its measured error, and, beside them, the extrapolated cost of
 
-- the exact kernel under the same memory budget (`empirics.audit_ntk.ModelJacobian`, one example's Jacobian at a
+- the exact kernel under the same memory budget (`empirics.kernels.audit_ntk.ModelJacobian`, one example's Jacobian at a
   time, measured on `--exact-examples` images, blocks recomputed as `GenericKernels` does);
 - the skipped panels: the budget curves' 48 probes (from the measured attack and noise probes) and the re-fit panels'
   72 warm-start re-fits of 5 epochs (from the measured training epoch).
@@ -46,8 +46,8 @@ import torch
 from torch import nn
 
 from benchmarks.bench_audit import train as train_mlp_style
-from empirics.audit_ntk import JacobianOptions, ModelJacobian
-from empirics.datasets import load_dataset
+from empirics.data.datasets import load_dataset
+from empirics.kernels.audit_ntk import JacobianOptions, ModelJacobian
 from empirics.records import git_state
 from verify.audit.budget import EPS_GRID, TAU_GRID
 from verify.audit.config import PANELS

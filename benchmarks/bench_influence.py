@@ -2,9 +2,9 @@
 
 All three use the same kernel: the float64 closed-form empirical NTK ("mean" reduction) of one
 2L-ReLU network (`m` wide, d = 784) on MNIST, one-hot targets, ridge `1e-3 * trace(K) / n` (the
-suite's default, `empirics.influence.resolve_ridge`). The kernel itself is not timed here.
+suite's default, `empirics.attribution.influence.resolve_ridge`). The kernel itself is not timed here.
 
-- closed form: `empirics.influence.kernel_influence`, one Cholesky of `K + lambda I`, then
+- closed form: `empirics.attribution.influence.kernel_influence`, one Cholesky of `K + lambda I`, then
   `L_t(f_-i) - L_t(f)` for every (i, t) from `f_-i(x) = f(x) - (k(x)^T M[:, i]) alpha_i / M_ii`.
 - brute force: `theory.krr.loo_brute_force` refits the kernel regression n times (one Cholesky of
   size n - 1 each); the influence follows from the refitted predictions. Checked against the
@@ -50,8 +50,8 @@ def kernels(x: np.ndarray, m: int) -> np.ndarray:
     """Float64 closed-form empirical NTK ("mean") over all rows of `x` (2L-ReLU, seed 0, 10 outputs)."""
     import torch
 
-    from empirics.models import ModelSpec, build_model
-    from empirics.ntk import empirical_ntk
+    from empirics.kernels.ntk import empirical_ntk
+    from empirics.nets.models import ModelSpec, build_model
 
     xt = torch.as_tensor(x, dtype=torch.float64)
     model = build_model(ModelSpec("relu", x.shape[1], m, 10, seed=0), xt, dtype=torch.float64)
@@ -136,7 +136,7 @@ def direct_first_order(K: np.ndarray, Y: np.ndarray, lam: float, Kt: np.ndarray,
 def bench_influence(cfg: InfluenceConfig, x: np.ndarray, y: np.ndarray, log: Any = print
                     ) -> tuple[list[Row], dict[str, Any]]:
     """Rows for every n (closed form, brute force measured or extrapolated, CG) and scaling data."""
-    from empirics.influence import kernel_influence, resolve_ridge
+    from empirics.attribution.influence import kernel_influence, resolve_ridge
 
     n_max = max(cfg.ns)
     xtr, xte = x[:n_max], x[n_max:n_max + cfg.n_test]
@@ -194,7 +194,8 @@ def bench_influence(cfg: InfluenceConfig, x: np.ndarray, y: np.ndarray, log: Any
                                  f"({fmt_time(base_t)}), exponent fitted on the measured sizes within [3, 4]",
                             data={"median_s": predicted, "ratio": predicted / t_closed.median})
         closed_checks = [Check(c.label, c.value, c.threshold) for c in brute_row.checks]
-        rows.append(Row(SECTION, "LOO closed form (empirics.influence)", case, t_closed, checks=closed_checks,
+        rows.append(Row(SECTION, "LOO closed form (empirics.attribution.influence)", case, t_closed,
+                        checks=closed_checks,
                         value=f"lambda = {lam:.3g}", data={"median_s": t_closed.median}))
         rows.append(brute_row)
 

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from benchmarks.bench_audit_resnet import ResNet18, train
-from empirics.audit_ntk import Projection
-from empirics.audit_structured import ProjectedStructured, StructuredJacobian
-from empirics.datasets import load_dataset
+from empirics.data.datasets import load_dataset
+from empirics.kernels.audit_ntk import Projection
+from empirics.kernels.audit_structured import ProjectedStructured, StructuredJacobian
 from empirics.records import git_state
 from verify.audit.projection import ERROR_TEST, ERROR_TRAIN
 

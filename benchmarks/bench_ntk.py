@@ -2,9 +2,9 @@
 
 Paths (all give the per-output "mean" kernel of the paper's networks, d = 784, 10 outputs):
 
-- `closed`: `empirics.ntk.empirical_ntk(..., implementation="closed_form")`, two matrix products (docs/DESIGN.md,
-  "Fast paths that matter").
-- `generic`: `empirics.ntk.empirical_ntk(..., implementation="torch_func")`, per-example Jacobians with
+- `closed`: `empirics.kernels.ntk.empirical_ntk(..., implementation="closed_form")`, two matrix products
+  (docs/DESIGN.md, "Fast paths that matter").
+- `generic`: `empirics.kernels.ntk.empirical_ntk(..., implementation="torch_func")`, per-example Jacobians with
   `torch.func.jacrev` + `vmap`, chunked to 1 GiB of Jacobians.
 - `vjp`: `benchmarks.ntk_paths.empirical_ntk_vjp_jvp`, NTK-vector products (vmapped vjp then jvp), chunked.
 - `loop`: `benchmarks.ntk_paths.empirical_ntk_autograd_loop`, one `torch.autograd.grad` per example and output.
@@ -109,7 +109,7 @@ def _sync(device: str) -> None:
 def _path_fn(path: str, model: Any) -> Callable[[Any], Any]:
     """The kernel function of one path ("closed", "generic", "vjp", "loop") for `model`, "mean" reduction."""
     from benchmarks.ntk_paths import empirical_ntk_autograd_loop, empirical_ntk_vjp_jvp
-    from empirics.ntk import JacobianOptions, empirical_ntk
+    from empirics.kernels.ntk import JacobianOptions, empirical_ntk
 
     fns: dict[str, Callable[[Any], Any]] = {
         "closed": lambda xx: empirical_ntk(model, xx, implementation="closed_form"),
@@ -134,7 +134,7 @@ def agreement(path: str, model: Any, x: Any, K: Any, check_n: int) -> list[dict[
 
     import torch
 
-    from empirics.ntk import empirical_ntk
+    from empirics.kernels.ntk import empirical_ntk
 
     k = min(x.shape[0], check_n)
     m64 = copy.deepcopy(model).double()
@@ -161,7 +161,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
     """Time one (path, kind, n, m, dtype, device) case; peak memory and the agreement checks included."""
     import torch
 
-    from empirics.models import ModelSpec, build_model
+    from empirics.nets.models import ModelSpec, build_model
 
     path, kind, n, m = spec["path"], spec["kind"], int(spec["n"]), int(spec["m"])
     device = spec.get("device", "cpu")

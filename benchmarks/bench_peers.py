@@ -110,7 +110,7 @@ def peers_python(explicit: str | None) -> Path | None:
 
 
 def _model(kind: str, d: int, m: int, x: Any, dtype: Any) -> Any:
-    from empirics.models import ModelSpec, build_model
+    from empirics.nets.models import ModelSpec, build_model
 
     return build_model(ModelSpec(kind, d, m, 10, seed=0), x, dtype=dtype)
 
@@ -159,9 +159,9 @@ def _if_inputs(cfg: PeersConfig, case: IFCase, x: np.ndarray, y: np.ndarray, d: 
     import torch
 
     from empirics.common import Tensors, train_network
-    from empirics.models import ModelSpec
-    from empirics.ntk import empirical_ntk
-    from empirics.train import TrainConfig
+    from empirics.kernels.ntk import empirical_ntk
+    from empirics.nets.models import ModelSpec
+    from empirics.nets.train import TrainConfig
 
     n, nt = case.n, case.n_test
     xi, yi = x[:n + nt], y[:n + nt]
@@ -216,9 +216,9 @@ def _cnn_inputs(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, log: Any) -> tup
 
     from benchmarks.bench_audit import train
     from benchmarks.peers.run_peers import make_cnn
-    from empirics.gauss_newton import gn_influence_mean, loss_residuals
-    from empirics.influence import Ridge, influence_from_kernels
-    from empirics.losses import targets
+    from empirics.attribution.gauss_newton import gn_influence_mean, loss_residuals
+    from empirics.attribution.influence import Ridge, influence_from_kernels
+    from empirics.nets.losses import targets
     from verify.audit.binding import load_inputs
     from verify.audit.config import AuditConfig
     from verify.audit.measure import GenericKernels
@@ -234,7 +234,7 @@ def _cnn_inputs(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, log: Any) -> tup
     arrays = {f"cnn_p_{k}": v.detach().numpy() for k, v in model.state_dict().items()}
     arrays.update({"cnn_x_train": x[:n], "cnn_y_train": y[:n], "cnn_x_test": x[n:n + nt], "cnn_y_test": y[n:n + nt],
                    "cnn_batch": cfg.cnn_batch})
-    from empirics.audit_ntk import JacobianOptions, ModelJacobian
+    from empirics.kernels.audit_ntk import JacobianOptions, ModelJacobian
 
     info: dict[str, Any] = {"n_params": n_params, "train_acc": acc}
     with tempfile.TemporaryDirectory(prefix="bench-cnn-") as tmp:
@@ -284,8 +284,8 @@ def prepare(cfg: PeersConfig, x: np.ndarray, y: np.ndarray, path: Path, threads:
     """Write the peers' inputs and the suite's results to `path`; return the suite's timings."""
     import torch
 
-    from empirics.attacks import AttackConfig, attack
-    from empirics.ntk import empirical_ntk
+    from empirics.kernels.ntk import empirical_ntk
+    from empirics.nets.attacks import AttackConfig, attack
 
     wanted = set(cfg.only.split(","))
     ours: dict[str, Any] = {}
@@ -542,7 +542,7 @@ def torchattacks_row(r: dict[str, Any], ours: Timing, cfg: PeersConfig, ver: dic
     return Row(SECTION, label, case, t, ratio=_ratio(t.median, ours.median),
                checks=[Check("fraction of pixels differing from suite PGD", float(r["fraction_differing"]), 1e-3),
                        Check("max abs diff", float(r["max_abs_diff"]))],
-               note=f"{vtxt}; same algorithm; suite side: empirics.attacks PGD, {fmt_time(ours.median)} "
+               note=f"{vtxt}; same algorithm; suite side: empirics.nets.attacks PGD, {fmt_time(ours.median)} "
                     f"(median of {ours.repeats})",
                data={"peer_s": t.median, "suite_s": ours.median, "ratio": t.median / ours.median})
 

@@ -6,8 +6,8 @@ and ReLU masks `D = [W x > 0]` that flip because a pre-activation lies within ro
 One flipped entry changes a kernel row by a whole term of the mask product, so the error is
 not small then: each row reports the maximum relative difference, how many mask entries differ
 between float32 and float64, and the smallest |pre-activation|. The times show what float64 costs.
-The paths that feed influence, kappa and the NTK distance (`empirics.influence.model_kernels`,
-`empirics.distance`) already compute in float64; the row for `model_kernels` confirms it.
+The paths that feed influence, kappa and the NTK distance (`empirics.attribution.influence.model_kernels`,
+`empirics.experiments.distance`) already compute in float64; the row for `model_kernels` confirms it.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ def bench_precision(cfg: PrecisionConfig, x: np.ndarray, y: np.ndarray, log: Cal
     """One row per case: float32 error, mask flips, smallest |pre-activation|, float32 and float64 times."""
     import torch
 
+    from empirics.attribution.influence import model_kernels
     from empirics.common import Tensors, train_network
-    from empirics.influence import model_kernels
-    from empirics.models import ModelSpec
-    from empirics.ntk import empirical_ntk
-    from empirics.train import TrainConfig
+    from empirics.kernels.ntk import empirical_ntk
+    from empirics.nets.models import ModelSpec
+    from empirics.nets.train import TrainConfig
 
     rows: list[Row] = []
     data: dict[str, Any] = {}

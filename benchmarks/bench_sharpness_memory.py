@@ -54,7 +54,7 @@ def prepare(args: argparse.Namespace, folder: Path) -> None:
         gen = torch.Generator().manual_seed(args.seed)
         x, y = torch.rand(args.n, 3, 32, 32, generator=gen), torch.randint(0, 10, (args.n,), generator=gen)
     else:
-        from empirics.datasets import DataRequest, load_dataset
+        from empirics.data.datasets import DataRequest, load_dataset
 
         ds = load_dataset("cifar10", n_train=args.n, n_test=10, request=DataRequest(seed=args.seed))
         x, y = torch.as_tensor(ds.x_train).reshape(-1, 3, 32, 32).float(), torch.as_tensor(ds.y_train).long()

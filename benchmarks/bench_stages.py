@@ -2,7 +2,7 @@
 
 The stages are the ones `verify claims` spends its time in: training (per epoch, at every width of
 the preset, both networks), the float64 empirical NTK that influence is computed from
-(`empirics.influence.model_kernels`), the NTK leave-one-out influence (`influence_from_kernels`) and
+(`empirics.attribution.influence.model_kernels`), the NTK leave-one-out influence (`influence_from_kernels`) and
 the attacks on the top-tau points. The GEMM floor of a stage is its flop count divided by this
 machine's measured matrix-multiply rate in the stage's dtype: no implementation can beat it.
 
@@ -102,13 +102,13 @@ def bench_stages(cfg: StagesConfig, x: np.ndarray, y: np.ndarray, log: Callable[
     """Rows per stage and preset, plus the per-unit share tables (in the returned data)."""
     import torch
 
-    from empirics.attacks import AttackConfig, attack
+    from empirics.attribution.influence import influence_from_kernels, model_kernels
     from empirics.common import Tensors, train_network
-    from empirics.influence import influence_from_kernels, model_kernels
-    from empirics.losses import targets
-    from empirics.malleability import n_top, top_by_abs
-    from empirics.models import ModelSpec
-    from empirics.train import TrainConfig
+    from empirics.experiments.malleability import n_top, top_by_abs
+    from empirics.nets.attacks import AttackConfig, attack
+    from empirics.nets.losses import targets
+    from empirics.nets.models import ModelSpec
+    from empirics.nets.train import TrainConfig
     from verify.presets import preset
 
     rates = gemm_rates()

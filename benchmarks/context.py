@@ -1,4 +1,4 @@
-"""MLP-Attn's context product through the training inputs, `(h X^T) X`, against the d x d `C` (empirics.models).
+"""MLP-Attn's context product through the training inputs, `(h X^T) X`, against the d x d `C` (empirics.nets.models).
 
     python -m benchmarks.context --json runs/context.json      # ~1 min on a quiet 2-core machine
     python -m benchmarks.context --dataset cifar10 --n 250
@@ -6,9 +6,9 @@
 The adversarial units' cost: MLP-Attn (width `--width`) on a real subset of `--n` training points of the bundled
 data; the same network once with its factor (`TwoLayerNet` where `factor_is_cheaper(n, d)`) and once as loaded
 from its state dict (no factor: the d x d `C`). Timed in the same process, the paths alternating, best of
-`--repeats`: the features of the training set; the PGD attack (`empirics.attacks.attack`, `TrainConfig`'s eps and
-steps) on a batch of 128; one epoch of PGD adversarial training (`empirics.train.train`, from the same initial
-weights). Agreement in the same run: max |difference| of the features, of the attack's output (a sign step flips
+`--repeats`: the features of the training set; the PGD attack (`empirics.nets.attacks.attack`, `TrainConfig`'s
+eps and steps) on a batch of 128; one epoch of PGD adversarial training (`empirics.nets.train.train`, from the same
+initial weights). Agreement in the same run: max |difference| of the features, of the attack's output (a sign step flips
 where a gradient entry is ~0, so also how many entries differ) and the relative difference of the trained weights.
 """
 
@@ -24,12 +24,12 @@ from typing import Any
 import torch
 
 from benchmarks.harness import environment
-from empirics.attacks import AttackConfig, attack
 from empirics.common import dataset_tensors
-from empirics.context_product import context_product_macs, factor_is_cheaper
-from empirics.datasets import DataRequest, load_dataset
-from empirics.models import ModelSpec, TwoLayerNet
-from empirics.train import TrainConfig, train
+from empirics.data.datasets import DataRequest, load_dataset
+from empirics.nets.attacks import AttackConfig, attack
+from empirics.nets.context_product import context_product_macs, factor_is_cheaper
+from empirics.nets.models import ModelSpec, TwoLayerNet
+from empirics.nets.train import TrainConfig, train
 
 BATCH = 128
 

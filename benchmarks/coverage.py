@@ -22,7 +22,7 @@ reported beside each rate. Every row is checked against what its method promises
   level row has no upper bound. Its power at the ratio sqrt(lo hi) inside the margin is reported as information (row
   `power`, no check);
 - slopes: per seed, log d_w = c_s + b_s log w + noise at the quick widths (16, 64, 256, 512), between-seed sd
-  of b_s 0, 0.05 or 0.2; `t` on the per-seed slopes (`empirics.distance.slope_interval`).
+  of b_s 0, 0.05 or 0.2; `t` on the per-seed slopes (`empirics.experiments.distance.slope_interval`).
 
 Fieller's exact set is measured (two rays where it is unbounded but excludes a gap, `excluded`); the rules read
 an unbounded set as its hull, the whole line, which only widens it.

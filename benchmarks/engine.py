@@ -9,11 +9,11 @@ project's loader, one subset and one initialisation per seed (10 seeds by defaul
 train them). Each network trains `--epochs` epochs (a representative window of the preset's 500-1000: the cost of
 an epoch does not change along a training, so the ratio of the two paths does not depend on the window; both
 paths check the loss every 5 epochs as the protocols do). The same jobs go through `[train_job(job) for job in
-jobs]` and through `empirics.engine.train_many(jobs)`, per data set and width, in the same process.
+jobs]` and through `empirics.nets.engine.train_many(jobs)`, per data set and width, in the same process.
 
 Reported per data set and width and in total: wall time of each path, the speed-up, agreement (the largest
 |W_engine - W_loop| relative to max |W_loop|, and whether every record's epochs, accuracies and plateau flags are
-equal), the engine's achieved GFLOP/s (the products of `empirics.engine.gemm_flops`, loss checks not counted), and
+equal), the engine's achieved GFLOP/s (the products of `empirics.nets.engine.gemm_flops`, loss checks not counted), and
 the GEMM rate measured here for the step's shapes (`torch.mm` of a 128 x d batch with the m x d weights, and the
 backward product), so the fraction of the GEMM rate the engine reaches is a ratio of two numbers from this run.
 """
@@ -30,11 +30,11 @@ import torch
 
 from benchmarks.harness import environment
 from empirics.common import dataset_tensors
-from empirics.datasets import DataRequest, load_dataset
-from empirics.engine import gemm_flops, train_many
-from empirics.models import ModelSpec, TwoLayerNet
-from empirics.protocols import PAPER, PROPER, protocol_config
-from empirics.train import train_job
+from empirics.data.datasets import DataRequest, load_dataset
+from empirics.nets.engine import gemm_flops, train_many
+from empirics.nets.models import ModelSpec, TwoLayerNet
+from empirics.nets.protocols import PAPER, PROPER, protocol_config
+from empirics.nets.train import train_job
 from verify.presets import PRESETS, n_train_for
 
 DATASETS = ("mnist", "cifar10")

@@ -13,9 +13,9 @@ and empirics/ unchanged). Sections, in order of what they are worth:
 1. `environment`: device, driver, library versions, the code version (git commit; `NTKM_GIT_COMMIT` where the
    checkout has no `.git`, as on the device machine).
 2. `engine`: the batched engine against the per-network loop on the device: one network's training epoch
-   (`empirics.train.train`) at every width of the paper (n = 5,000, MNIST's and CIFAR-10's input dimension), and
+   (`empirics.nets.train.train`) at every width of the paper (n = 5,000, MNIST's and CIFAR-10's input dimension), and
    the stacked epoch of the 100 networks of one NTK-distance sweep (2 models x 5 widths x 10 seeds,
-   `empirics.engine.train_many`) and of 100 networks at the widest width; the ratio of a stacked epoch to one
+   `empirics.nets.engine.train_many`) and of 100 networks at the widest width; the ratio of a stacked epoch to one
    network's epoch, networks x epochs per second, the achieved FLOP/s against a measured GEMM rate, and the
    agreement of the stack with the loop (weights, epochs) on a short training of the same networks.
 3. `primitives`: the device's prices for the cost model (`verify.costs.Analytic` constants: seconds per
@@ -157,8 +157,8 @@ def _jobs(sweep: Sweep, x: torch.Tensor, y: torch.Tensor, epochs: int, device: s
     """Training jobs of every network of `sweep` on (x, y). One network is initialised per kind and width and
     copied for the other seeds (on the device: drawing 100 CIFAR-10 networks of width 4,096 on the host took most of
     the first H200 runs' engine section); the cost of a step does not depend on the values."""
-    from empirics.models import ModelSpec, build_model
-    from empirics.protocols import PAPER, protocol_config
+    from empirics.nets.models import ModelSpec, build_model
+    from empirics.nets.protocols import PAPER, protocol_config
 
     cfg = protocol_config(PAPER, epochs)
     seeds = sweep.seeds
@@ -187,9 +187,9 @@ def _gemm_rate(device: str, n: int, d: int, m: int) -> float:
 
 def _engine_row(device: str, d: int, sizes: EngineSizes, budget: Budget) -> dict[str, Any]:
     """One input dimension: one network's epoch per width; the stacked sweep and 100 networks at the widest width."""
-    from empirics import engine
-    from empirics.engine import gemm_flops, train_many
-    from empirics.train import train_job
+    from empirics.nets import engine
+    from empirics.nets.engine import gemm_flops, train_many
+    from empirics.nets.train import train_job
 
     n, widths, seeds, epochs = sizes.n, sizes.widths, sizes.seeds, sizes.epochs
     stack_plan = getattr(engine, "stack_plan", None)  # absent before the padded engine: stacks not counted
@@ -246,8 +246,8 @@ def engine_section(device: str, smoke: bool, budget: Budget) -> dict[str, Any]:
 def _engine_agreement(device: str, smoke: bool) -> dict[str, Any]:
     """The stack (`train_many`, padded on CUDA) against the loop (`train` on copies) on the device: a short
     training of networks of two widths and both models."""
-    from empirics.engine import train_many
-    from empirics.train import train_job
+    from empirics.nets.engine import train_many
+    from empirics.nets.train import train_job
 
     n, d = (200, 784) if smoke else (1000, 784)
     gen = torch.Generator().manual_seed(7)
@@ -272,7 +272,7 @@ def primitives_section(device: str, smoke: bool, engine: dict[str, Any] | None) 
     """The device's prices (`verify.costs.Analytic` constants) from the engine section and a timed NTK; the
     presets' estimated time with them, the networks of a unit trained as one stack (`verify.costs.plan`)."""
     from benchmarks.scale import eig_seconds_per_n3, ntk_seconds, solve_seconds
-    from empirics.engine import flops_per_step
+    from empirics.nets.engine import flops_per_step
     from verify import costs
     from verify.experiments import not_run_units, units_for
 
@@ -289,7 +289,8 @@ def primitives_section(device: str, smoke: bool, engine: dict[str, Any] | None) 
     kernel = ntk_seconds(784, n_ref, widths[-1], device) / (n_ref**2 * (784 + widths[-1]))
     n_solve = 1000 if smoke else 4000
     host_solve = solve_seconds(n_solve) / n_solve**3
-    # the influence solves run where the inputs are (`empirics.influence.solve_device`): on a GPU, price the GPU's
+    # the influence solves run where the inputs are (`empirics.attribution.influence.solve_device`): on a GPU, price the
+    # GPU's
     solve = _device_solve_seconds(n_solve, device) / n_solve**3 if device != "cpu" else host_solve
     constants = {"step": step, "flop": flop, "kernel": kernel, "solve": solve, "solve_host": host_solve,
                  "eig": eig_seconds_per_n3(500 if smoke else 1500), "unit": 2.0}
@@ -313,9 +314,9 @@ def primitives_section(device: str, smoke: bool, engine: dict[str, Any] | None) 
 
 
 def _device_solve_seconds(n: int, device: str) -> float:
-    """One leave-one-out solve of an n x n kernel on `device` (`empirics.influence.kernel_influence` with a device:
-    float64 Cholesky and inverse in torch), timed after a warm-up."""
-    from empirics.influence import kernel_influence
+    """One leave-one-out solve of an n x n kernel on `device` (`empirics.attribution.influence.kernel_influence` with a
+    device: float64 Cholesky and inverse in torch), timed after a warm-up."""
+    from empirics.attribution.influence import kernel_influence
 
     a = np.random.default_rng(0).standard_normal((n, 64))
     k, y = a @ a.T, np.ones((n, 10))

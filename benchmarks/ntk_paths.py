@@ -1,4 +1,4 @@
-"""Alternative empirical-NTK paths that the benchmarks compare with `empirics.ntk.empirical_ntk`.
+"""Alternative empirical-NTK paths that the benchmarks compare with `empirics.kernels.ntk.empirical_ntk`.
 
 - `empirical_ntk_vjp_jvp`: NTK-vector products (the torch.func NTK tutorial's second method). For each basis
   cotangent `e_(i,c)` one vjp through the whole first batch gives `J(x1)^T e_(i,c)`, and one jvp through
@@ -118,7 +118,7 @@ DEFAULT_CHUNKS = ChunkMemory()
 
 def generic_peak_bytes(n: int, m: int, d: int, c: int = 10, itemsize: int = 4,
                        chunks: ChunkMemory = DEFAULT_CHUNKS) -> float:
-    """Memory model of `empirics.ntk.empirical_ntk(..., implementation="torch_func")` (chunked per-example
+    """Memory model of `empirics.kernels.ntk.empirical_ntk(..., implementation="torch_func")` (chunked per-example
     Jacobians).
 
     The output kernel (n^2 items), the inputs and W, and the Jacobian chunks: `torch_func` sizes a

@@ -1,6 +1,6 @@
-"""Predicted NTK influence against actual retraining of a wide 2L-ReLU network (empirics.influence).
+"""Predicted NTK influence against actual retraining of a wide 2L-ReLU network (empirics.attribution.influence).
 
-Runs `empirics.influence.retrain_study` at a larger size than the unit test and prints the
+Runs `empirics.attribution.influence.retrain_study` at a larger size than the unit test and prints the
 correlations; `--json FILE` keeps the full record (per-point predicted and actual values).
 
     python benchmarks/retrain_study.py --width 4096 --n-train 100 --n-remove 20 --steps 300
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from empirics.influence import RetrainConfig, retrain_study
+from empirics.attribution.influence import RetrainConfig, retrain_study
 from ntkm.codec import write_json
 
 

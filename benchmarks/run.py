@@ -52,7 +52,7 @@ def load_inputs(n_pool: int, n_test: int) -> tuple[np.ndarray, np.ndarray, str]:
     Uses the full MNIST files when found; otherwise the bundled sample, resampled with small noise up
     to the sizes asked for (the cost of every benchmark depends only on the shapes).
     """
-    from empirics.datasets import DataRequest, load_dataset
+    from empirics.data.datasets import DataRequest, load_dataset
     from ntkm.errors import UserInputError
 
     try:
@@ -357,7 +357,7 @@ def _public(obj: Any) -> Any:
 
 def _attacks(cfg: Any, devices: tuple[str, ...], data: dict[str, Any]) -> list[Row]:
     from benchmarks.bench_attacks import bench_attacks
-    from empirics.datasets import DataRequest, load_dataset
+    from empirics.data.datasets import DataRequest, load_dataset
 
     _log("section 3: attacks and the malleability loop")
     c = cfg.resolved()

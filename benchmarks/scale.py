@@ -8,7 +8,7 @@ Running every paper unit takes days on a 2-core CPU, so this measures the primit
 the paper's sizes and adds them up per unit from the unit's own config (`verify.experiments.units_for`):
 
 - a training epoch of each network (model, data set width d, n, width m), timed with the suite's own
-  `empirics.train.train` on inputs of the right shape (the cost depends only on the shapes) as the
+  `empirics.nets.train.train` on inputs of the right shape (the cost depends only on the shapes) as the
   difference of a longer (2 to 51 epochs, about 5 s) and a 1-epoch call after a warm-up, per extra epoch; an
   adversarial-training epoch counts as
   `adv_steps + 1` epochs;
@@ -57,9 +57,9 @@ def epoch_seconds(kind: str, d: int, n: int, m: int, device: str) -> float:
     """Seconds per training epoch of `kind` at (d, n, m), with the suite's trainer and the paper protocol's
     batch of 128 (the plateau-trained protocol uses the same optimiser and batch; its plateau check adds one
     forward pass every 5 epochs, a few per cent)."""
-    from empirics.models import ModelSpec, build_model
-    from empirics.protocols import PAPER, protocol_config
-    from empirics.train import train
+    from empirics.nets.models import ModelSpec, build_model
+    from empirics.nets.protocols import PAPER, protocol_config
+    from empirics.nets.train import train
 
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(n, d, generator=gen).to(device)
@@ -80,8 +80,8 @@ def epoch_seconds(kind: str, d: int, n: int, m: int, device: str) -> float:
 
 def ntk_seconds(d: int, n: int, m: int, device: str) -> float:
     """One closed-form empirical NTK of n points in float64 (2L-ReLU; MLP-Attn adds a d x d product)."""
-    from empirics.models import ModelSpec, build_model
-    from empirics.ntk import empirical_ntk
+    from empirics.kernels.ntk import empirical_ntk
+    from empirics.nets.models import ModelSpec, build_model
 
     x = torch.rand(n, d, dtype=torch.float64, device=device)
     model = build_model(ModelSpec("relu", d, m, 10, seed=0), x, dtype=torch.float64, device=device)
@@ -180,8 +180,8 @@ def measure_primitives(device: str) -> Primitives:
 
 def agreement(device: str) -> dict[str, Any]:
     """One small NTK-distance unit on the CPU and on `device`: every distance within a relative 1e-2."""
-    from empirics.distance import METRICS, DistanceConfig, run_ntk_distance
-    from empirics.protocols import PROPER, protocol_config
+    from empirics.experiments.distance import METRICS, DistanceConfig, run_ntk_distance
+    from empirics.nets.protocols import PROPER, protocol_config
 
     cfg = dict(widths=(16, 64, 256), seeds=(0,), n_train=200, n_test=100, train=protocol_config(PROPER, 50))
     cpu = run_ntk_distance(DistanceConfig(**cfg, device="cpu"))

@@ -1,2 +1,5 @@
-"""Torch side of the suite: real data, the paper's two networks, training, empirical NTK,
-NTK distance, influence, attacks, malleability and loss landscapes."""
+"""Torch side of the suite, in wings: `data` (data sets and their provenance), `nets` (model kinds, networks,
+protocols, training and the stacked engine), `kernels` (empirical NTKs), `attribution` (influence and the
+Gauss-Newton family, library peers) and `experiments` (the paper's measurements); beside them the pieces every wing
+shares: the vocabularies (`vocab`), run records (`records`), intervals, config field help, progress lines and
+`common`."""

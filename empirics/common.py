@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.models import ModelSpec, TwoLayerNet, build_model
-from empirics.protocols import adequacy, chance_accuracy
-from empirics.train import TrainConfig, TrainRecord, train
+from empirics.nets.models import ModelSpec, TwoLayerNet, build_model
+from empirics.nets.protocols import adequacy, chance_accuracy
+from empirics.nets.train import TrainConfig, TrainRecord, train
 from ntkm.codec import stable_hash
 
 
@@ -36,7 +36,7 @@ class Tensors:
 
 
 def dataset_tensors(ds: Any, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Tensors:
-    """Torch tensors of a `empirics.datasets.Dataset`; binary tasks get one output (MSE on +-1)."""
+    """Torch tensors of a `empirics.data.datasets.Dataset`; binary tasks get one output (MSE on +-1)."""
     out_dim = 1 if ds.task == "binary" else int(ds.num_classes)
     prov = getattr(ds, "provenance", {}) or {}
     key = stable_hash({k: prov.get(k) for k in ("label", "task", "train_indices_sha256", "test_indices_sha256",
@@ -54,7 +54,7 @@ def dataset_tensors(ds: Any, device: str = "cpu", dtype: torch.dtype = torch.flo
 @dataclass
 class Trained:
     """A trained network, its state at initialisation, its training record and the adequacy gate's
-    decision on it (`empirics.protocols.adequacy`)."""
+    decision on it (`empirics.nets.protocols.adequacy`)."""
 
     model: TwoLayerNet
     init_W: torch.Tensor
@@ -119,8 +119,8 @@ class NetworkRequest:
 
 def train_networks(requests: Sequence[NetworkRequest]) -> list[Trained]:
     """`[train_network(...) for r in requests]`, with the networks not trained yet trained together in one call
-    of the batched engine (`empirics.engine.train_many`, which gives the same weights and records) and memoised."""
-    from empirics.engine import train_many
+    of the batched engine (`empirics.nets.engine.train_many`, which gives the same weights and records) and memoised."""
+    from empirics.nets.engine import train_many
 
     keys = [_memo_key(r.spec, r.data, r.cfg, r.device) for r in requests]
     slots = [k or f"unkeyed {i}" for i, k in enumerate(keys)]  # a request without a data key is never shared
@@ -173,15 +173,15 @@ def spread(values: list[float]) -> dict[str, float]:
 def experiment_data(cfg: Any, dataset: Any | None = None, seed: int = 0) -> tuple[Any, Tensors, str]:
     """The data set an experiment config names (or the one given), its tensors, and the device.
 
-    `cfg` needs the fields dataset (mnist, cifar10 or a PATH, see `empirics.userdata`), task, n_train,
+    `cfg` needs the fields dataset (mnist, cifar10 or a PATH, see `empirics.data.userdata`), task, n_train,
     n_test, sample, data_seed, data_dir, data_source, device, and optionally `classes` (the two classes of
     a binary task on a PATH) and `per_seed_data`: when true, seed `seed` draws its own subset (data seed
     `data_seed + seed`), so a spread over seeds is also a spread over data subsets. The data set's provenance
     names the networks' input preprocessing (`cfg.preprocess`, default raw), which acts inside the model.
     """
-    from empirics.datasets import DataRequest
+    from empirics.data.datasets import DataRequest
+    from empirics.data.userdata import load_data
     from empirics.records import pick_device
-    from empirics.userdata import load_data
 
     device = pick_device(cfg.device)
     data_seed = cfg.data_seed + (seed if getattr(cfg, "per_seed_data", False) else 0)

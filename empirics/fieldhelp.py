@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from empirics import kinds
-from empirics.train import TrainConfig
+from empirics.nets import kinds
+from empirics.nets.train import TrainConfig
 
 MODELS = kinds.help_text()
 N_TRAIN = "training points"
@@ -45,9 +45,9 @@ def centre_field() -> Any:
 
 
 def preprocess_field() -> Any:
-    """`preprocess`: the fixed input layer (`empirics.models.ModelSpec.preprocess`), `--preprocess` on the command
+    """`preprocess`: the fixed input layer (`empirics.nets.models.ModelSpec.preprocess`), `--preprocess` on the command
     line."""
-    from empirics.datasets import INPUT_PREPROCESSINGS
+    from empirics.data.datasets import INPUT_PREPROCESSINGS
 
     return helped("raw", PREPROCESS, choices=INPUT_PREPROCESSINGS)
 

@@ -3,7 +3,7 @@ the landscape experiment's own verdict.
 
 Members compare and hash equal to their values ("mnist", "relu", "pgd"), so records, configs and cache
 keys hold the same strings as before; the display names live here once instead of in a map per module.
-The tuples below are the values in their fixed order (the order seeds attacks: `empirics.malleability`).
+The tuples below are the values in their fixed order (the order seeds attacks: `empirics.experiments.malleability`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Attack(StrEnum):
 
 
 class LandscapeVerdict(StrEnum):
-    """The words of the loss-landscape experiment's own verdict (`empirics.landscape.landscape_verdict`);
+    """The words of the loss-landscape experiment's own verdict (`empirics.experiments.landscape.landscape_verdict`);
     `verify.claims.base.verdict_of` reads them as claims verdicts."""
 
     HOLDS = "holds"

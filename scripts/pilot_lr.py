@@ -1,9 +1,9 @@
-"""Learning-rate pilot of the width-consistent protocol (`empirics.protocols`), on TRAINING DATA ONLY.
+"""Learning-rate pilot of the width-consistent protocol (`empirics.nets.protocols`), on TRAINING DATA ONLY.
 
 The protocol's Adam rate at width m is `lr16 * (16 / m) ** power`. For each data set, each candidate
 (lr16, power) and each input preprocessing asked for, train both models at every width of the preset's sweep
 (seeds 0..S-1, each its own data subset, n as the preset's claims use it, up to the preset's maximum epochs with
-the plateau stop; the networks go through `empirics.engine.train_many`, which equals `train`). A cell (model,
+the plateau stop; the networks go through `empirics.nets.engine.train_many`, which equals `train`). A cell (model,
 width) is *adequate on training* under a candidate when every seed reaches the plateau and the gate's training
 accuracy (chance + 0.5 (1 - chance)). The chosen candidate has the most adequate cells; ties go to the smallest
 worst-case final training loss / ln(classes) over the cells, then to the smaller rate. No test-set number is
@@ -15,7 +15,7 @@ m = 16 and 256, 200 epochs); at quick sizes it left CIFAR-10 MLP-Attn at m = 512
 
     PYTHONPATH=. python scripts/pilot_lr.py --out results/pilot-lr.json --jobs 2
 
-The output JSON (config, date, git commit, every run, the choice) is what `empirics.protocols.PROPER_LR`
+The output JSON (config, date, git commit, every run, the choice) is what `empirics.nets.protocols.PROPER_LR`
 cites; tests/empirics/test_protocols.py checks that the two agree.
 """
 
@@ -37,13 +37,13 @@ from typing import Any
 import torch
 
 from empirics.common import dataset_tensors
-from empirics.datasets import DataRequest
-from empirics.engine import train_many
-from empirics.losses import loss_fn
-from empirics.models import ModelSpec, build_model, input_channels
-from empirics.protocols import GATE_TRAIN, LR_REF_WIDTH, PROPER, chance_accuracy, protocol_config
-from empirics.train import effective_lr
-from empirics.userdata import load_data
+from empirics.data.datasets import DataRequest
+from empirics.data.userdata import load_data
+from empirics.nets.engine import train_many
+from empirics.nets.losses import loss_fn
+from empirics.nets.models import ModelSpec, build_model, input_channels
+from empirics.nets.protocols import GATE_TRAIN, LR_REF_WIDTH, PROPER, chance_accuracy, protocol_config
+from empirics.nets.train import effective_lr
 from empirics.vocab import MODEL_KINDS
 from ntkm.errors import UserInputError
 from verify.presets import n_train_for, parse_choices, parse_float_list, parse_int_list, preset

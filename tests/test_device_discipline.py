@@ -38,34 +38,41 @@ FACTORIES = frozenset({"tensor", "as_tensor", "zeros", "ones", "empty", "full", 
 #: Methods that change a tensor's dtype only: a result passed through them is not yet moved.
 DTYPE_CASTS = frozenset({"float", "double", "half", "bfloat16", "int", "long", "bool", "type"})
 
+_LOADED_ON_CPU = ("the user's model is loaded, bound to the data's shape and probed on the CPU; binding.bind then "
+                  "moves the model and the data once to the audit's device")
 _CPU_GENERATOR_MODULE = ("a fresh module's weights are drawn by its seeded CPU generator (the same network on every "
                          "device); build_model moves the whole module with .to(device) before it sees data")
 
 #: (path, function qualname, factory) -> why this call makes a CPU tensor. One line each.
 ALLOWED: dict[tuple[str, str, str], str] = {
-    ("empirics/models.py", "_init_head", "randn"): _CPU_GENERATOR_MODULE,
-    ("empirics/models.py", "_init_head", "randint"): _CPU_GENERATOR_MODULE,
-    ("empirics/models.py", "QKVAttentionNet.__init__", "randn"): _CPU_GENERATOR_MODULE,
-    ("empirics/models.py", "preprocessed_inputs", "as_tensor"):
+    ("empirics/nets/models.py", "_init_head", "randn"): _CPU_GENERATOR_MODULE,
+    ("empirics/nets/models.py", "_init_head", "randint"): _CPU_GENERATOR_MODULE,
+    ("empirics/nets/models.py", "QKVAttentionNet.__init__", "randn"): _CPU_GENERATOR_MODULE,
+    ("empirics/nets/models.py", "preprocessed_inputs", "as_tensor"):
         "numpy interop: numpy inputs in, numpy out (.numpy()), the analytic reference kernels' inputs on the CPU",
-    ("empirics/influence.py", "influence_from_kernels", "as_tensor"):
+    ("empirics/attribution/influence.py", "influence_from_kernels", "as_tensor"):
         "numpy interop: the kernel predictions F (numpy, from the solves) to labels, back to numpy",
-    ("empirics/influence.py", "retrain_study", "as_tensor"):
+    ("empirics/attribution/influence.py", "retrain_study", "as_tensor"):
         "a CPU study (RetrainConfig has no device): its data arrive as numpy and every tensor follows them",
-    ("empirics/premise.py", "premise_row", "from_numpy"):
+    ("empirics/experiments/premise.py", "premise_row", "from_numpy"):
         "a CPU study: numpy X in, float64 kernel spectra out through numpy (no device option)",
+    ("verify/audit/modelio.py", "_build_suite", "ones"): _LOADED_ON_CPU,
+    ("verify/audit/modelio.py", "bind_input", "as_tensor"): _LOADED_ON_CPU,
+    ("verify/audit/modelio.py", "probe_batches", "as_tensor"): _LOADED_ON_CPU,
+    ("verify/audit/modelio.py", "fx_graph_for", "as_tensor"): _LOADED_ON_CPU,
+    ("verify/audit/modelio.py", "check_model", "as_tensor"): _LOADED_ON_CPU,
     ("verify/audit/refit.py", "per_example_loss", "as_tensor"):
         "numpy interop: numpy outputs and labels in, numpy losses out",
     ("verify/audit/refit.py", "labels_of", "as_tensor"): "numpy interop: numpy outputs in, numpy labels out",
-    ("empirics/engine.py", "_train_group", "randperm"):
+    ("empirics/nets/engine.py", "_train_group", "randperm"):
         "reviewed by engine owner: per-network seeded CPU generators draw the permutations, stacked and moved with "
         ".to(st.W.device)",
-    ("empirics/engine.py", "_train_group", "zeros"):
+    ("empirics/nets/engine.py", "_train_group", "zeros"):
         "reviewed by engine owner: the padded stack's permutations, filled from the CPU generators, then moved with "
         ".to(st.W.device)",
-    ("empirics/engine.py", "_row_weights", "arange"):
+    ("empirics/nets/engine.py", "_row_weights", "arange"):
         "reviewed by engine owner: CPU row weights, stacked and moved with .to(w.device) by _Stack.__init__",
-    ("empirics/engine.py", "_row_weights", "ones"):
+    ("empirics/nets/engine.py", "_row_weights", "ones"):
         "reviewed by engine owner: CPU row weights, stacked and moved with .to(w.device) by _Stack.__init__",
 }
 
@@ -232,10 +239,10 @@ def test_allow_list_is_current():
 def test_the_scan_sees_the_modules():
     """The scan reads the folders it claims to (a moved folder would pass vacuously)."""
     paths = {p.relative_to(ROOT).as_posix() for p in scanned_files()}
-    assert {"empirics/models.py", "empirics/gauss_newton.py", "verify/audit/measure.py"} <= paths
+    assert {"empirics/nets/models.py", "empirics/attribution/gauss_newton.py", "verify/audit/measure.py"} <= paths
 
 
-#: `empirics.models._register_preprocess` as it was before the fix of issue 39's bug (1): buffers made on the CPU
+#: `empirics.nets.models._register_preprocess` as it was before the fix of issue 39's bug (1): buffers made on the CPU
 #: while the reference inputs were on the GPU ("Expected all tensors to be on the same device" in apply_preprocess).
 BUG_1 = '''
 import torch
@@ -252,7 +259,7 @@ def _register_preprocess(module: nn.Module, spec, reference: torch.Tensor | None
 
 
 def test_bug_1_is_flagged():
-    found = device_findings(BUG_1, "empirics/models.py")
+    found = device_findings(BUG_1, "empirics/nets/models.py")
     assert [(f.function, f.factory, f.buffer) for f in found] == [("_register_preprocess", "as_tensor", True)] * 2
     assert all(f.key not in ALLOWED for f in found)
     assert "register_buffer(..., torch.as_tensor(shift, dtype=dtype))" in str(found[0])

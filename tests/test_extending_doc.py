@@ -17,7 +17,7 @@ def named_paths(text: str) -> list[str]:
 
 
 def named_symbols(text: str) -> list[str]:
-    """Backticked dotted names rooted in one of the suite's packages (`empirics.kinds.KINDS`)."""
+    """Backticked dotted names rooted in one of the suite's packages (`empirics.nets.kinds.KINDS`)."""
     return [t for t in re.findall(r"`([A-Za-z_][\w.]*)`", text) if "." in t and t.split(".")[0] in PACKAGES]
 
 
@@ -54,5 +54,5 @@ def test_every_named_symbol_resolves():
 
 
 def test_the_checker_fails_on_a_stale_name():
-    assert not resolves("empirics.kinds.NO_SUCH_TABLE") and not resolves("nosuchpackage.x")
+    assert not resolves("empirics.nets.kinds.NO_SUCH_TABLE") and not resolves("nosuchpackage.x")
     assert named_paths("see `verify/gone.py` and `x`") == ["verify/gone.py"]

@@ -1,6 +1,7 @@
-"""Model kinds are read from the registry (`empirics.kinds`), never by comparing against their names: no `==`, `!=`,
-`in` or `not in` with a model kind's name as a string literal outside `empirics/kinds.py` and `empirics/vocab.py`
-(issue 28). Code that needs the paper's two networks reads `empirics.vocab.PAPER_PAIR`; a capability is a flag."""
+"""Model kinds are read from the registry (`empirics.nets.kinds`), never by comparing against their names: no `==`,
+`!=`, `in` or `not in` with a model kind's name as a string literal outside `empirics/nets/kinds.py` and
+`empirics/vocab.py` (issue 28). Code that needs the paper's two networks reads `empirics.vocab.PAPER_PAIR`; a capability
+is a flag."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from reports.audit_report import REFERENCE_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("theory", "empirics", "verify", "reports", "ntkm")
-REGISTRY = {"empirics/kinds.py", "empirics/vocab.py"}
+REGISTRY = {"empirics/nets/kinds.py", "empirics/vocab.py"}
 NAMES = {m.value for m in Model}
 
 
@@ -42,7 +43,7 @@ def test_no_comparison_against_a_model_kind_name_outside_the_registry():
             rel = path.relative_to(ROOT).as_posix()
             if rel not in REGISTRY:
                 found += [f"{rel}:{hit}" for hit in kind_name_comparisons(path.read_text())]
-    assert not found, ("compare through empirics.kinds (flags) and empirics.vocab.PAPER_PAIR instead:\n"
+    assert not found, ("compare through empirics.nets.kinds (flags) and empirics.vocab.PAPER_PAIR instead:\n"
                        + "\n".join(found))
 
 

@@ -217,6 +217,65 @@ def test_no_import_cycles():
     assert not gone, "no longer cycles; delete them from KNOWN_CYCLES:\n" + "\n".join(" <-> ".join(c) for c in gone)
 
 
+#: empirics/ in wings (issue 41): each wing or shared module's rank, lowest first. A module may import from its own
+#: rank or below, never above: the shared vocabularies and records, then data, networks (with training and attacks),
+#: kernels, the pieces the experiments share (`common`, `fieldhelp`), attribution, and the experiments on top.
+EMPIRICS_RANKS: dict[str, int] = {
+    "vocab": 0, "records": 0, "intervals": 0, "progress": 0,
+    "data": 1, "nets": 2, "kernels": 3, "common": 4, "fieldhelp": 4, "attribution": 5, "experiments": 6,
+}
+#: Upward imports inside empirics/ that stay, each with why; a listed one that disappears fails the test, so the
+#: list only shrinks.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {
+    ("empirics.nets.train", "empirics.kernels.ntk"): "the gd-mse protocol's step n / lambda_max(Theta_0) is taken "
+    "from the empirical NTK at the initial weights (a lazy import inside that protocol's branch)",
+}
+
+
+def _wing(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "empirics" else None
+
+
+def wing_violations(root: Path, ranks: Mapping[str, int] = EMPIRICS_RANKS) -> tuple[list[str], set[tuple[str, str]]]:
+    """The imports inside empirics/ that point to a higher-ranked wing (`KNOWN_UPWARD` excepted), and the upward
+    (importer, target) pairs found, for checking that list."""
+    _, imports = collect_imports(root, ["empirics"])
+    bad, upward = [], set()
+    for imp in imports:
+        a, b = _wing(imp.importer), _wing(imp.target)
+        if a is None or b is None or imp.type_only:
+            continue
+        if a not in ranks or b not in ranks:
+            bad.append(f"{imp.importer}:{imp.line} imports {imp.target}: give its wing a rank in EMPIRICS_RANKS")
+        elif ranks[b] > ranks[a]:
+            upward.add((imp.importer, imp.target))
+            if (imp.importer, imp.target) not in KNOWN_UPWARD:
+                bad.append(f"{imp.importer}:{imp.line} imports {imp.target}: {a} may not import {b}")
+    return bad, upward
+
+
+def test_empirics_wings_point_one_way():
+    bad, upward = wing_violations(ROOT)
+    assert not bad, "imports inside empirics/ that point up a wing:\n" + "\n".join(bad)
+    gone = sorted(set(KNOWN_UPWARD) - upward)
+    assert not gone, f"no longer imported; delete them from KNOWN_UPWARD: {gone}"
+
+
+def test_the_wing_check_fails_on_an_upward_import(tmp_path):
+    _write(tmp_path, {
+        "empirics/__init__.py": "",
+        "empirics/vocab.py": "",
+        "empirics/data/__init__.py": "",
+        "empirics/data/datasets.py": "def f():\n    from empirics.experiments.distance import run\n",
+        "empirics/experiments/__init__.py": "",
+        "empirics/experiments/distance.py": "from empirics.data.datasets import f\nfrom empirics import vocab\n",
+    })
+    bad, upward = wing_violations(tmp_path)
+    assert bad == ["empirics.data.datasets:2 imports empirics.experiments.distance: data may not import experiments"]
+    assert upward == {("empirics.data.datasets", "empirics.experiments.distance")}
+
+
 def test_every_package_is_checked():
     """A new top-level package of the library must be given a layer here, or its imports go unchecked."""
     tops = {p.parent.name for p in ROOT.glob("*/__init__.py")}
@@ -290,7 +349,7 @@ def test_checker_fails_on_a_new_cycle_and_a_wrong_way_import(tmp_path):
 
 def test_the_claims_registry_and_the_plan_import_without_torch():
     """`verify claims --plan` and `--list` read the registry and the cost model: importing them must not load torch
-    (about 3 s here; a module-level `empirics.distance` import in verify/claims/base.py once did)."""
+    (about 3 s here; a module-level `empirics.experiments.distance` import in verify/claims/base.py once did)."""
     import subprocess
     import sys
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from empirics.kinds import KINDS
+from empirics.nets.kinds import KINDS
 
 #: Input dimension per data set.
 D = {"mnist": 784, "cifar10": 3072}
@@ -32,7 +32,7 @@ MODELS = ("relu", "attn")
 BATCH = 128
 #: Classes of the output layer (a binary task has fewer; the difference is below the model's resolution).
 OUT = 10
-#: `empirics.malleability.OTHER_INIT`: the seed offset of the seed baseline's second network.
+#: `empirics.experiments.malleability.OTHER_INIT`: the seed offset of the seed baseline's second network.
 OTHER_INIT = 10_000
 
 
@@ -102,7 +102,7 @@ def distance_default(name: str, fallback: Any) -> Any:
     """The default of an NTK-distance config field that a unit's config leaves out (`fallback` without it)."""
     import dataclasses
 
-    from empirics.distance import DistanceConfig
+    from empirics.experiments.distance import DistanceConfig
 
     field = {f.name: f for f in dataclasses.fields(DistanceConfig)}.get(name)
     return fallback if field is None or field.default is dataclasses.MISSING else field.default
@@ -200,7 +200,7 @@ def unit_seconds(name: str, cfg: Mapping[str, Any], prim: Primitives,
                  trained: set[tuple[Any, ...]] | None = None) -> UnitCost:
     """The estimated cost of one unit; the keys of the networks it trains are added to `trained`, and those
     already there (trained by an earlier unit in the same process) cost nothing. Under primitives that train
-    stacked (`stacked` true: a GPU, `empirics.engine.train_many` padded), the networks of a unit that share a data
+    stacked (`stacked` true: a GPU, `empirics.nets.engine.train_many` padded), the networks of a unit that share a data
     set, n, epochs and regime train as one stack: they pay the per-step cost (`fixed_s`) once and their
     arithmetic each."""
     train_s, reused = 0.0, 0
@@ -245,7 +245,7 @@ def _family(kind: str) -> str:
 def flops(kind: str, d: int, n: int, m: int) -> tuple[float, float]:
     """Multiply-adds of a forward pass per example and per batch: the hidden layer and the head; MLP-Attn's
     context product per example (d x d, or through the n training inputs where that is cheaper,
-    `empirics.context_product`); softmax attention over the n training inputs per example; the trained QKV
+    `empirics.nets.context_product`); softmax attention over the n training inputs per example; the trained QKV
     attention's projections per example and its k x k mixing matrix through the d x d context per batch."""
     per_example = d * m + m * OUT
     per_batch = 0.0

@@ -17,11 +17,11 @@ from verify.records import KappaRecord, TheoryRecord
 from verify.runner import Unit, config_kwargs
 
 if TYPE_CHECKING:
-    from empirics.distance import DistanceRecord
-    from empirics.influence import RetrainRecord
-    from empirics.landscape import LandscapeRecord
-    from empirics.malleability import MalleabilityRecord
-    from empirics.retrain_flip import RetrainFlipRecord
+    from empirics.attribution.influence import RetrainRecord
+    from empirics.experiments.distance import DistanceRecord
+    from empirics.experiments.landscape import LandscapeRecord
+    from empirics.experiments.malleability import MalleabilityRecord
+    from empirics.experiments.retrain_flip import RetrainFlipRecord
 
 
 def theory_unit(seed: int) -> TheoryRecord:
@@ -33,8 +33,8 @@ def theory_unit(seed: int) -> TheoryRecord:
 def kappa_unit(dataset: str, ns: list[int], sample: str, preprocess: str, eps: float,
                data_dir: str | None) -> KappaRecord:
     """kappa(G) against n; sizes that the available data cannot provide are recorded as such."""
-    from empirics.datasets import DataRequest
-    from empirics.kappa import kappa_rows
+    from empirics.data.datasets import DataRequest
+    from empirics.experiments.kappa import kappa_rows
     from ntkm.errors import UserInputError
 
     rows, missing = [], []
@@ -51,19 +51,19 @@ def kappa_unit(dataset: str, ns: list[int], sample: str, preprocess: str, eps: f
 
 
 def distance_unit(**kwargs: Any) -> DistanceRecord:
-    from empirics.distance import DistanceConfig, run_ntk_distance
+    from empirics.experiments.distance import DistanceConfig, run_ntk_distance
 
     return run_ntk_distance(DistanceConfig(**config_kwargs(kwargs)))
 
 
 def malleability_unit(**kwargs: Any) -> MalleabilityRecord:
-    from empirics.malleability import MalleabilityConfig, run_malleability
+    from empirics.experiments.malleability import MalleabilityConfig, run_malleability
 
     return run_malleability(MalleabilityConfig(**config_kwargs(kwargs)))
 
 
 def landscape_unit(**kwargs: Any) -> LandscapeRecord:
-    from empirics.landscape import LandscapeConfig, run_landscape
+    from empirics.experiments.landscape import LandscapeConfig, run_landscape
 
     return run_landscape(LandscapeConfig(**config_kwargs(kwargs)))
 
@@ -72,9 +72,9 @@ def protocol_train(p: PresetSizes, protocol: str, dataset: str | None = None, pr
                    ) -> dict[str, Any]:
     """The training config (as a dict) of claims protocol `protocol` (`verify.claims.base.CLAIMS_PROTOCOLS`) at
     preset `p`: the paper's setup for `paper_epochs`, or the width-consistent protocol up to `epochs` (its rate is the
-    pilot's choice for `dataset` and the input `preprocess`, `empirics.protocols.proper_lr`, at the protocol's exponent
-    on the schedule axis where it names one)."""
-    from empirics.protocols import protocol_config
+    pilot's choice for `dataset` and the input `preprocess`, `empirics.nets.protocols.proper_lr`, at the protocol's
+    exponent on the schedule axis where it names one)."""
+    from empirics.nets.protocols import protocol_config
     from verify.claims.base import claims_protocol
 
     cp = claims_protocol(protocol)
@@ -83,9 +83,9 @@ def protocol_train(p: PresetSizes, protocol: str, dataset: str | None = None, pr
 
 
 def retrain_unit(train: dict[str, Any], **kwargs: Any) -> RetrainRecord:
-    """The leave-one-out retraining check under the unit's protocol (`empirics.influence`)."""
-    from empirics.influence import ProtocolRetrainConfig, protocol_retrain_study
-    from empirics.protocols import schedule_axis_power
+    """The leave-one-out retraining check under the unit's protocol (`empirics.attribution.influence`)."""
+    from empirics.attribution.influence import ProtocolRetrainConfig, protocol_retrain_study
+    from empirics.nets.protocols import schedule_axis_power
 
     power = schedule_axis_power(train, kwargs.get("dataset", "mnist"), kwargs.get("preprocess", "raw"))
     return protocol_retrain_study(ProtocolRetrainConfig(protocol=train["protocol"], epochs=train["epochs"],
@@ -94,9 +94,9 @@ def retrain_unit(train: dict[str, Any], **kwargs: Any) -> RetrainRecord:
 
 
 def retrain_flip_unit(train: dict[str, Any], **kwargs: Any) -> RetrainFlipRecord:
-    """The retrain-based flip study under the unit's protocol (`empirics.retrain_flip`)."""
-    from empirics.protocols import schedule_axis_power
-    from empirics.retrain_flip import RetrainFlipConfig, retrain_flip_study
+    """The retrain-based flip study under the unit's protocol (`empirics.experiments.retrain_flip`)."""
+    from empirics.experiments.retrain_flip import RetrainFlipConfig, retrain_flip_study
+    from empirics.nets.protocols import schedule_axis_power
 
     power = schedule_axis_power(train, kwargs.get("dataset", "mnist"), kwargs.get("preprocess", "raw"))
     return retrain_flip_study(RetrainFlipConfig(protocol=train["protocol"], epochs=train["epochs"],
@@ -113,12 +113,12 @@ def units_for(preset_name: str, data_dir: str | None = None, device: str | None 
     when given, goes into the config of every unit that trains networks (and so into its cache key). The
     retrain-based flip units exist for the data sets and tasks the preset runs (`retrain_flip_sets`; `every_set`:
     for all of them, at this preset's sizes; `not_run_units` names the others)."""
-    from empirics.distance import DistanceRecord
-    from empirics.influence import RetrainRecord
-    from empirics.landscape import LandscapeRecord
-    from empirics.malleability import MalleabilityRecord
-    from empirics.protocols import GD_MSE, protocol_config
-    from empirics.retrain_flip import RetrainFlipRecord
+    from empirics.attribution.influence import RetrainRecord
+    from empirics.experiments.distance import DistanceRecord
+    from empirics.experiments.landscape import LandscapeRecord
+    from empirics.experiments.malleability import MalleabilityRecord
+    from empirics.experiments.retrain_flip import RetrainFlipRecord
+    from empirics.nets.protocols import GD_MSE, protocol_config
     from verify.claims.base import PROTOCOLS
     from verify.claims.influence import control_unit_config, retrain_unit_configs
     from verify.claims.kappa import kappa_extra_units

@@ -153,7 +153,7 @@ def _sha(obj: Any) -> str:
 def registered_parts(preset_name: str) -> dict[str, Any]:
     """What the digest covers apart from the deviations: every claim's rule text, the gate, the protocols at the
     preset and the preset's sizes."""
-    from empirics.protocols import DESCRIPTIONS, GATE_TEXT
+    from empirics.nets.protocols import DESCRIPTIONS, GATE_TEXT
     from verify.claims import PROTOCOLS, all_claims
     from verify.experiments import protocol_train
     from verify.presets import preset

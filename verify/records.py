@@ -1,8 +1,8 @@
 """Typed records of the units `verify claims` computes from `theory` and `empirics` functions that return no record
 of their own: the theorem checks and the kappa(G) sweep (`verify.experiments.theory_unit` / `kappa_unit`).
 
-The experiments' records live beside their experiments (`empirics.distance.DistanceRecord`, ...); these two are
-assembled here, from `theory.checks.CheckResult` and `empirics.kappa.kappa_rows`.
+The experiments' records live beside their experiments (`empirics.experiments.distance.DistanceRecord`, ...); these two
+are assembled here, from `theory.checks.CheckResult` and `empirics.experiments.kappa.kappa_rows`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ class TheoryRecord(Record):
 
 @dataclass(frozen=True)
 class KappaRecord(Record):
-    """kappa(G) against n on one data set: one row per size loaded (`empirics.kappa.kappa_rows`), and the sizes
-    the available data could not provide, each with its reason."""
+    """kappa(G) against n on one data set: one row per size loaded (`empirics.experiments.kappa.kappa_rows`), and the
+    sizes the available data could not provide, each with its reason."""
 
     dataset: str
     sample: str

@@ -215,7 +215,7 @@ class Cache:
 def config_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
     """A unit's JSON-style config as keyword arguments of its experiment's config dataclass: lists become tuples,
     `train` a `TrainConfig` (every other value as stored, so the rebuilt config is the one the unit ran)."""
-    from empirics.train import TrainConfig
+    from empirics.nets.train import TrainConfig
 
     out = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
     if isinstance(out.get("train"), dict):

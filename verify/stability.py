@@ -10,11 +10,12 @@ verdict. A verdict is **fragile** when a leave-one-out changes it or its bootstr
 Resampling is done per record layout (`LAYOUTS`, keyed by the unit's record class): each layout knows where the
 seeds are in its record (the per-seed runs, the per-seed rows, the retrain seeds' columns) and returns the record with
 those per-seed values taken in the drawn order and every summary the rules read recomputed by the code that produced
-it (`empirics.mall_stats.summarise`, `empirics.landscape.landscape_verdict`, the distance sweep's spreads, trends and
-slope intervals, `empirics.retrain_flip.effect_flips`). A seed drawn twice is two replicates: its second copy gets a
-fresh label (the largest seed + 1, ...), so nothing that groups by seed merges them. Records without seeds
-(`NO_SEEDS`: theory checks, kappa per n, one retrained network's influence check) are held fixed; a claim that reads
-no seeded record says "not computable" and why, never a default.
+it (`empirics.experiments.mall_stats.summarise`, `empirics.experiments.landscape.landscape_verdict`, the
+distance sweep's spreads, trends and slope intervals, `empirics.experiments.retrain_flip.effect_flips`). A seed
+drawn twice is two replicates: its second
+copy gets a fresh label (the largest seed + 1, ...), so nothing that groups by seed merges them. Records without seeds
+(`NO_SEEDS`: theory checks, kappa per n, one retrained network's influence check) are held fixed; a claim that reads no
+seeded record says "not computable" and why, never a default.
 
 The units that share a seed axis (the same layout axis and the same seed labels: the data seeds of every
 experiment, or the retrain seeds of the retrain-based flip rows) are resampled with one draw, so a claim that reads
@@ -106,12 +107,12 @@ def distance_seeds(rec: dict[str, Any]) -> list[int]:
 
 
 def resample_distance(rec: dict[str, Any], positions: Sequence[int], labs: Sequence[int]) -> dict[str, Any]:
-    """An NTK-distance record (`empirics.distance.run_ntk_distance`): each model's runs (one per width and seed) of the
-    drawn seeds, and its per-width spreads, trends (with `seeds_agreeing`) and slope intervals recomputed as
-    `run_ntk_distance` computes them; the reference kernels per seed taken with them. `ntk_predictor_norm` (a mean
-    of per-seed norms the record does not keep, read by no rule) is left as it was."""
+    """An NTK-distance record (`empirics.experiments.distance.run_ntk_distance`): each model's runs (one per width and
+    seed) of the drawn seeds, and its per-width spreads, trends (with `seeds_agreeing`) and slope intervals recomputed
+    as `run_ntk_distance` computes them; the reference kernels per seed taken with them. `ntk_predictor_norm` (a mean of
+    per-seed norms the record does not keep, read by no rule) is left as it was."""
     from empirics.common import spread
-    from empirics.distance import METRICS, slope_interval, trend
+    from empirics.experiments.distance import METRICS, slope_interval, trend
     from ntkm import tables
 
     seeds = distance_seeds(rec)
@@ -137,13 +138,13 @@ def resample_distance(rec: dict[str, Any], positions: Sequence[int], labs: Seque
     return {**rec, "models": models, "config": {**rec["config"], "seeds": list(labs)}}
 
 
-#: One seed's own trend verdict (`empirics.distance.trend`) by its widths and values: a seed's values do not change
-#: when it is drawn, so each is computed once per process.
+#: One seed's own trend verdict (`empirics.experiments.distance.trend`) by its widths and values: a seed's values do not
+#: change when it is drawn, so each is computed once per process.
 _SEED_TRENDS: dict[tuple[tuple[int, ...], tuple[float, ...]], str] = {}
 
 
 def _seed_trend(widths: list[int], values: list[float]) -> str:
-    from empirics.distance import trend
+    from empirics.experiments.distance import trend
 
     key = (tuple(widths), tuple(values))
     if key not in _SEED_TRENDS:
@@ -158,7 +159,8 @@ def malleability_seeds(rec: dict[str, Any]) -> list[int]:
 def with_examples(run: dict[str, Any]) -> dict[str, Any]:
     """A malleability run whose flip measurements lack their per-example records (claims.json drops them) with the
     records the summary reads rebuilt from the sufficient statistic it keeps: `flip_rate * n_selected` of the
-    selected points flipped (which ones is not kept; `empirics.mall_stats` reads only their mean per seed)."""
+    selected points flipped (which ones is not kept; `empirics.experiments.mall_stats` reads only their mean per
+    seed)."""
     ms = []
     for m in run["measurements"]:
         if "flip_rate" in m and "examples" not in m:
@@ -174,10 +176,10 @@ def with_examples(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def resample_malleability(rec: dict[str, Any], positions: Sequence[int], labs: Sequence[int]) -> dict[str, Any]:
-    """A malleability record (`empirics.malleability.run_malleability`): the runs of the drawn seeds (every model
-    and training) and the summary recomputed by `empirics.mall_stats.summarise`."""
-    from empirics.mall_stats import summarise
-    from empirics.malleability import MalleabilityConfig
+    """A malleability record (`empirics.experiments.malleability.run_malleability`): the runs of the drawn seeds (every
+    model and training) and the summary recomputed by `empirics.experiments.mall_stats.summarise`."""
+    from empirics.experiments.mall_stats import summarise
+    from empirics.experiments.malleability import MalleabilityConfig
     from verify.runner import config_kwargs
 
     seeds = malleability_seeds(rec)
@@ -192,10 +194,10 @@ def landscape_seeds(rec: dict[str, Any]) -> list[int]:
 
 
 def resample_landscape(rec: dict[str, Any], positions: Sequence[int], labs: Sequence[int]) -> dict[str, Any]:
-    """A landscape record (`empirics.landscape.run_landscape`): each model's runs of the drawn seeds, their spreads
-    and the experiment's own judgement (`landscape_verdict`) recomputed."""
+    """A landscape record (`empirics.experiments.landscape.run_landscape`): each model's runs of the drawn seeds, their
+    spreads and the experiment's own judgement (`landscape_verdict`) recomputed."""
     from empirics.common import spread
-    from empirics.landscape import SUMMARY_METRICS, landscape_verdict
+    from empirics.experiments.landscape import SUMMARY_METRICS, landscape_verdict
 
     seeds = landscape_seeds(rec)
     models = {}
@@ -211,8 +213,8 @@ def binary_kappa_seeds(rec: dict[str, Any]) -> list[int]:
 
 
 def resample_binary_kappa(rec: dict[str, Any], positions: Sequence[int], labs: Sequence[int]) -> dict[str, Any]:
-    """A binary-kappa record (`empirics.premise.binary_kappa_unit`): the rows (per data set, n and seed) of the drawn
-    seeds; the rule computes its geometric means from them."""
+    """A binary-kappa record (`empirics.experiments.premise.binary_kappa_unit`): the rows (per data set, n and seed) of
+    the drawn seeds; the rule computes its geometric means from them."""
     seeds = binary_kappa_seeds(rec)
     blocks: dict[tuple[Any, Any], list[dict[str, Any]]] = {}  # rows per (data set, n), in the record's order
     for r in rec["rows"]:
@@ -226,11 +228,12 @@ def retrain_flip_seeds(rec: dict[str, Any]) -> list[int]:
 
 
 def resample_retrain_flip(rec: dict[str, Any], positions: Sequence[int], labs: Sequence[int]) -> dict[str, Any]:
-    """A retrain-based flip record (`empirics.retrain_flip.retrain_flip_study`): the retrain seeds' columns of every
-    effect matrix (points x seeds) and their gates, and the flips, the seed-to-seed rate and the resolved points
+    """A retrain-based flip record (`empirics.experiments.retrain_flip.retrain_flip_study`): the retrain seeds' columns
+    of every effect matrix (points x seeds) and their gates, and the flips, the seed-to-seed rate and the resolved
+    points
     recomputed (`effect_flips`, `seed_flip_rate`, `resolved_points`, `halves_by_loss`). The NTK flip rates (no
     retrain) are kept."""
-    from empirics.retrain_flip import effect_flips, halves_by_loss, resolved_points, seed_flip_rate
+    from empirics.experiments.retrain_flip import effect_flips, halves_by_loss, resolved_points, seed_flip_rate
 
     seeds = retrain_flip_seeds(rec)
     effects = {sn: {ln: [[row[p] for p in positions] for row in m] for ln, m in by.items()}

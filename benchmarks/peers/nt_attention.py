@@ -11,7 +11,7 @@ Two steps, because the peer runs in its own environment (`.venv-peers`, see READ
     .venv-peers/bin/python benchmarks/peers/nt_attention.py check --inputs /tmp/nt_att.npz
 
 `prepare` writes real MNIST inputs, the suite's closed form (`theory.gram`, Thm 4.1) and a Monte Carlo estimate
-of the same kernel over initialisations of the finite layer (the estimator of `empirics.mc_reference`: the mean
+of the same kernel over initialisations of the finite layer (the estimator of `empirics.kernels.mc_reference`: the mean
 over independent draws, with standard error std / sqrt(draws)). `check` imports nothing from the suite: it computes
 neural-tangents' closed form and reports its agreement with both (exit code 1 if either check fails).
 """
@@ -42,7 +42,7 @@ def _finite_layer_nngp(X: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def prepare(out: str, n: int) -> None:
     """Suite side: inputs, the Thm 4.1 closed form and the Monte Carlo estimate (mean, standard error)."""
-    from empirics.datasets import DataRequest, load_dataset
+    from empirics.data.datasets import DataRequest, load_dataset
     from theory import gram
 
     X = load_dataset("mnist", n_train=n, n_test=1, request=DataRequest(sample="first")).x_train.astype(np.float64)

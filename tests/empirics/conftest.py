@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from empirics.datasets import DataRequest, load_dataset
+from empirics.data.datasets import DataRequest, load_dataset
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tolerances import F32_REORDER, F32_ROUNDING
 
-from empirics.attacks import AttackConfig, attack
 from empirics.common import dataset_tensors
-from empirics.losses import loss_fn
-from empirics.models import ModelSpec, build_model
-from empirics.train import TrainConfig, train
+from empirics.nets.attacks import AttackConfig, attack
+from empirics.nets.losses import loss_fn
+from empirics.nets.models import ModelSpec, build_model
+from empirics.nets.train import TrainConfig, train
 from ntkm.errors import UserInputError
 
 NAMES = ["fgsm", "pgd", "mim", "random"]

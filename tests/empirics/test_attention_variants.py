@@ -1,7 +1,7 @@
-"""Softmax attention and trainable Q/K/V attention (`empirics.models` kinds "softmax", "qkv").
+"""Softmax attention and trainable Q/K/V attention (`empirics.nets.models` kinds "softmax", "qkv").
 
 Each closed form is checked against an independent computation: the torch features against numpy
-(`theory.kernels`), the closed-form empirical NTKs against `torch.func` Jacobians (`empirics.ntk`), the
+(`theory.kernels`), the closed-form empirical NTKs against `torch.func` Jacobians (`empirics.kernels.ntk`), the
 Monte Carlo reference against the Thm 4.2 closed form where one exists, and identity Q/K/V against MLP-Attn.
 """
 
@@ -12,13 +12,13 @@ import pytest
 import torch
 from tolerances import F32_ROUNDING, F64_ALGORITHM, F64_ROUNDING
 
-from empirics.attacks import AttackConfig, attack
-from empirics.landscape import LandscapeConfig
-from empirics.malleability import MalleabilityConfig
-from empirics.mc_reference import mc_reference_kernel, predictor_jackknife_se
-from empirics.models import ModelSpec, QKVAttentionNet, TwoLayerNet, build_model, save_model
-from empirics.ntk import empirical_ntk
-from empirics.train import TrainConfig, train
+from empirics.experiments.landscape import LandscapeConfig
+from empirics.experiments.malleability import MalleabilityConfig
+from empirics.kernels.mc_reference import mc_reference_kernel, predictor_jackknife_se
+from empirics.kernels.ntk import empirical_ntk
+from empirics.nets.attacks import AttackConfig, attack
+from empirics.nets.models import ModelSpec, QKVAttentionNet, TwoLayerNet, build_model, save_model
+from empirics.nets.train import TrainConfig, train
 from ntkm.errors import UserInputError
 from theory import gram, kernels
 
@@ -175,7 +175,7 @@ def test_monte_carlo_reference_matches_the_closed_form(kind):
 @pytest.mark.claim("ntk-qkv-mnist", "v2-qkv")
 def test_qkv_monte_carlo_reference_is_width_independent():
     """No closed form for qkv, but its expected kernel does not depend on the width (module docstring of
-    `empirics.mc_reference`): two widths 32x apart agree within their combined standard errors (a kernel block
+    `empirics.kernels.mc_reference`): two widths 32x apart agree within their combined standard errors (a kernel block
     missing its 1/m would differ 32-fold)."""
     x, _ = _data(11, n=5)
     spec = ModelSpec("qkv", D, 1, 2, qkv_dim=4)
@@ -239,7 +239,7 @@ def test_distance_recovers_the_initial_qkv_network_after_training():
     """The NTK-distance run's Theta_0 and f_0 come from a rebuild of the spec: it must be the network training
     started from (compared with a copy taken before training)."""
     from empirics.common import as_float64
-    from empirics.distance import _at_init
+    from empirics.experiments.distance import _at_init
 
     x, _ = _data(14, n=24)
     m = build_model(ModelSpec("qkv", D, 8, 3, seed=7, qkv_dim=4), x.float())

@@ -1,4 +1,4 @@
-"""Structured per-example gradients (`empirics.audit_structured`): the exact kernel against torch.func Jacobians
+"""Structured per-example gradients (`empirics.kernels.audit_structured`): the exact kernel against torch.func Jacobians
 (independent of the module), the Kronecker projection's error shrinking as k grows and its mean converging to the
 exact kernel (unbiasedness), the cases the structured path must refuse, and the audit choosing it."""
 
@@ -12,9 +12,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
-from empirics import audit_structured
-from empirics.audit_ntk import Projection
-from empirics.audit_structured import ProjectedStructured, StructuredJacobian, plan_nodes
+from empirics.kernels import audit_structured
+from empirics.kernels.audit_ntk import Projection
+from empirics.kernels.audit_structured import ProjectedStructured, StructuredJacobian, plan_nodes
 from verify.cli import main
 
 SHAPE = (3, 6, 6)

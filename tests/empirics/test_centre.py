@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tolerances import F32_ROUNDING, F64_ALGORITHM, F64_FEATURES
 
-from empirics.models import ModelSpec, build_model, save_model
-from empirics.ntk import empirical_ntk
+from empirics.kernels.ntk import empirical_ntk
+from empirics.nets.models import ModelSpec, build_model, save_model
 from theory import gram, kernels
 
 

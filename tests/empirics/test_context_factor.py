@@ -13,9 +13,9 @@ import pytest
 import torch
 from tolerances import F32_REORDER
 
-from empirics.context_product import factor_is_cheaper
-from empirics.datasets import DataRequest, load_dataset
-from empirics.models import (
+from empirics.data.datasets import DataRequest, load_dataset
+from empirics.nets.context_product import factor_is_cheaper
+from empirics.nets.models import (
     ModelSpec,
     TwoLayerNet,
     apply_preprocess,

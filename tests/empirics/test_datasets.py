@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from empirics import cifar, idx
-from empirics import datasets as D
-from empirics.download import MNIST_CONTENT, _fetch, verify_checksum
+from empirics.data import cifar, idx
+from empirics.data import datasets as D
+from empirics.data.download import MNIST_CONTENT, _fetch, verify_checksum
 from ntkm.errors import UserInputError
 from ntkm.io import sha256_file
 
@@ -554,7 +554,7 @@ def test_bundled_sample_limits() -> None:
 
 
 def test_make_sample_is_reproducible(shared_data: Path, tmp_path: Path) -> None:
-    from empirics.make_sample import make_one
+    from empirics.data.make_sample import make_one
 
     rec = make_one("mnist", shared_data, tmp_path)
     assert rec["npz_sha256"] == D.sample_info()["datasets"]["mnist"]["npz_sha256"]
@@ -666,7 +666,7 @@ def test_data_provenance_puts_each_loaders_keys_after_their_anchor() -> None:
 def test_every_loader_writes_one_provenance_record(tmp_path: Path) -> None:
     """The bundled sample, a data set found on disk and a user data set all record `DataProvenance`: its keys in its
     field order, with what only that loader knows in between."""
-    from empirics.userdata import load_user_dataset
+    from empirics.data.userdata import load_user_dataset
 
     _write_cifar_batches(tmp_path / "cifar-10-batches-py")
     rng = np.random.default_rng(0)

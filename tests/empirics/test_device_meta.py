@@ -4,14 +4,15 @@ A meta tensor has a shape and no data, and torch refuses to combine it with a CP
 not on the expected device meta!"), as it refuses a CPU tensor beside a CUDA one. So a path that runs with its inputs
 and model on meta makes every tensor it combines with them on their device: what a GPU needs, checked on a CPU.
 This covers what the static check (tests/test_device_discipline.py) cannot see: tensors that arrive on different
-devices, like issue 39's bug (2), GPU outputs minus labels held on the CPU in `empirics.gauss_newton.loss_residuals`.
+devices, like issue 39's bug (2), GPU outputs minus labels held on the CPU in
+`empirics.attribution.gauss_newton.loss_residuals`.
 
 Meta tensors cannot be read, so the steps that leave the device on purpose are replaced or split off: the input
-statistics of the networks' fixed first layer are computed on the CPU in numpy (`empirics.models.reference_statistics`,
-replaced here by statistics of stand-in CPU data of the same shape; what is checked is that the result goes back to
-the inputs' device, issue 39's bug (1)), and the residuals are checked in their torch part
-(`loss_residuals_torch`; `loss_residuals` only adds `.cpu().numpy()`). Paths that read values (`float(...)`, a numpy
-solve, a data-dependent choice) are outside what meta can run.
+statistics of the networks' fixed first layer are computed on the CPU in numpy
+(`empirics.nets.models.reference_statistics`, replaced here by statistics of stand-in CPU data of the same shape; what
+is checked is that the result goes back to the inputs' device, issue 39's bug (1)), and the residuals are checked in
+their torch part (`loss_residuals_torch`; `loss_residuals` only adds `.cpu().numpy()`). Paths that read values
+(`float(...)`, a numpy solve, a data-dependent choice) are outside what meta can run.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ import pytest
 import torch
 from torch import nn
 
-from empirics import models
-from empirics.attacks import AttackConfig, attack
-from empirics.audit_ntk import JacobianOptions, ModelJacobian, ProjectedJacobian, Projection
-from empirics.audit_structured import ProjectedStructured, StructuredJacobian, plan_nodes
-from empirics.datasets import INPUT_PREPROCESSINGS, input_statistics
-from empirics.gauss_newton import loss_residuals, loss_residuals_torch
-from empirics.kinds import KINDS
-from empirics.landscape import filter_normalized_direction
-from empirics.models import ModelSpec, build_model
-from empirics.ntk import empirical_ntk
+from empirics.attribution.gauss_newton import loss_residuals, loss_residuals_torch
+from empirics.data.datasets import INPUT_PREPROCESSINGS, input_statistics
+from empirics.experiments.landscape import filter_normalized_direction
+from empirics.kernels.audit_ntk import JacobianOptions, ModelJacobian, ProjectedJacobian, Projection
+from empirics.kernels.audit_structured import ProjectedStructured, StructuredJacobian, plan_nodes
+from empirics.kernels.ntk import empirical_ntk
+from empirics.nets import models
+from empirics.nets.attacks import AttackConfig, attack
+from empirics.nets.kinds import KINDS
+from empirics.nets.models import ModelSpec, build_model
 
 META = torch.device("meta")
 N, D, T, C = 12, 8, 5, 3

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from empirics.distance import (
+from empirics.experiments.distance import (
     GD_METRIC,
     METRICS,
     DistanceConfig,
@@ -18,7 +18,7 @@ from empirics.distance import (
     run_ntk_distance,
     trend,
 )
-from empirics.train import TrainConfig
+from empirics.nets.train import TrainConfig
 from ntkm import codec
 from verify.cli import main
 
@@ -51,9 +51,9 @@ def test_gd_function_change_shrinks_with_width(mnist_small):
     import torch
 
     from empirics.common import NetworkRequest, dataset_tensors
-    from empirics.distance import reference_kernels
-    from empirics.losses import targets
-    from empirics.models import ModelSpec
+    from empirics.experiments.distance import reference_kernels
+    from empirics.nets.losses import targets
+    from empirics.nets.models import ModelSpec
 
     t = dataset_tensors(mnist_small)
     x_tr, x_te = mnist_small.x_train.astype(np.float64), mnist_small.x_test.astype(np.float64)

@@ -1,4 +1,4 @@
-"""The batched training engine trains every network as `empirics.train.train` does, one by one: same final weights
+"""The batched training engine trains every network as `empirics.nets.train.train` does, one by one: same final weights
 and the same records, for every protocol, with per-width learning rates and networks that stop at different epochs;
 jobs it does not implement go through `train` itself."""
 
@@ -12,11 +12,11 @@ import torch
 from tolerances import F32_ACCUMULATED, F32_REORDER, F32_ROUNDING
 
 from empirics.common import dataset_tensors
-from empirics.datasets import DataRequest, load_dataset
-from empirics.engine import SUPPORTED_FIELDS, fallback_reason, fallbacks, gemm_flops, train_many
-from empirics.models import ModelSpec, QKVAttentionNet, TwoLayerNet
-from empirics.protocols import PROTOCOL_NAMES, protocol_config
-from empirics.train import TrainConfig, train_job
+from empirics.data.datasets import DataRequest, load_dataset
+from empirics.nets.engine import SUPPORTED_FIELDS, fallback_reason, fallbacks, gemm_flops, train_many
+from empirics.nets.models import ModelSpec, QKVAttentionNet, TwoLayerNet
+from empirics.nets.protocols import PROTOCOL_NAMES, protocol_config
+from empirics.nets.train import TrainConfig, train_job
 
 
 @pytest.fixture(autouse=True)
@@ -185,7 +185,9 @@ def test_units_give_the_same_record_with_and_without_the_engine(unit, monkeypatc
     """A small NTK-distance and malleability unit (two seeds, each its own subset; the distance sweep at two widths
     with per-width rates and plateau stopping) record the same numbers whether their networks are trained together
     by the engine or one by one by `train`, and the engine did train them."""
-    from empirics import common, distance, engine, malleability
+    from empirics import common
+    from empirics.experiments import distance, malleability
+    from empirics.nets import engine
 
     tr = replace(protocol_config("width-consistent", 12), check_every=2, plateau_window=6)
     if unit == "distance":
@@ -221,8 +223,8 @@ def test_units_give_the_same_record_with_and_without_the_engine(unit, monkeypatc
 def test_retraining_study_is_the_same_with_its_refits_trained_together(model, monkeypatch):
     """The influence check's leave-one-out refits (one network per removed point, each on its own subset and, for
     MLP-Attn, its own context) give the same record trained together by the engine as one by one by `train`."""
-    from empirics import engine
-    from empirics.influence import ProtocolRetrainConfig, protocol_retrain_study
+    from empirics.attribution.influence import ProtocolRetrainConfig, protocol_retrain_study
+    from empirics.nets import engine
 
     cfg = ProtocolRetrainConfig(model=model, n_train=40, n_test=20, width=32, epochs=12, n_remove=4)
     groups = []

@@ -12,10 +12,10 @@ import pytest
 import torch
 from tolerances import F32_ACCUMULATED, F32_REORDER
 
-from empirics import engine
-from empirics.engine import stack_plan, train_many
-from empirics.models import ModelSpec, TwoLayerNet
-from empirics.train import TrainConfig, train_job
+from empirics.nets import engine
+from empirics.nets.engine import stack_plan, train_many
+from empirics.nets.models import ModelSpec, TwoLayerNet
+from empirics.nets.train import TrainConfig, train_job
 
 N, D, N_TEST, C = 100, 24, 30, 10
 WIDTHS = (8, 16, 64)

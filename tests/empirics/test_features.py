@@ -1,6 +1,6 @@
-"""Feature strategies (`empirics.features`, issue 41 item 1): every registered kind rebuilds its context on perturbed
-training data (checked against a network built on that data, and against the differentiable on-the-fly context the
-attacks use), a strategy missing a method cannot be built, an unknown name is one line, and no code outside the
+"""Feature strategies (`empirics.nets.features`, issue 41 item 1): every registered kind rebuilds its context on
+perturbed training data (checked against a network built on that data, and against the differentiable on-the-fly context
+the attacks use), a strategy missing a method cannot be built, an unknown name is one line, and no code outside the
 registry compares a strategy's name."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from empirics.features import STRATEGIES, FeatureStrategy, Identity, strategy
-from empirics.kinds import KINDS
-from empirics.models import ModelSpec, build_model
+from empirics.nets.features import STRATEGIES, FeatureStrategy, Identity, strategy
+from empirics.nets.kinds import KINDS
+from empirics.nets.models import ModelSpec, build_model
 from ntkm.errors import UserInputError
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where strategy names may appear as strings: the registry itself and the kind table that names each kind's.
-REGISTRY_MODULES = {"empirics/features.py", "empirics/kinds.py"}
+REGISTRY_MODULES = {"empirics/nets/features.py", "empirics/nets/kinds.py"}
 
 
 def _data(seed: int, n: int = 12, d: int = 8) -> tuple[torch.Tensor, torch.Tensor]:

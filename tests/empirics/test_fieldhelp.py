@@ -11,9 +11,9 @@ import typing
 import pytest
 
 from empirics import fieldhelp as H
-from empirics.distance import DistanceConfig
-from empirics.landscape import LandscapeConfig
-from empirics.malleability import MalleabilityConfig
+from empirics.experiments.distance import DistanceConfig
+from empirics.experiments.landscape import LandscapeConfig
+from empirics.experiments.malleability import MalleabilityConfig
 
 CONFIGS = (DistanceConfig, MalleabilityConfig, LandscapeConfig)
 #: Where a config's command line says more or less than the block: (config, field) -> its own help text (none today:

@@ -1,5 +1,5 @@
-"""The generalised Gauss-Newton influence (`empirics.gauss_newton.ggn_influence_mean`, issue 43 item 4): its dual form
-against the explicit P x P solve, its reduction to the plain Gauss-Newton form where the output Hessian is the
+"""The generalised Gauss-Newton influence (`empirics.attribution.gauss_newton.ggn_influence_mean`, issue 43 item 4): its
+dual form against the explicit P x P solve, its reduction to the plain Gauss-Newton form where the output Hessian is the
 identity, and, for a softmax regression (where it is the exact Hessian), against actual leave-one-out re-fitting."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import optimize, special
 
-from empirics.gauss_newton import (
+from empirics.attribution.gauss_newton import (
     GGN_MAX_DIM,
     ggn_influence_explicit,
     ggn_influence_mean,

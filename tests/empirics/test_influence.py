@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tolerances import F64_SOLVE, F64_ZERO
 
-from empirics.influence import (
+from empirics.attribution.influence import (
     RetrainConfig,
     Ridge,
     influence_from_kernels,
@@ -21,8 +21,8 @@ from empirics.influence import (
     retrain_study,
     solve_device,
 )
-from empirics.losses import targets
-from empirics.models import ModelSpec, build_model
+from empirics.nets.losses import targets
+from empirics.nets.models import ModelSpec, build_model
 from ntkm.errors import UserInputError
 from theory import krr
 

@@ -1,4 +1,4 @@
-"""The kappa sweep (`empirics.kappa`): its condition numbers against numpy's eigenvalues of G = X X^T built
+"""The kappa sweep (`empirics.experiments.kappa`): its condition numbers against numpy's eigenvalues of G = X X^T built
 independently from the same images, and the width bounds against their formulas (Thm 4.7, constants 1)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from tolerances import F64_KAPPA
 
-from empirics.datasets import DataRequest, load_dataset
-from empirics.kappa import kappa_rows
+from empirics.data.datasets import DataRequest, load_dataset
+from empirics.experiments.kappa import kappa_rows
 
 pytestmark = [pytest.mark.claim("thm4.7-kappa"), pytest.mark.claim("kappa-mnist")]
 

@@ -1,4 +1,4 @@
-"""The model-kind registry (`empirics.kinds`): one test over every registered kind, each checked against something
+"""The model-kind registry (`empirics.nets.kinds`): one test over every registered kind, each checked against something
 independent (torch features against numpy's analytic features, the closed-form NTK against `torch.func`, the
 reference kernel against Monte Carlo), and the combinations it does not support refused in one line."""
 
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from empirics.attacks import AttackConfig, attack
-from empirics.distance import analytic_features, analytic_kernels
-from empirics.kinds import ANALYTIC, KINDS, MONTE_CARLO, help_text, kind, kinds_where
-from empirics.mc_reference import mc_reference_kernel
-from empirics.models import ModelSpec, TwoLayerNet, build_model, preprocessed_inputs
-from empirics.ntk import NtkImpl, closed_form_gap, empirical_ntk, resolve_implementation
+from empirics.experiments.distance import analytic_features, analytic_kernels
+from empirics.kernels.mc_reference import mc_reference_kernel
+from empirics.kernels.ntk import NtkImpl, closed_form_gap, empirical_ntk, resolve_implementation
+from empirics.nets.attacks import AttackConfig, attack
+from empirics.nets.kinds import ANALYTIC, KINDS, MONTE_CARLO, help_text, kind, kinds_where
+from empirics.nets.models import ModelSpec, TwoLayerNet, build_model, preprocessed_inputs
 from empirics.vocab import MODEL_KINDS
 from ntkm.errors import UserInputError
 

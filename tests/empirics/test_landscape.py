@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from tolerances import F32_ACCUMULATED, F64_ALGORITHM, F64_ROUNDING, ITERATIVE
 
-from empirics.landscape import (
+from empirics.experiments.landscape import (
     LandscapeConfig,
     LandscapeRecord,
     filter_normalized_direction,
@@ -27,8 +27,8 @@ from empirics.landscape import (
     slice_1d,
     slice_2d,
 )
-from empirics.models import ModelSpec, build_model
-from empirics.train import TrainConfig
+from empirics.nets.models import ModelSpec, build_model
+from empirics.nets.train import TrainConfig
 from ntkm import codec
 from verify.claims import units
 from verify.claims.landscape import LANDSCAPE_CLAIMS

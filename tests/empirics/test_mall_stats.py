@@ -1,5 +1,5 @@
-"""The per-seed reduction of `empirics.mall_stats` (seed means, pooling, the excess paired per point), checked
-against direct computations; the interval methods themselves are tested in tests/empirics/test_intervals.py."""
+"""The per-seed reduction of `empirics.experiments.mall_stats` (seed means, pooling, the excess paired per point),
+checked against direct computations; the interval methods themselves are tested in tests/empirics/test_intervals.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from empirics.mall_stats import PAPER_PAIR, pooled, ratio, seed_means, summarise, t_interval
-from empirics.malleability import MalleabilityConfig
+from empirics.experiments.mall_stats import PAPER_PAIR, pooled, ratio, seed_means, summarise, t_interval
+from empirics.experiments.malleability import MalleabilityConfig
 from ntkm.errors import UserInputError
 
 
@@ -53,8 +53,8 @@ _ATTACKS = ("fgsm", "pgd", "mim")
 
 def _runs(rates: dict[str, tuple[float, float]], seeds: tuple[int, ...] = (0, 1, 2, 3), n: int = 40,
           ) -> list[dict[str, Any]]:
-    """Runs in the contract of `empirics.malleability.run_malleability` (transformed intervention, eps 0.3): per model
-    (attack, noise) flip probabilities, each seed with its own draws and per-network rho."""
+    """Runs in the contract of `empirics.experiments.malleability.run_malleability` (transformed intervention, eps 0.3):
+    per model (attack, noise) flip probabilities, each seed with its own draws and per-network rho."""
     runs = []
     for seed in seeds:
         for model, (p_attack, p_noise) in rates.items():

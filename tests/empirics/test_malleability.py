@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from tolerances import F32_ROUNDING
 
-from empirics.mall_stats import ratio
-from empirics.malleability import (
+from empirics.experiments.mall_stats import ratio
+from empirics.experiments.malleability import (
     MalleabilityConfig,
     MalleabilityRecord,
     compare,
@@ -18,7 +18,7 @@ from empirics.malleability import (
     run_malleability,
     top_by_abs,
 )
-from empirics.train import TrainConfig
+from empirics.nets.train import TrainConfig
 from ntkm import codec
 from ntkm.errors import UserInputError
 from verify.claims.base import Verdict
@@ -125,8 +125,8 @@ def test_kernel_predictor_accuracy_matches_a_direct_solve(smoke_record):
     import torch
 
     from empirics.common import experiment_data, train_network
-    from empirics.malleability import network_config
-    from empirics.ntk import empirical_ntk
+    from empirics.experiments.malleability import network_config
+    from empirics.kernels.ntk import empirical_ntk
     from theory.kernels import analytic_ntk_mlp_attn
 
     for seed in SMOKE.seeds:
@@ -171,7 +171,7 @@ def test_ratio_is_undefined_when_relu_flips_nothing():
 
 
 def test_compare_counts_sign_flips():
-    from empirics.influence import InfluenceResult
+    from empirics.attribution.influence import InfluenceResult
 
     def res(total):
         t = np.asarray(total, float)
@@ -219,8 +219,8 @@ def test_a_dead_networks_zero_kernel_gives_no_kernel_predictor_instead_of_an_err
     import torch
 
     from empirics.common import Tensors
-    from empirics.distance import kernel_predictor_accuracy
-    from empirics.models import ModelSpec, build_model
+    from empirics.experiments.distance import kernel_predictor_accuracy
+    from empirics.nets.models import ModelSpec, build_model
 
     x = torch.rand(6, 4, dtype=torch.float64)
     t = Tensors(x, torch.tensor([0, 1, 0, 1, 0, 1]), x[:3], torch.tensor([0, 1, 0]), 2)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from empirics.models import ModelSpec, build_model
-from empirics.ntk import JacobianOptions, empirical_ntk
+from empirics.kernels.ntk import JacobianOptions, empirical_ntk
+from empirics.nets.models import ModelSpec, build_model
 from theory import gram, kernels
 
 

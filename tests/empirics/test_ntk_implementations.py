@@ -1,4 +1,4 @@
-"""Every pair of empirical-NTK implementations (`empirics.ntk.NtkImpl`) agrees on the same models.
+"""Every pair of empirical-NTK implementations (`empirics.kernels.ntk.NtkImpl`) agrees on the same models.
 
 Modelled on neural-tangents' test of `empirical_ntk_fn`, which compares every pair of its implementations. Models:
 the paper's 2L-ReLU and MLP-Attn (closed form, `torch.func`, and the factored autograd path on a `torch.export`
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from torch import nn
 from torchscript import script
 
-from empirics.audit_ntk import ModelJacobian
-from empirics.models import ModelSpec, build_model
-from empirics.ntk import JacobianOptions, NtkImpl, empirical_ntk, resolve_implementation
+from empirics.kernels.audit_ntk import ModelJacobian
+from empirics.kernels.ntk import JacobianOptions, NtkImpl, empirical_ntk, resolve_implementation
+from empirics.nets.models import ModelSpec, build_model
 from ntkm.errors import UserInputError
 
 D, OUT, N = 12, 3, 10

@@ -11,9 +11,16 @@ import pytest
 import torch
 from tolerances import F64_KAPPA, F64_ROUNDING
 
-from empirics.datasets import DataRequest, load_dataset
-from empirics.models import ModelSpec, build_model
-from empirics.premise import OUT_DIM, BinaryKappaRecord, PremiseRecord, binary_kappa_unit, premise_row, premise_unit
+from empirics.data.datasets import DataRequest, load_dataset
+from empirics.experiments.premise import (
+    OUT_DIM,
+    BinaryKappaRecord,
+    PremiseRecord,
+    binary_kappa_unit,
+    premise_row,
+    premise_unit,
+)
+from empirics.nets.models import ModelSpec, build_model
 from ntkm import codec
 from theory.conditioning import condition_numbers, kappa_power_exact, kernel_spectrum, matrix_with_singular_values
 

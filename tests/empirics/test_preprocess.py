@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from empirics.attacks import AttackConfig, attack
-from empirics.datasets import input_statistics, preprocess
-from empirics.models import ModelSpec, build_model, preprocessed_inputs, save_model
-from empirics.ntk import empirical_ntk
+from empirics.data.datasets import input_statistics, preprocess
+from empirics.kernels.ntk import empirical_ntk
+from empirics.nets.attacks import AttackConfig, attack
+from empirics.nets.models import ModelSpec, build_model, preprocessed_inputs, save_model
 from ntkm.errors import UserInputError
 from theory import kernels
 
@@ -154,8 +154,8 @@ def test_closed_form_ntk_sees_the_preprocessed_inputs(kind):
 
 @pytest.mark.parametrize("kind", ["relu", "attn"])
 def test_analytic_reference_kernel_is_that_of_the_preprocessed_network(kind):
-    """The Thm 4.2 kernel on the preprocessed inputs (as `empirics.distance` computes it) matches the empirical
-    kernel of wide networks at initialisation; on the raw pixels it does not."""
+    """The Thm 4.2 kernel on the preprocessed inputs (as `empirics.experiments.distance` computes it) matches the
+    empirical kernel of wide networks at initialisation; on the raw pixels it does not."""
     from theory import gram
 
     x = _pixels(8)

@@ -11,9 +11,9 @@ import torch
 from tolerances import F32_ACCUMULATED, F64_ALGORITHM
 
 from empirics.common import dataset_tensors, train_network
-from empirics.models import ModelSpec
-from empirics.protocols import GATE_TEXT, PROTOCOL_NAMES, adequacy, chance_accuracy, protocol_config
-from empirics.train import TrainConfig, TrainRecord, effective_lr, plateau_reached, train
+from empirics.nets.models import ModelSpec
+from empirics.nets.protocols import GATE_TEXT, PROTOCOL_NAMES, adequacy, chance_accuracy, protocol_config
+from empirics.nets.train import TrainConfig, TrainRecord, effective_lr, plateau_reached, train
 from ntkm.errors import UserInputError
 from verify.claims.base import NA, gated
 
@@ -53,9 +53,9 @@ def test_paper_protocol_decay_is_coupled_and_decoupled_differs(mnist_small):
 
 
 def test_gd_protocol_takes_its_step_from_the_ntk(mnist_small):
-    from empirics.models import build_model
-    from empirics.ntk import empirical_ntk
-    from empirics.train import gd_learning_rate
+    from empirics.kernels.ntk import empirical_ntk
+    from empirics.nets.models import build_model
+    from empirics.nets.train import gd_learning_rate
 
     t = dataset_tensors(mnist_small)
     model = build_model(ModelSpec("relu", t.x_train.shape[1], 128, t.out_dim), t.x_train)
@@ -103,8 +103,8 @@ def test_gate_thresholds_and_reasons():
 def test_schedule_gives_distinct_rates_at_every_width_of_every_sweep():
     """No two widths of any preset's sweep (the distance widths and the malleability width) share a learning rate,
     on either data set and under every input preprocessing; the paper's protocol is width-independent by design."""
-    from empirics.datasets import INPUT_PREPROCESSINGS
-    from empirics.protocols import LR_REF_WIDTH, PROPER_LR, proper_lr
+    from empirics.data.datasets import INPUT_PREPROCESSINGS
+    from empirics.nets.protocols import LR_REF_WIDTH, PROPER_LR, proper_lr
     from verify.presets import PRESET_NAMES, preset
 
     top = max(lr for t in PROPER_LR.values() for lr, _ in t.values())
@@ -125,7 +125,7 @@ def test_schedule_gives_distinct_rates_at_every_width_of_every_sweep():
 def test_rates_follow_the_preprocessing():
     """Each piloted preprocessing gets its own table; `channel` (not piloted) the smaller of the two per data set,
     and a user's data set the smallest rate of the preprocessing."""
-    from empirics.protocols import PROPER_LR, proper_lr
+    from empirics.nets.protocols import PROPER_LR, proper_lr
 
     for pre, table in PROPER_LR.items():
         for ds, rate in table.items():
@@ -143,7 +143,7 @@ def test_pilot_records_are_what_the_protocol_uses():
     import json
     from pathlib import Path
 
-    from empirics.protocols import LR_POWERS, LR_REF_WIDTH, PILOT_RECORDS, PROPER_LR, PROPER_LR_BY_POWER, proper_lr
+    from empirics.nets.protocols import LR_POWERS, LR_REF_WIDTH, PILOT_RECORDS, PROPER_LR, PROPER_LR_BY_POWER, proper_lr
 
     root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("pilot_lr", root / "scripts" / "pilot_lr.py")
@@ -196,7 +196,7 @@ def test_pilot_rule_prefers_more_adequate_cells_then_lower_loss():
 
 def test_adversarial_gate_passes_and_fails_on_synthetic_records():
     """Robust accuracy gates adversarially trained networks only, at the threshold stated in the gate text."""
-    from empirics.protocols import GATE_ROBUST
+    from empirics.nets.protocols import GATE_ROBUST
 
     chance = chance_accuracy(10, 10)
     need = chance + GATE_ROBUST * (1 - chance)
@@ -234,8 +234,8 @@ def test_adversarial_training_records_robust_accuracy(mnist_small):
     clean one here) and the loss it minimised; standard training records neither."""
     from dataclasses import replace
 
-    from empirics.models import build_model
-    from empirics.train import accuracy, robust_accuracy
+    from empirics.nets.models import build_model
+    from empirics.nets.train import accuracy, robust_accuracy
 
     t = dataset_tensors(mnist_small)
     spec = ModelSpec("relu", t.x_train.shape[1], 32, t.out_dim)
@@ -275,7 +275,7 @@ def test_retraining_study_under_the_claims_protocol(model):
     retrainings, with bootstrap intervals that contain the point estimate."""
     from scipy import stats
 
-    from empirics.influence import ProtocolRetrainConfig, RetrainRecord, protocol_retrain_study
+    from empirics.attribution.influence import ProtocolRetrainConfig, RetrainRecord, protocol_retrain_study
     from ntkm import codec
 
     r = protocol_retrain_study(ProtocolRetrainConfig(model=model, n_train=40, n_test=30, width=128, epochs=80,
@@ -303,8 +303,8 @@ def test_retraining_study_under_the_claims_protocol(model):
 @pytest.mark.parametrize(("out_dim", "loss"), [(10, "auto"), (10, "mse"), (1, "auto")])
 def test_loss_residuals_are_the_gradient_of_the_training_loss(out_dim, loss):
     """The Gauss-Newton estimand's residuals `dL/df` against autograd of the very loss `train` uses."""
-    from empirics.gauss_newton import loss_residuals
-    from empirics.losses import loss_fn
+    from empirics.attribution.gauss_newton import loss_residuals
+    from empirics.nets.losses import loss_fn
 
     gen = torch.Generator().manual_seed(out_dim)
     out = torch.randn(7, out_dim, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -315,8 +315,8 @@ def test_loss_residuals_are_the_gradient_of_the_training_loss(out_dim, loss):
 
 def test_the_initial_function_removed_estimand_is_the_papers_when_the_network_starts_at_zero():
     """With f0 = 0 the residual targets are the targets: the two kernel estimands coincide; with f0 they differ."""
-    from empirics.influence import SplitAtInit, matched_predictions, model_kernels
-    from empirics.models import ModelSpec, build_model
+    from empirics.attribution.influence import SplitAtInit, matched_predictions, model_kernels
+    from empirics.nets.models import ModelSpec, build_model
 
     gen = torch.Generator().manual_seed(0)
     x, xt = torch.rand(20, 6, generator=gen), torch.rand(9, 6, generator=gen)
@@ -335,7 +335,7 @@ def test_retraining_without_training_changes_nothing_for_relu():
     """Control: with 0 epochs the network is its initialisation whatever the data, so removing a point
     changes nothing for 2L-ReLU (its features do not depend on the training set); for MLP-Attn the
     point leaves the attention context, so the function changes."""
-    from empirics.influence import ProtocolRetrainConfig, protocol_retrain_study
+    from empirics.attribution.influence import ProtocolRetrainConfig, protocol_retrain_study
 
     torch.manual_seed(0)
     relu = protocol_retrain_study(ProtocolRetrainConfig(model="relu", n_train=30, n_test=20, width=64, epochs=0,

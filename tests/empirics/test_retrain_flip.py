@@ -8,9 +8,9 @@ import pytest
 import torch
 from scipy import stats
 
-from empirics.influence import Ridge, influence_from_kernels
-from empirics.malleability import compare, n_top, top_by_abs
-from empirics.retrain_flip import (
+from empirics.attribution.influence import Ridge, influence_from_kernels
+from empirics.experiments.malleability import compare, n_top, top_by_abs
+from empirics.experiments.retrain_flip import (
     RetrainFlipConfig,
     effect_flips,
     halves_null,
@@ -124,13 +124,13 @@ def test_bad_effects_and_configs_are_user_errors():
 @pytest.mark.parametrize("model", ["relu", "attn"])
 def test_study_effects_are_those_of_retraining_one_network_at_a_time(model):
     """The study's effects (engine, many networks at once) against one leave-one-out retraining through the plain
-    `empirics.train.train` loop, and its record against its own arrays."""
+    `empirics.nets.train.train` loop, and its record against its own arrays."""
     from empirics.common import dataset_tensors
-    from empirics.datasets import DataRequest, load_dataset
-    from empirics.losses import loss_fn
-    from empirics.models import ModelSpec, build_model, input_channels
-    from empirics.protocols import protocol_config
-    from empirics.train import train
+    from empirics.data.datasets import DataRequest, load_dataset
+    from empirics.nets.losses import loss_fn
+    from empirics.nets.models import ModelSpec, build_model, input_channels
+    from empirics.nets.protocols import protocol_config
+    from empirics.nets.train import train
 
     cfg = RetrainFlipConfig(model=model, n_train=30, n_test=20, width=32, epochs=15, tau=0.1, attack_steps=2,
                             seeds=(0, 1), device="cpu", preprocess="unit")
@@ -207,8 +207,8 @@ def test_pure_seed_noise_gives_a_small_seed_halves_null():
 def test_a_fixed_context_retrain_keeps_the_clean_sets_context(model):
     """The ablation's network on a reduced, perturbed set computes what a network built on the clean set computes
     with the same weights (the context is the clean set's); without the ablation an attention network's differs."""
-    from empirics.models import ModelSpec, build_model
-    from empirics.retrain_flip import retrain_model
+    from empirics.experiments.retrain_flip import retrain_model
+    from empirics.nets.models import ModelSpec, build_model
 
     rng = np.random.default_rng(5)
     x = torch.as_tensor(rng.normal(size=(12, 6)), dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""A data set given as a PATH (`empirics.userdata`): IDX folders, image folders, CIFAR-style batches and
+"""A data set given as a PATH (`empirics.data.userdata`): IDX folders, image folders, CIFAR-style batches and
 .npz files built here from the bundled sample, read back and checked against the arrays they were
 built from; class-balanced and "first n" subsets; binary tasks by `--classes`; provenance; refusal of
 pickles that would run code; and `verify malleability | ntk-distance | landscape --dataset PATH` end
@@ -20,9 +20,9 @@ import pytest
 from PIL import Image
 from tolerances import F32_ROUNDING
 
-from empirics import cifar
-from empirics import datasets as D
-from empirics.userdata import load_data, load_split, load_user_dataset
+from empirics.data import cifar
+from empirics.data import datasets as D
+from empirics.data.userdata import load_data, load_split, load_user_dataset
 from ntkm.errors import UserInputError
 from verify.cli import main
 
@@ -274,7 +274,7 @@ def test_ntk_distance_and_landscape_take_a_path(tmp_path: Path, image_folder):
 def test_provenance_is_the_same_whichever_spelling_found_the_files(idx_folder, tmp_path: Path):
     """The opened-data cache is keyed by resolved paths; the per-file content digests must be looked up the same way,
     or a second spelling of the same folder (a symlink, `..`) loses them within one process."""
-    from empirics.datasets import load_dataset
+    from empirics.data.datasets import load_dataset
 
     root = idx_folder.parent if idx_folder.name == "mnist" else idx_folder
     link = tmp_path / "link"

@@ -38,7 +38,8 @@ def test_values_are_the_strings_of_stored_records(baseline):
     cfg = baseline["results"]["malleability:mnist:10class@proper"]["config"]
     assert list(PAPER_ATTACKS) == cfg["attacks"] and list(PAPER_PAIR.paper_order) == cfg["models"]
     assert {baseline["results"][f"kappa:{d}"]["dataset"] for d in DATASETS} == {"mnist", "cifar10"}
-    assert ATTACKS == ("fgsm", "pgd", "mim", "random")  # the order seeds each attack (empirics.malleability)
+    # the order seeds each attack (empirics.experiments.malleability)
+    assert ATTACKS == ("fgsm", "pgd", "mim", "random")
     assert MODEL_KINDS == ("relu", "attn", "softmax", "qkv")
 
 

@@ -17,13 +17,18 @@ from torch import nn
 from torch.func import functional_call, jacrev, vmap
 from torchscript import script
 
-from empirics.audit_attribution import INSTALL, PEERS, installed
-from empirics.audit_ntk import ModelJacobian
+from empirics.attribution.audit_attribution import INSTALL, PEERS, installed
+from empirics.attribution.gauss_newton import (
+    gn_influence_explicit,
+    gn_influence_full,
+    gn_influence_mean,
+    loss_residuals,
+)
 from empirics.common import Tensors, train_network
-from empirics.datasets import DataRequest, load_dataset
-from empirics.gauss_newton import gn_influence_explicit, gn_influence_full, gn_influence_mean, loss_residuals
-from empirics.models import ModelSpec, save_model
-from empirics.train import TrainConfig
+from empirics.data.datasets import DataRequest, load_dataset
+from empirics.kernels.audit_ntk import ModelJacobian
+from empirics.nets.models import ModelSpec, save_model
+from empirics.nets.train import TrainConfig
 from verify.audit.estimators import ESTIMATORS
 from verify.audit.risk import NOT_MEASURABLE, NOT_VALIDATED, RISK_LEVELS, assess_risk, model_gate, risk_level
 from verify.cli import main
@@ -376,7 +381,7 @@ def test_gauss_newton_woodbury_matches_explicit_hessian_inverse():
 def test_empirical_fisher_dual_matches_explicit_fisher_inverse():
     """The n-dimensional Woodbury form of empirical-Fisher influence against the P x P Fisher solve, with the full
     gradient Gram (r_i^T J_i J_j^T r_j) and, for a model whose outputs do not couple, the mean-kernel Gram."""
-    from empirics.gauss_newton import ef_grams_mean, ef_influence, ef_influence_explicit
+    from empirics.attribution.gauss_newton import ef_grams_mean, ef_influence, ef_influence_explicit
 
     x, xt, y, yt, J, Jt, r, rt = _tanh_problem(1, 9, 7)
     S = np.einsum("ic,icp,jdp,jd->ij", r, J, J, r)

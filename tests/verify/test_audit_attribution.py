@@ -1,6 +1,6 @@
-"""The field's attribution libraries inside the audit (`empirics.audit_attribution`), checked against what is known
-independently: the rewritten graph computes the model's function; kronfluence's KFAC on a linear least-squares model
-is the closed-form Gauss-Newton influence; TRAK at a projection as large as the parameters is its closed form
+"""The field's attribution libraries inside the audit (`empirics.attribution.audit_attribution`), checked against what
+is known independently: the rewritten graph computes the model's function; kronfluence's KFAC on a linear least-squares
+model is the closed-form Gauss-Newton influence; TRAK at a projection as large as the parameters is its closed form
 `diag(1 - p) Phi (Phi^T Phi)^-1 phi_t`; kronfluence's identity scores are autograd's gradient dot products. The
 library-backed tests run only where the library is installed; without it, every row says how to install it."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from empirics import audit_attribution as aa
+from empirics.attribution import audit_attribution as aa
 from empirics.common import Tensors
 from ntkm.errors import UserInputError
 from reports.audit_report import lds_rows

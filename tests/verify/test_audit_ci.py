@@ -17,7 +17,7 @@ from tolerances import F64_ROUNDING
 from torch import nn
 from torchscript import script
 
-from empirics.datasets import DataRequest, load_dataset
+from empirics.data.datasets import DataRequest, load_dataset
 from empirics.intervals import wilson
 from verify.audit.ci import DIFF_MOVED_EXIT, FAIL_ON_EXIT, diff_records, load_schema, schema_errors
 from verify.audit.config import SCHEMA_VERSION

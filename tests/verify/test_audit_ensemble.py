@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from empirics.attribution.gauss_newton import ef_influence_explicit, loss_residuals
 from empirics.common import Tensors
-from empirics.gauss_newton import ef_influence_explicit, loss_residuals
 from verify.audit.config import AuditConfig
 from verify.audit.ensemble import PREFIX, ensemble_estimates
 from verify.audit.estimators import EF_RIDGE_REL, ESTIMATORS
@@ -98,7 +98,7 @@ def test_the_generalised_gauss_newton_estimator_says_why_it_did_not_run(monkeypa
     """Above its exact dual's size limit the estimator is not computed and the panel's unscored rows say why, instead
     of an interval of NaN; below it, it is computed beside the others."""
     import verify.audit.estimators as estimators
-    from empirics.audit_ntk import ModelJacobian
+    from empirics.kernels.audit_ntk import ModelJacobian
     from verify.audit.measure import GenericKernels, Network, estimate_network
 
     t, _, inner, net = _setup()

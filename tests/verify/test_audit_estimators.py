@@ -6,7 +6,7 @@ other file edited.
 The known answer: a model linear in its parameters, `f(x) = W x` with `c` outputs, whose Jacobian `J_i = I_c (x)
 x_i^T` is explicit, so the empirical NTK is `X X^T (x) I_c` exactly. NTK leave-one-out is checked against actually
 refitting the kernel machine without each point; the Gauss-Newton family against its P x P parameter-space
-formula (`empirics.gauss_newton.*_explicit`, damping = ridge / n)."""
+formula (`empirics.attribution.gauss_newton.*_explicit`, damping = ridge / n)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,7 @@ import torch
 from tolerances import F64_SOLVE
 from torch import nn
 
-from empirics.audit_ntk import ModelJacobian
-from empirics.common import Tensors
-from empirics.gauss_newton import (
+from empirics.attribution.gauss_newton import (
     ef_influence_explicit,
     ggn_influence_explicit,
     gn_influence_explicit,
@@ -28,7 +26,9 @@ from empirics.gauss_newton import (
     loss_residuals,
     output_hessians,
 )
-from empirics.influence import Ridge, influence_from_kernels
+from empirics.attribution.influence import Ridge, influence_from_kernels
+from empirics.common import Tensors
+from empirics.kernels.audit_ntk import ModelJacobian
 from verify.audit.config import AuditConfig
 from verify.audit.ensemble import ensemble_labels
 from verify.audit.estimators import ESTIMATORS, KernelEstimator, Scoring, kernel_estimator

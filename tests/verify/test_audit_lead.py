@@ -11,12 +11,12 @@ import torch
 from tolerances import F32_ROUNDING, F64_ALGORITHM
 from torch import nn
 
-from empirics.audit_ntk import ModelJacobian
+from empirics.attribution.gauss_newton import loss_residuals
 from empirics.common import Tensors, train_network
-from empirics.gauss_newton import loss_residuals
-from empirics.malleability import n_top
-from empirics.models import ModelSpec
-from empirics.protocols import PROPER, protocol_config
+from empirics.experiments.malleability import n_top
+from empirics.kernels.audit_ntk import ModelJacobian
+from empirics.nets.models import ModelSpec
+from empirics.nets.protocols import PROPER, protocol_config
 from verify.audit.config import AuditConfig
 from verify.audit.estimators import ESTIMATORS, Scoring
 from verify.audit.measure import (

@@ -15,9 +15,9 @@ from tolerances import F32_ACCUMULATED, F32_ROUNDING, F64_ALGORITHM, F64_ROUNDIN
 from torch import nn
 from torchscript import script
 
-from empirics.audit_ntk import ModelJacobian
-from empirics.models import ModelSpec, build_model, save_model
-from empirics.ntk import empirical_ntk
+from empirics.kernels.audit_ntk import ModelJacobian
+from empirics.kernels.ntk import empirical_ntk
+from empirics.nets.models import ModelSpec, build_model, save_model
 from ntkm.errors import UserInputError
 from verify.audit.modelio import (
     FlatInput,

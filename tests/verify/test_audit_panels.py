@@ -12,12 +12,12 @@ import torch
 from torch import nn
 from torchscript import script
 
-from empirics.audit_ntk import ModelJacobian
+from empirics.attribution.gauss_newton import gn_influence_mean, loss_residuals
+from empirics.attribution.influence import influence_from_kernels
 from empirics.common import Tensors
-from empirics.datasets import DataRequest, load_dataset
-from empirics.gauss_newton import gn_influence_mean, loss_residuals
-from empirics.influence import influence_from_kernels
-from empirics.losses import targets
+from empirics.data.datasets import DataRequest, load_dataset
+from empirics.kernels.audit_ntk import ModelJacobian
+from empirics.nets.losses import targets
 from verify.audit.budget import budget_curves
 from verify.audit.config import AuditConfig
 from verify.audit.measure import GenericKernels

@@ -8,13 +8,15 @@ import ast
 import math
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from empirics.userdata import Split
-from empirics.vocab import PAPER_PAIR, model_name
+from empirics.data.userdata import Split
+from empirics.vocab import PAPER_PAIR
 from theory.bounds import width_bound_v1
+from verify.audit import references
 from verify.audit.binding import AuditRun, Stage
 from verify.audit.config import AuditConfig
 from verify.audit.diagnostics import diagnostics
@@ -103,8 +105,26 @@ def test_diagnostics_fall_back_to_the_effective_kappa_on_rank_deficient_data():
     assert d["models"][0]["log10_width"] == pytest.approx(math.log10(8))
 
 
-def test_the_references_are_the_papers_pair_under_their_paper_names():
-    assert [model_name(k) for k in PAPER_PAIR.paper_order] == ["2L-ReLU", "MLP-Attn"]
+def test_the_references_are_the_papers_pair_under_their_paper_names(monkeypatch):
+    """`references.reference_models` trains and measures the paper's pair, in the paper's order, under the paper's
+    names, with how each was trained and its adequacy gate."""
+    import torch
+
+    from empirics.common import Tensors
+    from empirics.nets.protocols import PROPER
+
+    monkeypatch.setenv("NTKM_PROGRESS", "0")
+    g = torch.Generator().manual_seed(5)
+    t = Tensors(torch.rand(24, 6, generator=g), torch.arange(24) % 3, torch.rand(8, 6, generator=g),
+                torch.arange(8) % 3, 3)
+    cfg = AuditConfig("model", "train", tau=0.25, steps=2, baseline_seeds=2, hessian_iters=2, attacks=("pgd",),
+                      eps=0.2, seed=1, ref_width=8, ref_epochs=2)
+    models = references.reference_models(SimpleNamespace(cfg=cfg, st=Stage(), t=t), "ntk", "cpu")
+    assert list(models) == list(PAPER_PAIR.paper_order) == ["relu", "attn"]
+    assert [m["label"] for m in models.values()] == ["2L-ReLU (m=8)", "MLP-Attn (m=8)"]
+    for m in models.values():
+        assert m["training"]["protocol"] == PROPER and m["training"]["max_epochs"] == 2 and "passed" in m["gate"]
+        assert m["estimator"] == "ntk" and len(m["selected"]) == m["n_selected"] > 0
 
 
 def test_the_lead_is_the_validity_panels_else_ntk_leave_one_out():

@@ -14,8 +14,8 @@ from torch import nn
 from torch.func import functional_call, jacrev, vmap
 from torchscript import script
 
-from empirics.audit_ntk import ModelJacobian, ProjectedJacobian, Projection
 from empirics.common import Tensors
+from empirics.kernels.audit_ntk import ModelJacobian, ProjectedJacobian, Projection
 from verify.audit.ci import load_schema, schema_errors
 from verify.audit.config import AuditConfig
 from verify.audit.projection import AUTO_DIM, choose_projection, projection_error
@@ -30,7 +30,7 @@ def _mlp() -> nn.Module:
 
 
 def _exact(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The mean-reduction empirical NTK from torch.func Jacobians (independent of `empirics.audit_ntk`)."""
+    """The mean-reduction empirical NTK from torch.func Jacobians (independent of `empirics.kernels.audit_ntk`)."""
     params = {k: v.detach() for k, v in model.named_parameters()}
     j = vmap(jacrev(lambda p, xi: functional_call(model, p, (xi[None],))[0]), (None, 0))(params, x)
     flat = torch.cat([v.reshape(len(x), v.shape[1], -1) for v in j.values()], 2).double()

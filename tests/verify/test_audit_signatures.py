@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_PARAMS = 6
-GLOBS = ("verify/audit/*.py", "empirics/audit_*.py", "reports/audit_*.py", "verify/commands/audit.py")
+GLOBS = ("verify/audit/*.py", "empirics/*/audit_*.py", "reports/audit_*.py", "verify/commands/audit.py")
 #: Every source folder outside tests (issue 41).
 SOURCE_FOLDERS = ("ntkm", "theory", "empirics", "verify", "reports", "benchmarks", "scripts")
 
@@ -42,8 +42,8 @@ def too_long(path: Path) -> list[str]:
 
 def test_the_audit_files_are_found():
     names = {p.relative_to(ROOT).as_posix() for p in audit_files()}
-    assert {"verify/audit/pipeline.py", "verify/audit/validity.py", "empirics/audit_ntk.py",
-            "empirics/audit_attribution.py", "reports/audit_report.py", "verify/commands/audit.py"} <= names
+    assert {"verify/audit/pipeline.py", "verify/audit/validity.py", "empirics/kernels/audit_ntk.py",
+            "empirics/attribution/audit_attribution.py", "reports/audit_report.py", "verify/commands/audit.py"} <= names
 
 
 @pytest.mark.parametrize("source, count", [
@@ -70,7 +70,7 @@ def source_files() -> list[Path]:
 
 def test_the_source_files_are_found():
     names = {p.relative_to(ROOT).as_posix() for p in source_files()}
-    assert {"empirics/train.py", "verify/stability.py", "benchmarks/harness.py", "scripts/compare_claims.py",
+    assert {"empirics/nets/train.py", "verify/stability.py", "benchmarks/harness.py", "scripts/compare_claims.py",
             "theory/bounds.py", "ntkm/io.py"} <= names
 
 

@@ -1,5 +1,5 @@
 """The Kronecker projection's dimension allocated by each weight's measured share of the kernel (issue 29, item 6:
-`empirics.audit_structured.allocate`, `pilot_spectra`, `ProjectedStructured`).
+`empirics.kernels.audit_structured.allocate`, `pilot_spectra`, `ProjectedStructured`).
 
 Checked: the rule on synthetic spectra (within the budget and filling it, more features for a larger share, a weight
 or side given all its dimensions kept exact and the rest of the budget going to the others); the pilot's measured
@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
-from empirics.audit_ntk import Projection
-from empirics.audit_structured import (
+from empirics.kernels.audit_ntk import Projection
+from empirics.kernels.audit_structured import (
     SKETCH,
     LayerModel,
     ProjectedStructured,

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torchscript import script
 
-from empirics.datasets import DataRequest, load_dataset
+from empirics.data.datasets import DataRequest, load_dataset
 from ntkm.errors import UserInputError
 from verify.cli import main
 from verify.outputs import MANIFEST, check_output_dir, output_set

@@ -166,7 +166,7 @@ def test_parse_json_reads_ordinary_records_like_json_loads():
 @pytest.mark.parametrize("digit", ["²", "٣", "３"])
 def test_unicode_digits_are_refused_in_one_line(digit: str):
     """Issue 27: '²'.isdigit() is True but int('²') fails: a traceback from --classes and --ray-address."""
-    from empirics.userdata import pick_classes
+    from empirics.data.userdata import pick_classes
     from verify.executors import check_address
 
     with pytest.raises(UserInputError, match="neither a class"):

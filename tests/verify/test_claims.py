@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fake_records import complete
 
-from empirics.distance import DistanceRecord
-from empirics.influence import RetrainRecord
+from empirics.attribution.influence import RetrainRecord
+from empirics.experiments.distance import DistanceRecord
 from verify.claims import VERDICTS, all_claims, claim_row
 from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, PartlyAs
 from verify.claims.ntk import _contrast_claim, ntk_claim
@@ -89,7 +89,7 @@ def _block(kind: str, per_seed: dict[int, list[float]], secondary: list[float] |
            passed: bool = True, gd: dict[int, list[float]] | None = None, gd_passed: bool = True) -> dict:
     """A synthetic ntk-distance block with real slope intervals computed from the runs; the gd-mse estimand
     follows `per_seed` unless `gd` is given."""
-    from empirics.distance import GD_METRIC, METRICS, slope_interval
+    from empirics.experiments.distance import GD_METRIC, METRICS, slope_interval
 
     sec = secondary or [1.0] * len(WIDTHS)
     gd = gd or per_seed
@@ -280,7 +280,7 @@ def test_ntk_rule_drops_widths_below_the_gate_and_needs_three():
 def test_landscape_claim_is_underdetermined_when_the_normalisation_splits_it():
     """As measured ReLU is flatter ('does not hold'); per unit loss (it trained to a 4x lower loss) it is sharper
     ('holds'): the claim reads 'underdetermined (normalisation)' and names both (issue 40 item 2)."""
-    from empirics.landscape import LandscapeRecord, landscape_verdict
+    from empirics.experiments.landscape import LandscapeRecord, landscape_verdict
     from verify.claims.landscape import LANDSCAPE_CLAIMS
 
     def run(seed: int, model: str, value: float, loss: float) -> dict:

@@ -4,7 +4,7 @@ axis), one unit per condition with the preprocessing in its config, and the verd
 
 from __future__ import annotations
 
-from empirics.protocols import proper_lr
+from empirics.nets.protocols import proper_lr
 from verify.claims import PROTOCOLS, Claim, Outcome, Verdict, claim_row, claim_units, conditions, units
 from verify.claims.base import CLAIMS_PROTOCOLS, HOLDS, NA, NOT, PARTLY, PREPROCESSINGS, claims_protocol
 from verify.experiments import units_for

@@ -1,5 +1,6 @@
 """Every malleability rule driven to each of its outcomes by synthetic records (`runs` lists in the
-contract of `empirics.malleability.run_malleability`, summarised by `empirics.mall_stats.summarise`)."""
+contract of `empirics.experiments.malleability.run_malleability`, summarised by
+`empirics.experiments.mall_stats.summarise`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import numpy as np
 import pytest
 from fake_records import complete
 
+from empirics.experiments.mall_stats import POOLED, summarise
+from empirics.experiments.malleability import MalleabilityConfig, MalleabilityRecord
 from empirics.intervals import fieller, t_interval
-from empirics.mall_stats import POOLED, summarise
-from empirics.malleability import MalleabilityConfig, MalleabilityRecord
 from ntkm import codec
 from verify.claims import claim_row, evaluate_claim, units
 from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, PartlyAs

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from empirics.premise import BinaryKappaRecord, PremiseRecord
+from empirics.experiments.premise import BinaryKappaRecord, PremiseRecord
 from theory.paper import PAPER_KAPPA
 from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, UNDERDETERMINED
 from verify.claims.kappa import (
@@ -239,7 +239,7 @@ def test_extra_units_have_json_ready_configs_and_module_level_functions() -> Non
     for name, unit in units.items():
         assert unit.name == name
         assert json.loads(json.dumps(unit.config)) == unit.config
-        assert unit.fn.__module__ == "empirics.premise" and "<locals>" not in unit.fn.__qualname__
+        assert unit.fn.__module__ == "empirics.experiments.premise" and "<locals>" not in unit.fn.__qualname__
     assert units["premise:thm4.7"].config["ns"] == [8] and units["kappa:binary"].config["seeds"] == [0, 1]
     assert set(CLAIMS["thm4.7-premise"].units) | set(CLAIMS["binary-cifar-kappa"].units) == set(units)
     assert not CLAIMS["thm4.7-premise"].empirical and not CLAIMS["binary-cifar-kappa"].empirical

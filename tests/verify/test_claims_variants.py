@@ -9,9 +9,9 @@ import pytest
 from fake_records import complete
 from test_claims_malleability import STRONG, fake_record
 
-from empirics.distance import KERNEL_PREDICTOR_ACC, DistanceRecord
-from empirics.mall_stats import summarise
-from empirics.malleability import MalleabilityConfig, MalleabilityRecord
+from empirics.experiments.distance import KERNEL_PREDICTOR_ACC, DistanceRecord
+from empirics.experiments.mall_stats import summarise
+from empirics.experiments.malleability import MalleabilityConfig, MalleabilityRecord
 from verify.claims import units
 from verify.claims.base import HOLDS, NA, NOT, PARTLY, Outcome
 from verify.claims.malleability import flip_outcome

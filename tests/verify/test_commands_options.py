@@ -9,10 +9,10 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from empirics.distance import DistanceConfig
-from empirics.landscape import LandscapeConfig
-from empirics.malleability import MalleabilityConfig
-from empirics.protocols import PAPER, PROPER, protocol_config
+from empirics.experiments.distance import DistanceConfig
+from empirics.experiments.landscape import LandscapeConfig
+from empirics.experiments.malleability import MalleabilityConfig
+from empirics.nets.protocols import PAPER, PROPER, protocol_config
 from verify.cli import _command_modules, build_parser
 from verify.commands.options import DataOptions, Param, RunOptions, options
 from verify.presets import PRESETS

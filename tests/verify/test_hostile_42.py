@@ -292,7 +292,7 @@ class FailsLater(Linear):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict:
-    from empirics.datasets import DataRequest, load_dataset
+    from empirics.data.datasets import DataRequest, load_dataset
 
     d = tmp_path_factory.mktemp("h42")
     ds = load_dataset("mnist", n_train=40, n_test=10, request=DataRequest(source="bundled"))
@@ -367,7 +367,7 @@ def test_a_fifo_as_the_model_or_an_idx_file_is_one_line(data: dict, tmp_path: Pa
     code, err = _main(["audit", "--model", str(tmp_path / "model.ts"), "--train", str(data["train"]), "--test",
                        str(data["test"]), *TINY, "--out", str(tmp_path / "a.pdf")], capsys)
     assert code == 2 and "named pipe" in _one_line(err)
-    from empirics.idx import read_idx_bytes
+    from empirics.data.idx import read_idx_bytes
 
     with pytest.raises(UserInputError, match="named pipe"):
         read_idx_bytes(tmp_path / "model.ts")

@@ -7,9 +7,9 @@ import pytest
 from fake_records import complete
 from test_claims_malleability import LEVEL_, PAPERLIKE, fake_record, flat
 
-from empirics.influence import RetrainRecord
+from empirics.attribution.influence import RetrainRecord
+from empirics.experiments.retrain_flip import RetrainFlipRecord
 from empirics.intervals import wilson
-from empirics.retrain_flip import RetrainFlipRecord
 from verify.claims import all_claims, claim_units, evaluate_claim, units
 from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY
 from verify.claims.influence import VALIDITY_RULE, control_outcome
@@ -100,7 +100,7 @@ def _flip_record(model: str, attack_flips: int, random_flips: int = 0, k: int = 
                  noise_only: bool = False, dataset: str = "mnist", task: str = "10class") -> RetrainFlipRecord:
     """A retrain-based flip record whose statistics are computed from synthetic effects (k points x 3 seeds): clean
     effects about +1 (or pure noise about 0), the first `attack_flips` (`random_flips`) turned to about -1."""
-    from empirics.retrain_flip import effect_flips, resolved_points, seed_flip_rate
+    from empirics.experiments.retrain_flip import effect_flips, resolved_points, seed_flip_rate
 
     rng = np.random.default_rng(attack_flips * 31 + random_flips)
     clean = 0.05 * rng.normal(size=(k, 3))

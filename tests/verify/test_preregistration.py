@@ -86,9 +86,9 @@ def test_the_digest_moves_with_a_rule_text_the_gate_the_design_and_the_deviation
     assert [k for k in base["rules_sha256"] if base["rules_sha256"][k] != moved["rules_sha256"][k]] == ["flip-mnist"]
     assert moved["parts_sha256"]["gate"] == base["parts_sha256"]["gate"]
     monkeypatch.undo()
-    import empirics.protocols
+    import empirics.nets.protocols
 
-    monkeypatch.setattr(empirics.protocols, "GATE_TEXT", empirics.protocols.GATE_TEXT + ".")
+    monkeypatch.setattr(empirics.nets.protocols, "GATE_TEXT", empirics.nets.protocols.GATE_TEXT + ".")
     assert pr.preregistration("smoke", f)["parts_sha256"]["gate"] != base["parts_sha256"]["gate"]
     monkeypatch.undo()
     assert pr.preregistration("quick", f)["parts_sha256"]["design"] != base["parts_sha256"]["design"]

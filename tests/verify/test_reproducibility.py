@@ -77,7 +77,7 @@ def test_configuration_blocks_are_not_moved_so_a_zero_weight_decay_stays_a_valid
     decay that `TrainConfig` rejects (the quick run's check once failed on exactly that)."""
     from dataclasses import asdict
 
-    from empirics.train import TrainConfig
+    from empirics.nets.train import TrainConfig
 
     noise = rp.FloatNoise(np.random.default_rng(1))
     cfg = asdict(TrainConfig(weight_decay=0.0, lr=0.01))

@@ -8,8 +8,14 @@ import pytest
 from fake_records import complete
 from test_power import exact_power
 
-from empirics.malleability import n_top
-from empirics.retrain_flip import RetrainFlipRecord, effect_flips, halves_by_loss, resolved_points, seed_flip_rate
+from empirics.experiments.malleability import n_top
+from empirics.experiments.retrain_flip import (
+    RetrainFlipRecord,
+    effect_flips,
+    halves_by_loss,
+    resolved_points,
+    seed_flip_rate,
+)
 from ntkm.errors import UserInputError
 from verify.claims import all_claims, claim_units, evaluate_claim, units
 from verify.claims.base import HOLDS, INCONCLUSIVE, NA, NOT, PARTLY, PartlyAs

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from empirics.distance import DistanceRecord
-from empirics.influence import RetrainRecord
-from empirics.landscape import LandscapeJudgement, LandscapeRecord
-from empirics.mall_stats import MallSummary
-from empirics.malleability import MalleabilityRecord
+from empirics.attribution.influence import RetrainRecord
+from empirics.experiments.distance import DistanceRecord
+from empirics.experiments.landscape import LandscapeJudgement, LandscapeRecord
+from empirics.experiments.mall_stats import MallSummary
+from empirics.experiments.malleability import MalleabilityRecord
 from ntkm import codec
 from verify.experiments import kappa_unit, theory_unit
 from verify.records import KappaRecord, TheoryRecord

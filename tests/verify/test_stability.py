@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from empirics.premise import BinaryKappaRecord
+from empirics.experiments.premise import BinaryKappaRecord
 from ntkm.codec import decode
 from verify import stability as S
 from verify.claims.base import HOLDS, INCONCLUSIVE, Claim, Outcome

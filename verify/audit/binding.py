@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.audit_ntk import ModelJacobian
-from empirics.audit_structured import ProjectedStructured, StructuredJacobian
 from empirics.common import Tensors
-from empirics.malleability import n_top
+from empirics.experiments.malleability import n_top
+from empirics.kernels.audit_ntk import ModelJacobian
+from empirics.kernels.audit_structured import ProjectedStructured, StructuredJacobian
 from empirics.progress import log
 from empirics.records import peak_rss_gib
 from ntkm.errors import UserInputError

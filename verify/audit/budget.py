@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats
 
-from empirics.influence import InfluenceResult
-from empirics.malleability import n_top, top_by_abs
+from empirics.attribution.influence import InfluenceResult
+from empirics.experiments.malleability import n_top, top_by_abs
 from empirics.progress import log
 from reports.text import eps_label
 

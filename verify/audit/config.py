@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from empirics.audit_attribution import PEERS
-from empirics.audit_ntk import PROJECTION_KINDS
-from empirics.influence import RIDGE_REL_DEFAULT
+from empirics.attribution.audit_attribution import PEERS
+from empirics.attribution.influence import RIDGE_REL_DEFAULT
+from empirics.kernels.audit_ntk import PROJECTION_KINDS
 from ntkm.errors import UserInputError
 from verify.audit.budget import REALISTIC_EPS
 from verify.audit.modelio import parse_shape

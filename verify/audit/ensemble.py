@@ -3,9 +3,9 @@
 TRAK (Park et al. 2023) averages its attributions over several trained models and its quality rises with their
 number; the audit already fits the user's model again on the full training set with several seeds (the control
 re-fits behind the re-fit noise and the noise ceiling). Each such checkpoint gets its own exact empirical NTK
-(`empirics.audit_ntk.ModelJacobian` on the re-fitted module) and loss residuals, and every registered estimator of
-`verify.audit.estimators.ESTIMATORS` is computed on it (`estimate_network`); the ensemble estimator is their mean over
-the checkpoints. The validity panel scores each ensemble by the same LDS as every other estimator.
+(`empirics.kernels.audit_ntk.ModelJacobian` on the re-fitted module) and loss residuals, and every registered estimator
+of `verify.audit.estimators.ESTIMATORS` is computed on it (`estimate_network`); the ensemble estimator is their mean
+over the checkpoints. The validity panel scores each ensemble by the same LDS as every other estimator.
 
 No re-fit scores itself: the members are full-data re-fits with the seeds seed, seed + 1, ...; the LDS targets are
 subset re-fits with fresh seeds (`verify.audit.seeding`), so no member is one of the models it is scored against.
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from empirics.audit_ntk import ModelJacobian
 from empirics.common import Tensors
+from empirics.kernels.audit_ntk import ModelJacobian
 from empirics.progress import log
 from verify.audit.config import AuditConfig
 from verify.audit.estimators import ESTIMATORS

@@ -2,11 +2,11 @@
 
 Each estimator scores a training set from the network's empirical NTK on it and the model's loss residuals: NTK
 leave-one-out (the kernel machine's own influence, the paper's), Gauss-Newton, empirical Fisher and generalised
-Gauss-Newton (`empirics.gauss_newton`). The same `score` gives the clean influence and, on a perturbed training set's
-kernels and residuals at the clean data's ridge, the influence after an attack, so the flip rates, levers, budget
-curves and the validity panel treat every registered estimator alike; an unknown name is a one-line error. The
-attribution libraries' scores (kronfluence, TRAK) are validated beside these but are not here: they would need their
-factors fitted again on every perturbed set.
+Gauss-Newton (`empirics.attribution.gauss_newton`). The same `score` gives the clean influence and, on a perturbed
+training set's kernels and residuals at the clean data's ridge, the influence after an attack, so the flip rates,
+levers, budget curves and the validity panel treat every registered estimator alike; an unknown name is a one-line
+error. The attribution libraries' scores (kronfluence, TRAK) are validated beside these but are not here: they would
+need their factors fitted again on every perturbed set.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from empirics.gauss_newton import (
+from empirics.attribution.gauss_newton import (
     GGN_MAX_DIM,
     ef_grams_mean,
     ef_influence,
@@ -26,7 +26,7 @@ from empirics.gauss_newton import (
     gn_influence_mean,
     output_hessians,
 )
-from empirics.influence import InfluenceResult
+from empirics.attribution.influence import InfluenceResult
 
 #: Ridge of the empirical-Fisher influence, relative to the mean diagonal of the gradients' Gram matrix (tr S / n):
 #: the value issue 29 measured best on a small CNN (0.177 LDS there), fixed here before any audit used it.
@@ -83,7 +83,7 @@ class KernelEstimator(ABC):
 
 
 class NtkLeaveOneOut(KernelEstimator):
-    """The kernel machine's exact leave-one-out influence (`empirics.influence.kernel_influence`)."""
+    """The kernel machine's exact leave-one-out influence (`empirics.attribution.influence.kernel_influence`)."""
 
     name, label, needs_residuals = "ntk", "NTK leave-one-out", False
 
@@ -98,8 +98,8 @@ class NtkLeaveOneOut(KernelEstimator):
 
 
 class GaussNewton(KernelEstimator):
-    """Gauss-Newton influence on the same kernel via Woodbury (`empirics.gauss_newton.gn_influence_mean`), at the
-    NTK leave-one-out ridge."""
+    """Gauss-Newton influence on the same kernel via Woodbury (`empirics.attribution.gauss_newton.gn_influence_mean`),
+    at the NTK leave-one-out ridge."""
 
     name, label = "gn", "Gauss-Newton"
 
@@ -111,7 +111,7 @@ class GaussNewton(KernelEstimator):
 
 
 class EmpiricalFisher(KernelEstimator):
-    """Empirical-Fisher influence, exact in the dual (`empirics.gauss_newton.ef_influence`), its ridge
+    """Empirical-Fisher influence, exact in the dual (`empirics.attribution.gauss_newton.ef_influence`), its ridge
     `EF_RIDGE_REL` times the mean diagonal of the gradients' Gram matrix (NaN influence where that is 0)."""
 
     name, label = "ef", "empirical Fisher (exact, dual)"
@@ -127,7 +127,8 @@ class EmpiricalFisher(KernelEstimator):
 
 class GeneralisedGaussNewton(KernelEstimator):
     """Generalised Gauss-Newton influence with the loss's Hessian in the outputs, exact in the dual
-    (`empirics.gauss_newton.ggn_influence_mean`); it runs where the dual (n x classes square) fits `GGN_MAX_DIM`."""
+    (`empirics.attribution.gauss_newton.ggn_influence_mean`); it runs where the dual (n x classes square) fits
+    `GGN_MAX_DIM`."""
 
     name, label = "ggn", "generalised Gauss-Newton (loss Hessian, exact, dual)"
 

@@ -2,20 +2,20 @@
 
 For the user's model and each reference network:
 - the empirical NTK ("mean" reduction) on the training subset and test set: the suite's closed form for its
-  own networks (`SuiteKernels`), `empirics.audit_ntk` (exact, memory-bounded) for any other model, or its
+  own networks (`SuiteKernels`), `empirics.kernels.audit_ntk` (exact, memory-bounded) for any other model, or its
   random projection to k dimensions when the Jacobians do not fit memory or `projection_dim` asks
   (`GenericKernels`; the choice and its error in `verify.audit.projection`);
-- NTK leave-one-out influence of each training point on the test loss (`empirics.influence`), and
-  Gauss-Newton influence on the same kernel via Woodbury (`empirics.gauss_newton`), with their Spearman
+- NTK leave-one-out influence of each training point on the test loss (`empirics.attribution.influence`), and
+  Gauss-Newton influence on the same kernel via Woodbury (`empirics.attribution.gauss_newton`), with their Spearman
   rank correlation;
-- the flip-rate protocol (`empirics.malleability`: top tau by |influence|, attack them at eps, recompute
+- the flip-rate protocol (`empirics.experiments.malleability`: top tau by |influence|, attack them at eps, recompute
   the kernel, count total-influence sign flips, Spearman rho): for a user model the kernel rows and columns
   of the perturbed points are recomputed; for the suite's networks the whole kernel (MLP-Attn's context C
   changes with every training point). The random-noise baseline (random signs times eps on the same
   points) is run with `baseline_seeds` seeds;
 - the spectrum and condition number of the empirical NTK (`ntk_spectrum`);
 - sharpness: the top Hessian eigenvalue of the mean training loss (cross-entropy, or MSE on +-1 for one
-  output), by power iteration on Hessian-vector products (`top_hessian`, `empirics.landscape`), on the
+  output), by power iteration on Hessian-vector products (`top_hessian`, `empirics.experiments.landscape`), on the
   points `hessian_subset` chooses (`verify.audit.sharpness`).
 """
 
@@ -30,16 +30,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.attacks import ATTACKS, AttackConfig, attack
-from empirics.audit_ntk import JacobianFeatures, ModelJacobian, ProjectedJacobian
-from empirics.audit_structured import ProjectedStructured
+from empirics.attribution.gauss_newton import loss_residuals
+from empirics.attribution.influence import InfluenceResult, Ridge, influence_from_kernels, model_kernels
 from empirics.common import Tensors
-from empirics.gauss_newton import loss_residuals
-from empirics.influence import InfluenceResult, Ridge, influence_from_kernels, model_kernels
+from empirics.experiments.malleability import compare, n_top, top_by_abs
 from empirics.intervals import spearman
-from empirics.losses import predict_labels, targets
-from empirics.malleability import compare, n_top, top_by_abs
-from empirics.models import TwoLayerNet
+from empirics.kernels.audit_ntk import JacobianFeatures, ModelJacobian, ProjectedJacobian
+from empirics.kernels.audit_structured import ProjectedStructured
+from empirics.nets.attacks import ATTACKS, AttackConfig, attack
+from empirics.nets.losses import predict_labels, targets
+from empirics.nets.models import TwoLayerNet
 from empirics.progress import log
 from empirics.records import peak_rss_gib
 from reports.text import eps_label
@@ -54,7 +54,7 @@ from verify.audit.sharpness import HvpOptions, hessian_subset, top_hessian
 class SuiteKernels:
     """Kernels of the suite's own networks: closed form, recomputed whole on modified data."""
 
-    method = "closed form (empirics.ntk.empirical_ntk), float64"
+    method = "closed form (empirics.kernels.ntk.empirical_ntk), float64"
 
     def __init__(self, model: TwoLayerNet):
         self.model = model
@@ -136,7 +136,7 @@ def _seed(base: int, name: str, k: int = 0) -> int:
 
 
 #: `probe(chosen, attack, eps, seed)`: attack the training points `chosen` and return the comparison of influence
-#: before and after (`empirics.malleability.compare`) with the influence on the perturbed set.
+#: before and after (`empirics.experiments.malleability.compare`) with the influence on the perturbed set.
 Probe = Callable[[np.ndarray, str, float, int], tuple[dict[str, Any], InfluenceResult]]
 
 

@@ -23,10 +23,10 @@ unpickled (`check_pickle`): a pickle that names any global outside the tensor-on
 A module saved in training mode with batch norm or dropout is refused (call `model.eval()` first).
 
 Weights (safetensors or a state dict) need an architecture spec: the JSON that
-`empirics.models.save_model` writes beside them (`PATH.json`, or `--spec FILE`); only the suite's
+`empirics.nets.models.save_model` writes beside them (`PATH.json`, or `--spec FILE`); only the suite's
 own networks can be rebuilt from weights.
 
-Data (`--train`, `--test`), read by `empirics.userdata` (the data front-end the experiments use too;
+Data (`--train`, `--test`), read by `empirics.data.userdata` (the data front-end the experiments use too;
 `Split`, `load_split`, `check_labels` and `sniff_format` stay importable from here): a `.npz` with
 arrays `x`, `y` (or `x_train`, `y_train`, `x_test`, `y_test`), an MNIST IDX folder, a CIFAR-10
 python-batch folder, an image folder `ROOT/{train,test}/<class>/*.png|jpg`, or a built-in data set name
@@ -53,10 +53,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from empirics.userdata import Split, sniff_format
-from empirics.userdata import check_labels as check_labels
-from empirics.userdata import first_line as _first_line
-from empirics.userdata import load_split as load_split
+from empirics.data.userdata import Split, sniff_format
+from empirics.data.userdata import check_labels as check_labels
+from empirics.data.userdata import first_line as _first_line
+from empirics.data.userdata import load_split as load_split
 from ntkm.errors import UserInputError
 from ntkm.io import sha256_file
 
@@ -448,20 +448,20 @@ def _load_spec(weights: Path, spec: str | Path | None) -> tuple[dict[str, Any], 
     if found is None:
         where = str(cands[0]) if spec else " or ".join(str(c) for c in cands)
         raise UserInputError(f"weights in {weights} need an architecture spec but {where} does not exist; pass "
-                             "--spec FILE (the JSON empirics.models.save_model writes), or save the model with "
+                             "--spec FILE (the JSON empirics.nets.models.save_model writes), or save the model with "
                              "torch.jit.script(model).save(PATH) or torch.export.save(...) instead")
     try:
         doc = json.loads(found.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserInputError(f"spec {found} is not valid JSON ({_first_line(exc)})") from None
     if not isinstance(doc, dict) or doc.get("format") != SPEC_FORMAT or not isinstance(doc.get("spec"), dict):
-        raise UserInputError(f"spec {found} is not a '{SPEC_FORMAT}' file (written by empirics.models.save_model)")
+        raise UserInputError(f"spec {found} is not a '{SPEC_FORMAT}' file (written by empirics.nets.models.save_model)")
     return doc["spec"], found
 
 
 def _build_suite(tensors: dict[str, torch.Tensor], spec: dict[str, Any], path: Path) -> nn.Module:
-    from empirics.kinds import kind as kind_of
-    from empirics.models import ModelSpec, build_model
+    from empirics.nets.kinds import kind as kind_of
+    from empirics.nets.models import ModelSpec, build_model
 
     try:
         ms = ModelSpec(**spec)
@@ -753,7 +753,7 @@ def fx_graph_for(loaded: LoadedModel, model: FlatInput, x_sample: np.ndarray) ->
             logging.getLogger("torch").setLevel(level)
     except Exception:  # noqa: BLE001 - the converter is optional; any failure means "no graph"
         return None
-    from empirics.audit_ntk import trainable
+    from empirics.kernels.audit_ntk import trainable
 
     n_ts = sum(p.numel() for p in loaded.module.parameters() if p.requires_grad)
     if not same or sum(t.numel() for t in trainable(gm).values()) != n_ts:
@@ -772,7 +772,7 @@ PARAM_COPIES = 8
 def available_memory() -> int:
     """Bytes this process may still allocate: the machine's available memory, within the address-space limit
     (`ulimit -v`, less what the process already maps) when one is set."""
-    from empirics.userdata import memory_bytes
+    from empirics.data.userdata import memory_bytes
 
     avail = memory_bytes()
     try:

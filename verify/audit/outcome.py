@@ -34,11 +34,11 @@ import scipy.linalg
 import torch
 from torch import nn
 
-from empirics.attacks import AttackConfig, attack
-from empirics.gauss_newton import gn_influence_mean, loss_residuals
-from empirics.influence import Ridge, influence_from_kernels
+from empirics.attribution.gauss_newton import gn_influence_mean, loss_residuals
+from empirics.attribution.influence import Ridge, influence_from_kernels
 from empirics.intervals import t_interval, wilson
-from empirics.losses import targets
+from empirics.nets.attacks import AttackConfig, attack
+from empirics.nets.losses import targets
 from empirics.progress import log
 from empirics.vocab import NOT_MEASURABLE
 from verify.audit.config import AuditConfig

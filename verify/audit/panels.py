@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.audit_attribution import NOT_APPLICABLE, OK, peer_estimators, unscored
-from empirics.audit_ntk import ModelJacobian
+from empirics.attribution.audit_attribution import NOT_APPLICABLE, OK, peer_estimators, unscored
+from empirics.kernels.audit_ntk import ModelJacobian
 from empirics.progress import log
 from empirics.vocab import NOT_MEASURABLE
 from verify.audit.binding import AuditRun

@@ -18,7 +18,7 @@ Each step lives in its own module, named below; the settings are `verify.audit.c
    leave-one-out when the panel does not run).
 4. For your model, and for the paper's two reference networks (`verify.audit.references`: 2L-ReLU and MLP-Attn,
    width `ref_width`, trained by the suite on the same data with the width-consistent protocol to a plateau and
-   judged by the adequacy gate, `empirics.protocols`; one below the gate is left out of the scale; `--no-reference`
+   judged by the adequacy gate, `empirics.nets.protocols`; one below the gate is left out of the scale; `--no-reference`
    skips them): the flip-rate protocol ranking by the lead estimator against a random-noise baseline, and sharpness
    (`verify.audit.measure.measure_network`); and the kernel-regime diagnostics (`verify.audit.diagnostics`): kappa
    of the data Gram matrix and of the empirical NTK, the v1 / v2 width bounds of Thm 4.7, each model's width (its

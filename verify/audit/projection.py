@@ -8,14 +8,14 @@ saves nothing over the exact kernel assembled in blocks). The features a model n
 P parameters, are how model size enters.
 
 Which projection (`projected_kernel`): when every parameter sits in a linear, conv2d or batch-norm node of the model's
-FX graph (`empirics.audit_structured`), the Kronecker-structured projection of batched per-example gradients, target
-width `STRUCTURED_AUTO_DIM` by default, shared among the weights by each one's measured share of the kernel on a
+FX graph (`empirics.kernels.audit_structured`), the Kronecker-structured projection of batched per-example gradients,
+target width `STRUCTURED_AUTO_DIM` by default, shared among the weights by each one's measured share of the kernel on a
 seeded pilot with its leading gradient directions kept exactly (no dense R, no per-example Jacobian; minutes for a
-ResNet-18 on 1,000 images);
-otherwise the dense Gaussian / Rademacher projection of per-example Jacobians (`empirics.audit_ntk.ProjectedJacobian`).
+ResNet-18 on 1,000 images); otherwise the dense Gaussian / Rademacher projection of per-example Jacobians
+(`empirics.kernels.audit_ntk.ProjectedJacobian`).
 
 Error (`projection_error`): on a seeded subsample of `ERROR_TRAIN` training and `ERROR_TEST` test points, the
-exact kernel (`empirics.audit_ntk.ModelJacobian`) against the projected one: relative Frobenius error of the
+exact kernel (`empirics.kernels.audit_ntk.ModelJacobian`) against the projected one: relative Frobenius error of the
 training and test-train kernel entries, and the Spearman correlation of the NTK leave-one-out influence each
 gives on that subsample.
 """
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from empirics.audit_ntk import ModelJacobian, ProjectedJacobian, Projection
-from empirics.audit_structured import ProjectedStructured, StructuredJacobian
+from empirics.attribution.influence import Ridge, influence_from_kernels
 from empirics.common import Tensors
-from empirics.influence import Ridge, influence_from_kernels
 from empirics.intervals import spearman
-from empirics.losses import targets
+from empirics.kernels.audit_ntk import ModelJacobian, ProjectedJacobian, Projection
+from empirics.kernels.audit_structured import ProjectedStructured, StructuredJacobian
+from empirics.nets.losses import targets
 from empirics.progress import log
 from ntkm.errors import UserInputError
 

@@ -1,15 +1,15 @@
 """The paper's two reference networks beside the user's model (step 4 of `verify.audit.pipeline`): 2L-ReLU and
 MLP-Attn at width `ref_width`, trained by the suite on the same data with the width-consistent protocol to a
-plateau and judged by the adequacy gate (`empirics.protocols`), then measured like the user's model."""
+plateau and judged by the adequacy gate (`empirics.nets.protocols`), then measured like the user's model."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from empirics.common import train_network
-from empirics.models import ModelSpec
+from empirics.nets.models import ModelSpec
+from empirics.nets.protocols import PROPER, protocol_config
 from empirics.progress import log
-from empirics.protocols import PROPER, protocol_config
 from empirics.vocab import PAPER_PAIR, model_name
 from verify.audit.binding import AuditRun
 from verify.audit.measure import Network, SuiteKernels, measure_network

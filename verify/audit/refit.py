@@ -39,7 +39,7 @@ Adequacy of the re-fits (the panels that use them are "not measurable" without i
 control must keep the saved model's fit (train and test accuracy each at most `REFIT_TOLERANCE`
 below the saved model's, and test accuracy at most `REFIT_TOLERANCE` above it: a warm start that
 teaches an untrained model the task re-fits a different model than the one saved); a from-scratch
-control must pass the accuracy part of the adequacy gate of `empirics.protocols` (train accuracy at
+control must pass the accuracy part of the adequacy gate of `empirics.nets.protocols` (train accuracy at
 least halfway from chance to 1, test accuracy a tenth of the way).
 """
 
@@ -61,10 +61,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from empirics.audit_ntk import trainable
 from empirics.common import Tensors
-from empirics.losses import loss_fn, predict_labels
-from empirics.protocols import GATE_TEST, GATE_TRAIN, chance_accuracy
+from empirics.kernels.audit_ntk import trainable
+from empirics.nets.losses import loss_fn, predict_labels
+from empirics.nets.protocols import GATE_TEST, GATE_TRAIN, chance_accuracy
 from ntkm.errors import UserInputError
 
 WARM, TRAIN_FN = "warm start", "train function"

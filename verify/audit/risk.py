@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from empirics.intervals import wilson
-from empirics.protocols import GATE_TEST, GATE_TEXT, chance_accuracy
+from empirics.nets.protocols import GATE_TEST, GATE_TEXT, chance_accuracy
 from empirics.vocab import NOT_MEASURABLE, PAPER_PAIR, model_name
 from reports.text import eps_label
 from theory.paper import PAPER_AUDIT_REFERENCE

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.landscape import power_iteration, scale_aware
-from empirics.losses import loss_fn
+from empirics.experiments.landscape import power_iteration, scale_aware
+from empirics.nets.losses import loss_fn
 
 
 def _flat_grad(model: torch.nn.Module, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
@@ -236,7 +236,7 @@ class HvpOptions:
 def top_hessian(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, iters: int, seed: int,
                 options: HvpOptions = HvpOptions()) -> dict[str, Any]:
     """Top Hessian eigenvalue of the mean training loss w.r.t. all trained parameters (power iteration on
-    Hessian-vector products), with the scale-aware normalisations of `empirics.landscape.scale_aware`.
+    Hessian-vector products), with the scale-aware normalisations of `empirics.experiments.landscape.scale_aware`.
 
     Products come from double backward; where an operation has no second derivative (e.g. PyTorch's CPU
     flash attention) they come from central differences of gradients, `(g(t + h v) - g(t - h v)) / 2h`

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from empirics.audit_attribution import PEER_LABELS
+from empirics.attribution.audit_attribution import PEER_LABELS
 from empirics.common import Tensors
 from empirics.progress import log
 from empirics.vocab import NOT_MEASURABLE

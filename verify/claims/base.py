@@ -78,13 +78,13 @@ def verdict_label(verdict: Verdict | str, partly_as: PartlyAs | str | None, axis
     return f"{v.value} ({axis})" if v is Verdict.UNDERDETERMINED and axis else v.value
 
 #: The two training protocols of every empirical claim: the paper's reported setup, and one that trains
-#: both networks properly (see `empirics.protocols`). Unit names carry the protocol as `name@protocol`.
+#: both networks properly (see `empirics.nets.protocols`). Unit names carry the protocol as `name@protocol`.
 PROTOCOLS = ("paper", "proper")
 
 
 @dataclass(frozen=True)
 class ClaimsProtocol:
-    """A claims protocol: its label in reports, the training protocol of `empirics.protocols` it runs (by name, so
+    """A claims protocol: its label in reports, the training protocol of `empirics.nets.protocols` it runs (by name, so
     that this table imports without torch), which of the preset's epochs bound it, and, for a protocol on the
     schedule axis (issue 40 item 3), the width-consistent exponent it trains at and the protocol whose verdicts it is
     compared with (`varies`: their measured verdicts differing make the headline "underdetermined (schedule)")."""
@@ -114,7 +114,7 @@ def claims_protocol(name: str) -> ClaimsProtocol:
     except KeyError:
         raise UserInputError(f"unknown claims protocol '{name}'; choose one of {', '.join(CLAIMS_PROTOCOLS)}") \
             from None
-#: The input preprocessings every empirical claim may be judged under (`empirics.models.ModelSpec.preprocess`):
+#: The input preprocessings every empirical claim may be judged under (`empirics.nets.models.ModelSpec.preprocess`):
 #: raw [0, 1] pixels (the paper's setup as restated), per-channel standardisation, and standardisation then unit
 #: norm (the presets' standardised condition, docs/DEVIATIONS.md D19). Which of them a run uses is the preset's
 #: `preprocessings`; a condition is a protocol x preprocessing pair (`units.condition`).
@@ -205,7 +205,7 @@ def unavailable(results: Results, units: Iterable[str]) -> str | None:
 def gate_failures(runs: Iterable[dict[str, Any]]) -> list[str]:
     """Descriptions of the trained networks in `runs` that failed the adequacy gate.
 
-    Each run carries `gate` = {"passed": bool, "reason": str} (`empirics.protocols.adequacy`), and
+    Each run carries `gate` = {"passed": bool, "reason": str} (`empirics.nets.protocols.adequacy`), and
     `model`, `seed` and (where it varies) `width`. A run without a gate record counts as failed: a
     verdict is never issued on a network whose training was not checked.
     """
@@ -231,10 +231,12 @@ def gated(runs: Iterable[dict[str, Any]], gate_text: str, protocol: str) -> Outc
 def kernel_predictor(runs: Iterable[dict[str, Any]],
                      names: Mapping[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """The kernel predictors' test accuracy beside each network's own, from the runs of a malleability or landscape
-    record (`empirics.distance.kernel_predictor_accuracy`): the text of the means over seeds per model (and
+    record (`empirics.experiments.distance.kernel_predictor_accuracy`): the text of the means over seeds per model (and
     training, where not standard), and per model the per-seed values, each model named by `names` (kind -> name;
     its short name where absent). ("", {}) for runs that do not record it."""
-    from empirics.distance import KERNEL_PREDICTOR_ACC  # here, not at the top: the claims registry stays torch-free
+    from empirics.experiments.distance import (
+        KERNEL_PREDICTOR_ACC,  # here, not at the top: the claims registry stays torch-free
+    )
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in runs:

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from empirics.influence import ESTIMAND_LOSS, RetrainRecord
+from empirics.attribution.influence import ESTIMAND_LOSS, RetrainRecord
 from empirics.intervals import wilson
-from empirics.protocols import GATE_TEXT
+from empirics.nets.protocols import GATE_TEXT
 from empirics.vocab import PAPER_PAIR, model_name
 from reports.text import fmt
 from verify.claims import units

@@ -56,8 +56,8 @@ def jpeg_caveat(label: str) -> str:
 
 
 def _loaded(results: Results, unit: str) -> Any:
-    """The unit's record (a `KappaRecord`, or a `PremiseRecord` / `BinaryKappaRecord` of `empirics.premise`), or the
-    "not measurable" outcome when it is missing or loaded no data."""
+    """The unit's record (a `KappaRecord`, or a `PremiseRecord` / `BinaryKappaRecord` of
+    `empirics.experiments.premise`), or the "not measurable" outcome when it is missing or loaded no data."""
     why = unavailable(results, (unit,))
     if why:
         return Outcome("-", NA, why)
@@ -146,7 +146,7 @@ PREMISE_RULE = ("for the first n raw training images of MNIST and CIFAR-10 (each
 
 
 def judge_premise(rows: list[dict[str, Any]]) -> tuple[Verdict, list[float], str]:
-    """`PREMISE_RULE` on `empirics.premise.premise_row` records: (verdict, the log10 gaps, condition).
+    """`PREMISE_RULE` on `empirics.experiments.premise.premise_row` records: (verdict, the log10 gaps, condition).
 
     The gap is log10 kappa(analytic MLP-Attn NTK) - log10 kappa(G)^3; an unresolved NTK condition number
     (inf) counts as neither close nor far below.
@@ -306,7 +306,7 @@ KAPPA_CLAIMS = [
 
 def kappa_extra_units(p: PresetSizes, data_dir: str | None) -> dict[str, Any]:
     """The units of `thm4.7-premise` and `binary-cifar-kappa`, sized by preset `p`."""
-    from empirics.premise import BinaryKappaRecord, PremiseRecord, binary_kappa_unit, premise_unit
+    from empirics.experiments.premise import BinaryKappaRecord, PremiseRecord, binary_kappa_unit, premise_unit
     from verify.runner import Unit
 
     datasets = list(PAPER_DATASET_LABELS)

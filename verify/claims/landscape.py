@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from empirics.landscape import LANDSCAPE_CRITERIA, NORMALISATIONS, LandscapeRecord, landscape_verdict
+from empirics.experiments.landscape import LANDSCAPE_CRITERIA, NORMALISATIONS, LandscapeRecord, landscape_verdict
 from empirics.vocab import DATASETS, LandscapeVerdict, dataset_label
 from reports.text import fmt, mean_pm
 from verify.claims import units

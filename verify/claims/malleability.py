@@ -1,7 +1,7 @@
 """Malleability claims: the flip-rate tables (10 classes and binary), the 6-9x ratio, adversarial
 training, the robustness of the ranking over eps, curated removal, the adversarial intervention and the
 Spearman rankings. Verdict rules are fixed here, before any run, and decide on 95 % intervals
-(`empirics.mall_stats`), never on means alone.
+(`empirics.experiments.mall_stats`), never on means alone.
 
 Each rule is one function taking the unit's record; the claims registry and `verify malleability`
 (`experiment_outcomes`) call the same functions. Every rule first applies the adequacy gate.
@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from empirics.experiments.mall_stats import METHOD, PAPER_PAIR, POOLED, SEED_METHOD, Pair, paper_ratio_range
+from empirics.experiments.malleability import MalleabilityRecord
 from empirics.intervals import ALPHA_TOST, TOST_METHOD, tost_ratio
-from empirics.mall_stats import METHOD, PAPER_PAIR, POOLED, SEED_METHOD, Pair, paper_ratio_range
-from empirics.malleability import MalleabilityRecord
-from empirics.protocols import GATE_TEXT
+from empirics.nets.protocols import GATE_TEXT
 from empirics.vocab import DATASETS, PAPER_ATTACKS, dataset_label, model_name, model_short
 from theory.paper import PAPER_ADV, PAPER_FLIP, PAPER_RATIO_V1, PAPER_RATIO_V2
 from verify.claims import base as claim_base
@@ -316,8 +316,8 @@ FLIP_RULE = (GATE_FIRST + "Transformed intervention at eps 0.3, standard trainin
 
 def flip_outcome(res: MalleabilityRecord, ds: str, task: str, pair: Pair = PAPER_PAIR) -> Outcome:
     """The flip rule (`FLIP_RULE`) on one malleability record whose summary compares `pair` (treated, control;
-    `empirics.mall_stats.summarise`), against the paper's range for `ds` and `task`, the kernel predictors' test
-    accuracy beside it. The treated network is the rule's 'Attn', the control its 'ReLU'."""
+    `empirics.experiments.mall_stats.summarise`), against the paper's range for `ds` and `task`, the kernel predictors'
+    test accuracy beside it. The treated network is the rule's 'Attn', the control its 'ReLU'."""
     return claim_base.with_kernel_predictor(_flip(res, ds, task, pair), _gate_runs(res), _names(pair))
 
 

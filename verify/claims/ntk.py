@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from empirics.distance import GD_METRIC, DistanceRecord, slope_interval
-from empirics.protocols import GATE_TEXT
+from empirics.experiments.distance import GD_METRIC, DistanceRecord, slope_interval
+from empirics.nets.protocols import GATE_TEXT
 from empirics.vocab import DATASETS, PAPER_PAIR, dataset_label
 from reports.text import fmt
 from verify.claims import units

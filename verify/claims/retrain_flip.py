@@ -1,8 +1,9 @@
-"""Retrain-based flip rates (`empirics.retrain_flip`): does the attack flip what the trained network actually relies
-on, measured by retraining, rather than what its kernel machine's leave-one-out formula says? The rule is fixed here
-before the first run (D24), one row per data set and task (MNIST 10 classes, D24; binary MNIST and CIFAR-10, D25).
-A preset runs the rows it names (`retrain_flip_sets`; MNIST 10 classes alone unless it says otherwise); the others
-are "not measurable here", saying that they were not run at that preset (`verify.experiments.not_run_units`)."""
+"""Retrain-based flip rates (`empirics.experiments.retrain_flip`): does the attack flip what the trained network
+actually relies on, measured by retraining, rather than what its kernel machine's leave-one-out formula says? The rule
+is fixed here before the first run (D24), one row per data set and task (MNIST 10 classes, D24; binary MNIST and
+CIFAR-10, D25). A preset runs the rows it names (`retrain_flip_sets`; MNIST 10 classes alone unless it says otherwise);
+the others are "not measurable here", saying that they were not run at that preset
+(`verify.experiments.not_run_units`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from empirics.protocols import GATE_TEXT, GD_MSE
-from empirics.retrain_flip import RetrainFlipRecord
+from empirics.experiments.retrain_flip import RetrainFlipRecord
+from empirics.nets.protocols import GATE_TEXT, GD_MSE
 from empirics.vocab import PAPER_PAIR, model_name
 from ntkm.errors import UserInputError
 from verify.claims import units

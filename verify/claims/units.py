@@ -51,8 +51,8 @@ def influence_retrain(model: str) -> str:
 
 
 def flip_retrain(model: str, dataset: str = "mnist", task: str = "10class") -> str:
-    """The retrain-based flip study of one network (`empirics.retrain_flip`) on one data set and task: MNIST 10
-    classes keeps its first name, `flip-retrain:MODEL` (and so its cache files), the others are
+    """The retrain-based flip study of one network (`empirics.experiments.retrain_flip`) on one data set and task: MNIST
+    10 classes keeps its first name, `flip-retrain:MODEL` (and so its cache files), the others are
     `flip-retrain:DATASET:TASK:MODEL`."""
     return f"flip-retrain:{model}" if (dataset, task) == ("mnist", "10class") else \
         f"flip-retrain:{dataset}:{task}:{model}"
@@ -60,7 +60,7 @@ def flip_retrain(model: str, dataset: str = "mnist", task: str = "10class") -> s
 
 def flip_retrain_fixed(model: str = "attn") -> str:
     """The ablation of the retrain-based flip study of MNIST 10 classes: the attention context held fixed (the clean
-    full set's) in every retrain (`empirics.retrain_flip.retrain_model`), one unit per claims condition."""
+    full set's) in every retrain (`empirics.experiments.retrain_flip.retrain_model`), one unit per claims condition."""
     return f"flip-retrain-fixed:{model}"
 
 

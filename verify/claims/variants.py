@@ -10,10 +10,10 @@ units, so the contrast isolates the centring.
 `softmax` and `qkv`: the same head on softmax attention over the training set (`x~ = normalise(softmax(x X^T / T)
 X)`, T = sqrt(d), or 1/sqrt(d) on unit-norm inputs, parameter-free) and on trainable single-head linearized
 attention (`x~ = normalise(x Q K^T C V)`, Q, K, V of width 64 at standard Gaussian initialisation, trained with W;
-`empirics.models`). To keep `verify claims` within its time budget they run on MNIST only, at three widths below the
-preset's widest (`variant_widths`), and their flip rates are measured on the widest of those networks. Their flip
-rows judge the pair (variant, relu) (`compared`) by the paper's flip rule, whose "Attn" is then the variant. The
-`qkv` NTK reference has no closed form: it is the Monte Carlo mean kernel at initialisation (`empirics.mc_reference`),
+`empirics.nets.models`). To keep `verify claims` within its time budget they run on MNIST only, at three widths below
+the preset's widest (`variant_widths`), and their flip rates are measured on the widest of those networks. Their flip
+rows judge the pair (variant, relu) (`compared`) by the paper's flip rule, whose "Attn" is then the variant. The `qkv`
+NTK reference has no closed form: it is the Monte Carlo mean kernel at initialisation (`empirics.kernels.mc_reference`),
 and its rows are not measurable when that estimate's error could move the distances (`MC_RULE`). """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from empirics.distance import DistanceRecord
-from empirics.kinds import KINDS, MONTE_CARLO
-from empirics.mall_stats import Pair, summarise
-from empirics.malleability import MalleabilityConfig, MalleabilityRecord
+from empirics.experiments.distance import DistanceRecord
+from empirics.experiments.mall_stats import Pair, summarise
+from empirics.experiments.malleability import MalleabilityConfig, MalleabilityRecord
+from empirics.nets.kinds import KINDS, MONTE_CARLO
 from empirics.vocab import PAPER_ATTACKS, Model
 from reports.text import fmt
 from verify.claims import units
@@ -121,7 +121,7 @@ def variant_pair(kind: str) -> Pair:
 
 def compared(res: MalleabilityRecord, pair: Pair) -> MalleabilityRecord:
     """`res` with its summary recomputed to compare `pair`: a unit's stored summary compares the paper's pair only
-    (`empirics.mall_stats.summarise`), which a variant unit, of (relu, variant), does not run."""
+    (`empirics.experiments.mall_stats.summarise`), which a variant unit, of (relu, variant), does not run."""
     cfg = MalleabilityConfig(**config_kwargs(res.config))
     return replace(res, summary=summarise(res.runs, cfg, pair))
 

@@ -32,7 +32,7 @@ def check_data_args(args: argparse.Namespace, paths: bool = False) -> None:
     """One-line errors for bad data options; with `paths`, a PATH `--dataset` becomes absolute (it is part of
     the experiment's config) and `--classes` a tuple."""
     if paths:
-        from empirics.userdata import check_data_options, resolve_path
+        from empirics.data.userdata import check_data_options, resolve_path
 
         if args.dataset not in DATASETS:
             args.dataset = str(resolve_path(args.dataset))

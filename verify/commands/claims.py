@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from empirics.nets.protocols import DESCRIPTIONS, GATE_TEXT
 from empirics.progress import log
-from empirics.protocols import DESCRIPTIONS, GATE_TEXT
 from empirics.records import device_info, git_state, library_versions
 from ntkm.codec import write_json
 from ntkm.errors import UserInputError

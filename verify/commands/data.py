@@ -7,8 +7,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from empirics import datasets as D
-from empirics.download import download
+from empirics.data import datasets as D
+from empirics.data.download import download
 from ntkm.errors import UserInputError
 from verify.commands.options import options
 from verify.outputs import check_output_dir

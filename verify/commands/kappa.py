@@ -1,7 +1,7 @@
 """`verify kappa`: condition numbers of G = X X^T on real training images, and the width bounds.
 
 This module parses the options and prints the table; the sweep itself (load n images, kappa(G),
-kappa_d(G), kappa_eff, kappa(G)^3 and Thm 4.7's v1 / v2 width bounds) is `empirics.kappa.kappa_rows`,
+kappa_d(G), kappa_eff, kappa(G)^3 and Thm 4.7's v1 / v2 width bounds) is `empirics.experiments.kappa.kappa_rows`,
 which `verify claims` runs too.
 """
 
@@ -13,8 +13,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from empirics.datasets import PREPROCESSING, SOURCES, DataRequest
-from empirics.kappa import kappa_rows
+from empirics.data.datasets import PREPROCESSING, SOURCES, DataRequest
+from empirics.experiments.kappa import kappa_rows
 from empirics.records import library_versions
 from ntkm.errors import UserInputError
 from verify.commands._common import check_data_args, emit_json

@@ -6,7 +6,7 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
-from empirics.landscape import LandscapeConfig, LandscapeJudgement, LandscapeRecord, run_landscape
+from empirics.experiments.landscape import LandscapeConfig, LandscapeJudgement, LandscapeRecord, run_landscape
 from empirics.vocab import MODEL_KINDS
 from ntkm.codec import decode
 from ntkm.errors import UserInputError

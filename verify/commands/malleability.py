@@ -3,8 +3,8 @@
 Prints the paper-shaped table (flip rate per model and attack, the random-noise baseline, the excess over
 noise, Attn - ReLU differences and ratios, Spearman rho), the other interventions, the seed-to-seed
 baseline, the optional eps sweep and adversarial-training comparison, each figure with its 95 % interval
-(`empirics.mall_stats`), and one verdict line per applicable rule of `verify.claims.malleability` (the
-same functions `verify claims` uses). The protocol is documented in `empirics.malleability`.
+(`empirics.experiments.mall_stats`), and one verdict line per applicable rule of `verify.claims.malleability` (the
+same functions `verify claims` uses). The protocol is documented in `empirics.experiments.malleability`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import argparse
 import sys
 from typing import Any
 
-from empirics.mall_stats import POOLED, MallSummary
-from empirics.malleability import INTERVENTIONS, MalleabilityConfig, MalleabilityRecord, run_malleability
+from empirics.experiments.mall_stats import POOLED, MallSummary
+from empirics.experiments.malleability import INTERVENTIONS, MalleabilityConfig, MalleabilityRecord, run_malleability
 from empirics.vocab import MODEL_KINDS, PAPER_ATTACKS, model_name
 from ntkm.errors import UserInputError
 from reports.text import mean_pm, text_table

@@ -6,7 +6,7 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
-from empirics.distance import METRICS, DistanceConfig, DistanceRecord, run_ntk_distance
+from empirics.experiments.distance import METRICS, DistanceConfig, DistanceRecord, run_ntk_distance
 from empirics.vocab import MODEL_KINDS
 from ntkm.codec import decode
 from reports.text import mean_pm, text_table

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, replace
 from typing import Any
 
-from empirics.protocols import PAPER, PROPER, PROTOCOL_NAMES, protocol_config
-from empirics.train import TrainConfig
+from empirics.nets.protocols import PAPER, PROPER, PROTOCOL_NAMES, protocol_config
+from empirics.nets.train import TrainConfig
 from ntkm.errors import UserInputError
 from verify.commands._common import json_target, split_classes
 from verify.executors import ExecutorConfig
