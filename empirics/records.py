@@ -1,7 +1,9 @@
 """Run records: library versions, device and git state (file IO is in `ntkm.io`, JSON in `ntkm.codec`).
 
 Every result the suite writes carries these fields so that a number can be traced to the
-config, seeds, data and software that produced it.
+config, seeds, data and software that produced it. `run_header` builds the header every run record repeats (the
+library versions and the device), `RunHeader` is its one typed form: the audit record's model extends it
+(`verify.audit.record`) and the claims records read theirs through `HasRunHeader.header`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import platform
 import sys
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 
 def library_versions() -> dict[str, str]:
@@ -81,3 +85,43 @@ def peak_rss_gib() -> float:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
+class DeviceInfo(BaseModel):
+    """Where a run computed (`device_info`, plus `used`: the device it ran on); further keys are kept."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    platform: str
+    machine: str
+    cpu_count: int | None = None
+    torch_threads: int | None = None
+    cuda: bool
+    cuda_device: str | None = None
+    used: str | None = None
+
+
+class RunHeader(BaseModel):
+    """The header every run record repeats: the library versions and the device (`run_header`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    versions: dict[str, str]
+    device: DeviceInfo
+
+
+def run_header(device: str) -> dict[str, Any]:
+    """The header fields of a run record that ran on `device`, as stored (`RunHeader` is their typed form)."""
+    return {"versions": library_versions(), "device": {**device_info(), "used": device}}
+
+
+class HasRunHeader:
+    """Mixin of the claims records (dataclasses with `versions` and `device` fields): their header, typed."""
+
+    versions: dict[str, Any]
+    device: dict[str, Any]
+
+    @property
+    def header(self) -> RunHeader:
+        """This record's `versions` and `device` as a `RunHeader`."""
+        return RunHeader.model_validate({"versions": self.versions, "device": self.device})

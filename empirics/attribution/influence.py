@@ -47,6 +47,7 @@ from torch import nn
 from empirics.kernels.ntk import empirical_ntk
 from empirics.nets.losses import loss_fn, predict_labels, targets
 from empirics.nets.protocols import PROPER
+from empirics.records import HasRunHeader
 from ntkm.codec import Record, encode
 from ntkm.errors import UserInputError
 
@@ -472,7 +473,7 @@ def matched_predictions(net: nn.Module, kernels: tuple[np.ndarray, np.ndarray], 
 
 
 @dataclass(frozen=True)
-class RetrainRecord(Record):
+class RetrainRecord(HasRunHeader, Record):
     """The result of `protocol_retrain_study`: the network's training and gate, the correlation of predicted
     influence with the actual change of the test loss after retraining (`value` and bootstrap `ci` of each: the
     paper's estimand), the removed points, and every estimand of `ESTIMANDS` against the loss it predicts."""
@@ -500,7 +501,7 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
     from empirics.nets.engine import train_many
     from empirics.nets.models import ModelSpec, build_model, input_channels
     from empirics.nets.protocols import adequacy, chance_accuracy, protocol_config
-    from empirics.records import device_info, library_versions, pick_device
+    from empirics.records import pick_device, run_header
 
     t0 = time.perf_counter()
     device = pick_device(cfg.device)
@@ -569,7 +570,6 @@ def protocol_retrain_study(cfg: ProtocolRetrainConfig) -> RetrainRecord:
                    for i, p, a in zip(picks, pred, act, strict=True)],
         "estimands": estimands,
         "data": ds.provenance,
-        "versions": library_versions(),
-        "device": {**device_info(), "used": device},
+        **run_header(device),
         "wall_s": time.perf_counter() - t0,
     }))

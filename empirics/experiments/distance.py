@@ -78,7 +78,7 @@ from empirics.nets.kinds import ANALYTIC, KINDS, MONTE_CARLO
 from empirics.nets.losses import targets
 from empirics.nets.models import ModelSpec, SuiteNet, TwoLayerNet, build_model, input_channels, preprocessed_inputs
 from empirics.nets.train import TrainConfig
-from empirics.records import device_info, library_versions
+from empirics.records import HasRunHeader, run_header
 from empirics.vocab import NOT_MEASURABLE
 from ntkm import tables
 from ntkm.codec import Record, encode, stable_hash
@@ -447,7 +447,7 @@ class DistanceModel(Record):
 
 
 @dataclass(frozen=True)
-class DistanceRecord(Record):
+class DistanceRecord(HasRunHeader, Record):
     """The result of `run_ntk_distance`, stored as the unit cache's payload and in claims.json."""
 
     models: dict[str, DistanceModel]
@@ -507,8 +507,7 @@ def run_ntk_distance(cfg: DistanceConfig, dataset: Any | None = None,
         "ridge_rule": "n * weight_decay" if cfg.train.weight_decay > 0 else "1e-3 * trace(K_inf) / n",
         "parameterization": cfg.parameterization,
         "data": subset_provenance({part["seed"]: part["provenance"] for part in parts}),
-        "versions": library_versions(),
-        "device": {**device_info(), "used": device},
+        **run_header(device),
         "wall_s": time.perf_counter() - t0,
     })
     return DistanceRecord.from_dict(encode(results))

@@ -57,7 +57,7 @@ from empirics.nets.kinds import kinds_where
 from empirics.nets.losses import loss_fn, predict_labels
 from empirics.nets.models import ModelSpec, TwoLayerNet, input_channels
 from empirics.nets.train import TrainConfig
-from empirics.records import device_info, library_versions
+from empirics.records import HasRunHeader, run_header
 from empirics.vocab import PAPER_PAIR, LandscapeVerdict
 from ntkm.codec import Record, encode, optional
 from ntkm.errors import UserInputError
@@ -474,7 +474,7 @@ class LandscapeModel(Record):
 
 
 @dataclass(frozen=True)
-class LandscapeRecord(Record):
+class LandscapeRecord(HasRunHeader, Record):
     """The result of `run_landscape`, stored as the unit cache's payload and in claims.json."""
 
     models: dict[str, LandscapeModel]
@@ -511,8 +511,7 @@ def run_landscape(cfg: LandscapeConfig, dataset: Any | None = None, seed_map: Se
         "weight_decay_shift": {"top_eigenvalue": cfg.train.weight_decay,
                                "trace_per_parameter": cfg.train.weight_decay},
         "data": subset_provenance({part["seed"]: part["provenance"] for part in parts}),
-        "versions": library_versions(),
-        "device": {**device_info(), "used": device},
+        **run_header(device),
         "wall_s": time.perf_counter() - t0,
     })
     return LandscapeRecord.from_dict(encode(results))

@@ -69,7 +69,7 @@ from empirics.nets.kinds import KINDS, kinds_where
 from empirics.nets.models import ModelSpec, TwoLayerNet, input_channels
 from empirics.nets.train import TrainConfig
 from empirics.progress import log
-from empirics.records import device_info, library_versions
+from empirics.records import HasRunHeader, run_header
 from empirics.vocab import MODEL_KINDS, PAPER_ATTACKS
 from ntkm.codec import Record, encode
 from ntkm.errors import UserInputError
@@ -352,7 +352,7 @@ def malleability_seed(cfg: MalleabilityConfig, dataset: Any | None, seed: int) -
 
 
 @dataclass(frozen=True)
-class MalleabilityRecord(Record):
+class MalleabilityRecord(HasRunHeader, Record):
     """The result of `run_malleability`: its config, the per-run measurements (one dict per model, seed and
     training, each with its per-example records) and their statistics (`summary`)."""
 
@@ -408,7 +408,6 @@ def run_malleability(cfg: MalleabilityConfig, dataset: Any | None = None,
         "runs": runs,
         "summary": summarise(runs, cfg),
         "data": subset_provenance({part["seed"]: part["provenance"] for part in parts}),
-        "versions": library_versions(),
-        "device": {**device_info(), "used": device},
+        **run_header(device),
         "wall_s": time.perf_counter() - t0,
     }))

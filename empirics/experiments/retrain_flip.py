@@ -47,6 +47,7 @@ from empirics.attribution.influence import RetrainSetting, Ridge, influence_scor
 from empirics.intervals import wilson
 from empirics.nets.attacks import AttackConfig, attack
 from empirics.nets.losses import loss_fn, targets
+from empirics.records import HasRunHeader
 from ntkm.codec import Record, encode
 from ntkm.errors import UserInputError
 
@@ -149,7 +150,7 @@ def resolved_points(clean: np.ndarray, alpha: float = 0.05) -> int:
 
 
 @dataclass(frozen=True)
-class RetrainFlipRecord(Record):
+class RetrainFlipRecord(HasRunHeader, Record):
     """The result of `retrain_flip_study`: the reference network's gate, the selected points, the retrained effects
     (`effects[set][loss]`: k x R), the flip statistics per perturbation and loss, the seed-to-seed rate, and the NTK
     flip rate of the same points."""
@@ -181,7 +182,7 @@ def retrain_flip_study(cfg: RetrainFlipConfig) -> RetrainFlipRecord:
     from empirics.nets.engine import train_many
     from empirics.nets.models import ModelSpec, build_model, input_channels
     from empirics.nets.protocols import adequacy, chance_accuracy, protocol_config
-    from empirics.records import device_info, library_versions, pick_device
+    from empirics.records import pick_device, run_header
 
     t0 = time.perf_counter()
     device = pick_device(cfg.device)
@@ -263,8 +264,7 @@ def retrain_flip_study(cfg: RetrainFlipConfig) -> RetrainFlipRecord:
         "ntk_flips": ntk,
         "loss": "cross-entropy" if tcfg(0).loss != "mse" and t.out_dim > 1 else "squared error",
         "data": ds.provenance,
-        "versions": library_versions(),
-        "device": {**device_info(), "used": device},
+        **run_header(device),
         "wall_s": time.perf_counter() - t0,
         "null_halves": halves_by_loss(effects["clean"]),
     }))

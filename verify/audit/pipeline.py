@@ -41,7 +41,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from empirics.progress import log
-from empirics.records import device_info, library_versions, peak_rss_gib, pick_device
+from empirics.records import peak_rss_gib, pick_device, run_header
 from verify.audit.binding import Inputs, Stage, bind, load_inputs, projection_record
 from verify.audit.config import DEFINITIONS, SCHEMA_VERSION, AuditConfig
 from verify.audit.diagnostics import diagnostics
@@ -116,8 +116,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         "panels": panels,
         "diagnostics": diag,
         "definitions": DEFINITIONS,
-        "versions": library_versions(),
-        "device": {**device_info(), "used": device},
+        **run_header(device),
         "timings": {**st.times, "total": time.perf_counter() - t0},
         "memory": {"peak_rss_gib_after_stage": st.peak_gib, "peak_rss_gib": peak_rss_gib()},
     }

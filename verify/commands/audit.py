@@ -31,6 +31,7 @@ from verify.audit.ci import (
 from verify.audit.config import AUDIT_ATTACKS, PANELS, PEERS, AuditConfig
 from verify.audit.files import attributions_name, output_members, summary_name, write_outputs
 from verify.audit.pipeline import run_audit
+from verify.audit.record import parse_record
 from verify.commands.options import Param, choices, options, values
 from verify.outputs import check_members, check_output_dir
 from verify.presets import parse_choices
@@ -146,32 +147,32 @@ def run(args: argparse.Namespace) -> int:
         result = run_audit(config_from_args(args))
         code = write_outputs(result, out, html=args.html, json_out=args.json, summary=args.summary,
                              attributions=args.attributions)
-    risk = result["risk"]
-    user = result["models"]["user"]
+    record = parse_record(result)
+    risk, user = record.risk, record.user
     written = [str(out)] if code == 0 else []
     written += [str(out.with_suffix(".html"))] if (args.html or code) else []
     written += [str(out.with_suffix(".json"))] if args.json else []
     written += [str(out.with_name(summary_name(out)))] if args.summary else []
     written += [str(out.with_name(attributions_name(out)))] if args.attributions else []
-    print(f"malleability risk: {risk['level'].upper()} — worst-case flip rate {100 * user['worst_flip_rate']:.1f}% "
-          f"({user['worst_attack'].upper()}), random noise {100 * user['baseline']['mean']:.1f}% ± "
-          f"{100 * user['baseline']['std']:.1f}%, references {100 * risk['relu_reference']:.1f}% (2L-ReLU) / "
-          f"{100 * risk['attn_reference']:.1f}% (MLP-Attn)")
-    panels = result.get("panels", {})
+    print(f"malleability risk: {risk.level.upper()} — worst-case flip rate {100 * user.worst_flip_rate:.1f}% "
+          f"({user.worst_attack.upper()}), random noise {100 * user.baseline.mean:.1f}% ± "
+          f"{100 * user.baseline.std:.1f}%, references {100 * risk.relu_reference:.1f}% (2L-ReLU) / "
+          f"{100 * risk.attn_reference:.1f}% (MLP-Attn)")
+    panels = record.panels
     extra = []
-    if panels.get("validity", {}).get("verdict"):
-        extra.append(f"influence {panels['validity']['verdict']} against re-fits")
-    if panels.get("budget", {}).get("breaking_label"):
-        extra.append(f"breaking budget {panels['budget']['breaking_label']}")
-    if panels.get("poison", {}).get("rankings"):
-        po = panels["poison"]
-        extra.append(f"planted poison precision at {po['k']}: {100 * po['rankings'][po['headline']]['precision']:.0f}% "
-                     f"(chance {100 * po['chance']:.0f}%)")
+    if panels.validity is not None and panels.validity.verdict:
+        extra.append(f"influence {panels.validity.verdict} against re-fits")
+    if panels.budget is not None and panels.budget.breaking_label:
+        extra.append(f"breaking budget {panels.budget.breaking_label}")
+    po = panels.poison
+    if po is not None and po.rankings:
+        extra.append(f"planted poison precision at {po.k}: {100 * po.rankings[po.headline].precision:.0f}% "
+                     f"(chance {100 * po.chance:.0f}%)")
     if extra:
         print("; ".join(extra))
     print("wrote " + ", ".join(written))
-    if reaches(risk["level"], args.fail_on):
-        sys.stderr.write(f"verify audit: risk {risk['level'].upper()} reaches --fail-on {args.fail_on} "
+    if reaches(risk.level, args.fail_on):
+        sys.stderr.write(f"verify audit: risk {risk.level.upper()} reaches --fail-on {args.fail_on} "
                          f"(exit {FAIL_ON_EXIT})\n")
         return FAIL_ON_EXIT
     return code
