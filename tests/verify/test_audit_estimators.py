@@ -10,7 +10,9 @@ formula (`empirics.attribution.gauss_newton.*_explicit`, damping = ridge / n).""
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -163,3 +165,30 @@ def test_a_new_estimator_registered_in_one_place_runs_through_the_audit(monkeypa
     assert f"{_GnStiff.label}, averaged over the re-fits (ensemble)" in ensemble_labels().values()
     scores = {name: {"value": 0.1, "lo": 0.0} for name in est.per_test} | {"gn-stiff": {"value": 0.5, "lo": 0.2}}
     assert lead_estimator(scores) == "gn-stiff"
+
+
+def estimator_name_comparisons(source: str, names: set[str]) -> list[str]:
+    """Each comparison in `source` against one of `names` written as a string literal."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+                                                 for op in node.ops):
+            sides = (node.left, *node.comparators)
+            if any(isinstance(s, ast.Constant) and s.value in names for s in sides):
+                out.append(f"{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_no_comparison_against_an_estimator_name_outside_its_registry():
+    """A branch on an estimator's or a library peer's name is a method or flag of its registry entry instead
+    (`verify.audit.estimators`, `empirics.attribution.audit_attribution.PEER_REGISTRY`)."""
+    from empirics.attribution.audit_attribution import PEER_REGISTRY
+
+    root = Path(__file__).resolve().parents[2]
+    registries = {"verify/audit/estimators.py", "empirics/attribution/audit_attribution.py"}
+    names = set(ESTIMATORS) | set(PEER_REGISTRY)
+    found = [f"{p.relative_to(root)}:{hit}" for folder in ("verify", "reports", "empirics/attribution")
+             for p in sorted((root / folder).rglob("*.py")) if p.relative_to(root).as_posix() not in registries
+             for hit in estimator_name_comparisons(p.read_text(), names)]
+    assert not found, "branch through the registries instead:\n" + "\n".join(found)
+    assert estimator_name_comparisons('if lead == "gn":\n    pass\n', names) == ["1: lead == 'gn'"]

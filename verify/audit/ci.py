@@ -26,6 +26,7 @@ from ntkm.codec import decode
 from ntkm.errors import UserInputError
 from ntkm.io import parse_json, read_regular
 from verify.audit.config import SCHEMA_VERSION, SUMMARY_MARKER
+from verify.audit.estimators import PAPER_ESTIMATOR
 from verify.audit.record import SCHEMA_FILE, AuditRecord, Validity, parse_record, record_errors
 from verify.audit.risk import RISK_LEVELS
 
@@ -153,7 +154,7 @@ def _validity_rows(val: Validity | None) -> list[tuple[str, str]]:
     where it is another one."""
     if val is None or not val.verdict:
         return []
-    lead = val.lead or "ntk"
+    lead = val.lead or PAPER_ESTIMATOR
     lds, ceil = val.lds.get(lead), val.ceiling
     of_ceiling = (f"; {lds.fraction:.2f} [{lds.fraction_lo:.2f}, {lds.fraction_hi:.2f}] of the noise "
                   f"ceiling {ceil.value:.2f}") if lds and lds.fraction is not None and ceil else ""
@@ -184,10 +185,10 @@ def _quantities(rec: AuditRecord) -> dict[str, tuple[Any, float, float] | str]:
     val = rec.panels.validity
     if val is not None and val.verdict:
         q["validity verdict"] = val.verdict
-        lead = val.lead or "ntk"
+        lead = val.lead or PAPER_ESTIMATOR
         lds = val.lds.get(lead)
         if lds is not None:
-            q["validity: LDS (NTK influence)" if lead == "ntk" else
+            q["validity: LDS (NTK influence)" if lead == PAPER_ESTIMATOR else
               f"validity: LDS ({lds.label or lead}, the lead estimator)"] = (lds.value, lds.lo, lds.hi)
     bud, po = rec.panels.budget, rec.panels.poison
     if bud is not None and bud.breaking_label:

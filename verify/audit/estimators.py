@@ -146,6 +146,9 @@ class GeneralisedGaussNewton(KernelEstimator):
         return ggn_influence_mean(s.K, s.Kst, r, s.r_test, output_hessians(r, s.Y), ridge)
 
 
+#: The paper's estimator, the lead where the validity panel chose none.
+PAPER_ESTIMATOR = NtkLeaveOneOut.name
+
 #: The audit's own estimators, by name (the flip rates, levers and budget curves can rank by each).
 ESTIMATORS: dict[str, KernelEstimator] = {e.name: e for e in (
     NtkLeaveOneOut(), GaussNewton(), EmpiricalFisher(), GeneralisedGaussNewton())}

@@ -44,7 +44,7 @@ from empirics.progress import log
 from empirics.records import peak_rss_gib
 from reports.text import eps_label
 from verify.audit.config import AuditConfig
-from verify.audit.estimators import ESTIMATORS, Scoring, kernel_estimator
+from verify.audit.estimators import ESTIMATORS, PAPER_ESTIMATOR, Scoring, kernel_estimator
 from verify.audit.modelio import FlatInput
 from verify.audit.sharpness import HvpOptions, hessian_subset, top_hessian
 
@@ -256,7 +256,7 @@ def estimate_network(net: Network, t: Tensors, cfg: AuditConfig) -> Estimated:
                      skipped)
 
 
-def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str = "ntk",
+def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str = PAPER_ESTIMATOR,
                     est: Estimated | None = None) -> tuple[dict[str, Any], NetworkContext]:
     """Every audit measurement for one network (see the module docstring) on the data `t`, the flip rates ranking by
     `estimator` (a registered estimator's name; the audit passes the one its validity panel found best): its

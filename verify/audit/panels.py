@@ -18,6 +18,7 @@ from verify.audit.binding import AuditRun
 from verify.audit.budget import budget_curves
 from verify.audit.config import PANELS
 from verify.audit.ensemble import Ensembles, ensemble_estimates
+from verify.audit.estimators import PAPER_ESTIMATOR
 from verify.audit.measure import PROJECTED, Estimated, GenericKernels, NetworkContext, SuiteKernels
 from verify.audit.modelio import FlatInput
 from verify.audit.outcome import CurveGrid, outcome_curves, outcome_panel, poison_panel
@@ -81,7 +82,7 @@ def validate(run: AuditRun, est: Estimated) -> Refits:
 
 def lead_of(panels: dict[str, Any]) -> str:
     """The estimator the flip rates rank by: the validity panel's lead, else NTK leave-one-out (the paper's)."""
-    return (panels.get("validity") or {}).get("lead", "ntk")
+    return (panels.get("validity") or {}).get("lead", PAPER_ESTIMATOR)
 
 
 def _poison_kernels(run: AuditRun, refit: Refitter) -> Any:

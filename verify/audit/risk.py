@@ -35,6 +35,7 @@ from empirics.nets.protocols import GATE_TEST, GATE_TEXT, chance_accuracy
 from empirics.vocab import NOT_MEASURABLE, PAPER_PAIR, model_name
 from reports.text import eps_label
 from theory.paper import PAPER_AUDIT_REFERENCE
+from verify.audit.estimators import PAPER_ESTIMATOR
 from verify.audit.validity import FRACTION_MIN, TRUSTWORTHY, estimator_label
 
 RISK_LEVELS = ("low", "medium", "high")
@@ -101,7 +102,7 @@ def _not_validated(validity: dict[str, Any] | None) -> str:
         return "the validity panel was not run (--skip validity), so the influence behind the flip rates is unchecked"
     if validity.get("verdict") == TRUSTWORTHY:
         return ""
-    lead = estimator_label(validity.get("lead", "ntk"))
+    lead = estimator_label(validity.get("lead", PAPER_ESTIMATOR))
     why = f"the influence behind the flip rates ({lead}) is {validity.get('verdict', 'unchecked')} against re-fits"
     scores = validity.get("lds") or {}
     if not scores:
@@ -207,7 +208,7 @@ def assess_risk(models: dict[str, Any], trained: bool, eps: float, gate: dict[st
                                    f"{'is' if len(risk['left_out']) == 1 else 'are'} left out of the scale")
     else:
         risk["references"] = "paper-reported values (no references trained)"
-        if user.get("estimator", "ntk") != "ntk":
+        if user.get("estimator", PAPER_ESTIMATOR) != PAPER_ESTIMATOR:
             risk["references"] += (f"; the paper ranked by NTK leave-one-out influence, your model's flip rates by "
                                    f"{estimator_label(user['estimator'])}")
         if abs(eps - 0.3) > 1e-9:

@@ -60,7 +60,7 @@ from empirics.progress import log
 from empirics.vocab import NOT_MEASURABLE
 from verify.audit.config import AuditConfig
 from verify.audit.ensemble import ensemble_labels
-from verify.audit.estimators import ESTIMATORS
+from verify.audit.estimators import ESTIMATORS, PAPER_ESTIMATOR
 from verify.audit.refit import RefitJob, Refitter, labels_of, per_example_loss, refit_adequacy
 from verify.audit.seeding import seeding
 
@@ -207,7 +207,7 @@ def lead_estimator(scores: dict[str, dict[str, Any]]) -> str:
     """The estimator the flip rates rank by: the best validating registered estimator with a finite LDS (NTK
     leave-one-out, the paper's, when none has one)."""
     own = {k: s for k, s in scores.items() if k in ESTIMATORS and np.isfinite(s["value"])}
-    return best_estimator(own) if own else "ntk"
+    return best_estimator(own) if own else PAPER_ESTIMATOR
 
 
 #: What the adaptive validity panel does after a round (`adaptive_step`).
