@@ -143,3 +143,41 @@ def test_an_unrelated_file_is_not_an_earlier_audit(tmp_path: Path):
     f = tmp_path / "report.pdf"
     f.write_text("my own notes")
     assert not earlier_audit_file(f)
+
+
+def test_every_kernel_provider_answers_the_protocol():
+    """The audit asks a kernel provider (`verify.audit.measure.KernelProvider`), never its class: the suite's closed
+    form recomputes the whole kernel and has no projection; an exact and a projected generic kernel give their
+    projection, a refreshed copy without cached Jacobians, and the same kind of kernel for another network, whose
+    clean kernel equals the one a provider built directly on that network gives."""
+    import torch
+    from torch import nn
+
+    from empirics.kernels.audit_ntk import ModelJacobian, Projection
+    from empirics.nets.models import ModelSpec, build_model
+    from verify.audit.measure import GenericKernels, KernelProvider, SuiteKernels
+    from verify.audit.projection import projected_kernel
+
+    torch.manual_seed(0)
+    x, xt = torch.rand(10, 4), torch.rand(3, 4)
+    suite = SuiteKernels(build_model(ModelSpec("relu", 4, 8, 2, seed=0), x), 1 << 26)
+    net, other = (nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)) for _ in range(2))
+    exact = GenericKernels(ModelJacobian(net, (4,)), 1 << 26)
+    proj = Projection(16, seed=3)
+    projected = GenericKernels(projected_kernel(ModelJacobian(net, (4,)), None, proj, 1 << 26), 1 << 26)
+    for p in (suite, exact, projected):
+        assert isinstance(p, KernelProvider) and isinstance(p.method, str)
+        assert type(p.refreshed()) is type(p)
+    assert suite.recomputes_whole and suite.projection is None
+    assert not exact.recomputes_whole and exact.projection is None and projected.projection == proj
+    exact.clean(x, xt)
+    assert exact.refreshed()._train is None  # a re-fit in place gets no stale Jacobians
+    for p in (exact, projected):
+        moved = p.for_network(other, (4,))
+        assert moved.projection == p.projection
+        K, Kst = moved.clean(x, xt)
+        direct = GenericKernels(ModelJacobian(other, (4,)), 1 << 26) if p.projection is None else GenericKernels(
+            projected_kernel(ModelJacobian(other, (4,)), None, proj, 1 << 26), 1 << 26)
+        K2, Kst2 = direct.clean(x, xt)
+        assert np.allclose(K, K2) and np.allclose(Kst, Kst2)
+    assert suite.for_network(other, (4,)).projection is None

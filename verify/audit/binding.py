@@ -23,7 +23,7 @@ from empirics.progress import log
 from empirics.records import peak_rss_gib
 from ntkm.errors import UserInputError
 from verify.audit.config import AuditConfig
-from verify.audit.measure import PROJECTED, GenericKernels, SuiteKernels
+from verify.audit.measure import GenericKernels, KernelProvider, SuiteKernels
 from verify.audit.modelio import (
     FlatInput,
     LoadedModel,
@@ -81,7 +81,7 @@ class AuditRun:
     model: FlatInput
     refit_net: torch.nn.Module
     fit_module: torch.nn.Module
-    provider: SuiteKernels | GenericKernels
+    provider: KernelProvider
     loaded: LoadedModel
     input_shape: tuple[int, ...]
     max_bytes: int
@@ -144,8 +144,8 @@ def bind(cfg: AuditConfig, st: Stage, inputs: Inputs, device: str) -> AuditRun:
     max_bytes = int(cfg.max_memory_gb * 2**30)
     if loaded.is_suite:
         loaded.module.to(device)  # loaded and bound on the CPU; everything after runs on `device`
-        return AuditRun(cfg, st, t, model, model, loaded.module, SuiteKernels(loaded.module), loaded, input_shape,
-                        max_bytes, image_shape)
+        return AuditRun(cfg, st, t, model, model, loaded.module, SuiteKernels(loaded.module, max_bytes), loaded,
+                        input_shape, max_bytes, image_shape)
     graph = st.run("bind", fx_graph_for, loaded, model, train.x)
     for m in (loaded.module, graph):  # loaded, bound and converted on the CPU; everything after runs on `device`
         if m is not None:
@@ -168,11 +168,11 @@ def projection_record(run: AuditRun) -> dict[str, Any] | None:
     """What the record says about the kernel: None for the suite's own models, "exact", or the projection with its
     measured error (`verify.audit.projection.projection_error`) and, for a Kronecker projection, its allocation."""
     provider = run.provider
-    if not isinstance(provider, GenericKernels):
+    if provider.recomputes_whole:  # the suite's own networks: the closed form
         return None
-    if not isinstance(provider.jac, PROJECTED):
+    p = provider.projection
+    if p is None:
         return {"dim": 0, "kind": "exact", "reason": run.kernel_reason}
-    p = provider.jac.projection
     err = run.st.run("projection error", projection_error, provider.jac.jac, provider.jac, run.t, run.cfg,
                      run.max_bytes)
     kron = isinstance(provider.jac, ProjectedStructured)

@@ -25,17 +25,18 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from torch import nn
 
 from empirics.attribution.gauss_newton import loss_residuals
 from empirics.attribution.influence import InfluenceResult, Ridge, influence_from_kernels, model_kernels
 from empirics.common import Tensors
 from empirics.experiments.malleability import compare, n_top, top_by_abs
 from empirics.intervals import spearman
-from empirics.kernels.audit_ntk import JacobianFeatures, ModelJacobian, ProjectedJacobian
+from empirics.kernels.audit_ntk import JacobianFeatures, ModelJacobian, ProjectedJacobian, Projection
 from empirics.kernels.audit_structured import ProjectedStructured
 from empirics.nets.attacks import ATTACKS, AttackConfig, attack
 from empirics.nets.losses import predict_labels, targets
@@ -46,18 +47,59 @@ from reports.text import eps_label
 from verify.audit.config import AuditConfig
 from verify.audit.estimators import ESTIMATORS, PAPER_ESTIMATOR, Scoring, kernel_estimator
 from verify.audit.modelio import FlatInput
+from verify.audit.projection import projected_kernel
 from verify.audit.sharpness import HvpOptions, hessian_subset, top_hessian
 
 # --- kernels ---------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class KernelProvider(Protocol):
+    """Where a network's empirical NTK comes from (issue 41: the audit asks the provider, never its class): the
+    kernels on the clean data and on a training set with some points perturbed, how they were computed, the random
+    projection behind them (None: exact), whether a perturbation recomputes the whole kernel (the suite's
+    networks, whose training-set context moves every output), and the same kind of kernel for a re-fitted network."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def projection(self) -> Projection | None: ...
+
+    @property
+    def recomputes_whole(self) -> bool: ...
+
+    def clean(self, x: torch.Tensor, xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def perturbed(self, x_new: torch.Tensor, sel: np.ndarray, K: np.ndarray, Kst: np.ndarray,
+                  xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def refreshed(self) -> KernelProvider:
+        """A provider over the same module, without this one's cached Jacobians (the module re-fitted in place)."""
+        ...
+
+    def for_network(self, net: nn.Module, input_shape: tuple[int, ...]) -> KernelProvider:
+        """The same kind of kernel for another network `net` (a re-fit built by the user's train function),
+        projected alike."""
+        ...
 
 
 class SuiteKernels:
     """Kernels of the suite's own networks: closed form, recomputed whole on modified data."""
 
     method = "closed form (empirics.kernels.ntk.empirical_ntk), float64"
+    projection = None
+    recomputes_whole = True
 
-    def __init__(self, model: TwoLayerNet):
+    def __init__(self, model: TwoLayerNet, max_bytes: int = 1 << 30):
         self.model = model
+        self.max_bytes = max_bytes
+
+    def refreshed(self) -> SuiteKernels:
+        return SuiteKernels(self.model, self.max_bytes)
+
+    def for_network(self, net: nn.Module, input_shape: tuple[int, ...]) -> GenericKernels:
+        return GenericKernels(ModelJacobian(net, input_shape), self.max_bytes)
 
     def clean(self, x: torch.Tensor, xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         return model_kernels(self.model, x, xt)
@@ -75,6 +117,8 @@ class GenericKernels:
     """Kernels of any model from per-example Jacobians; on modified data only the rows and columns of
     the modified points are recomputed (a user model has no training-set context)."""
 
+    recomputes_whole = False
+
     def __init__(self, jac: ModelJacobian | ProjectedJacobian | ProjectedStructured, max_bytes: int):
         self.jac = jac
         self.max_bytes = max_bytes
@@ -82,8 +126,21 @@ class GenericKernels:
         self._test: JacobianFeatures | None = None
 
     @property
+    def projection(self) -> Projection | None:
+        return self.jac.projection if isinstance(self.jac, PROJECTED) else None
+
+    def refreshed(self) -> GenericKernels:
+        return GenericKernels(self.jac, self.max_bytes)
+
+    def for_network(self, net: nn.Module, input_shape: tuple[int, ...]) -> GenericKernels:
+        jac = ModelJacobian(net, input_shape)
+        proj = self.projection
+        return GenericKernels(jac if proj is None else projected_kernel(jac, None, proj, self.max_bytes),
+                              self.max_bytes)
+
+    @property
     def method(self) -> str:
-        if isinstance(self.jac, PROJECTED):
+        if self.projection is not None:
             return f"{self.jac.method}, float64 kernel"
         return f"{self.jac.method}; exact, {self.jac.dtype} Jacobians, float64 kernel"
 
@@ -204,7 +261,7 @@ class Network:
 
     label: str
     model: FlatInput
-    provider: SuiteKernels | GenericKernels
+    provider: KernelProvider
     n_params: int
     width: int
 
@@ -273,7 +330,7 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str =
     n = len(x)
     k = n_top(cfg.tau, n)
     sel = top_by_abs(clean.total, k)
-    whole = isinstance(provider, SuiteKernels)
+    whole = provider.recomputes_whole
 
     def probe(chosen: np.ndarray, name: str, eps: float, seed: int) -> tuple[dict[str, Any], InfluenceResult,
                                                                         torch.Tensor]:

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from empirics.attribution.audit_attribution import NOT_APPLICABLE, OK, peer_estimators, unscored
-from empirics.kernels.audit_ntk import ModelJacobian
 from empirics.progress import log
 from empirics.vocab import NOT_MEASURABLE
 from verify.audit.binding import AuditRun
@@ -19,10 +18,9 @@ from verify.audit.budget import budget_curves
 from verify.audit.config import PANELS
 from verify.audit.ensemble import Ensembles, ensemble_estimates
 from verify.audit.estimators import PAPER_ESTIMATOR
-from verify.audit.measure import PROJECTED, Estimated, GenericKernels, NetworkContext, SuiteKernels
+from verify.audit.measure import Estimated, KernelProvider, NetworkContext
 from verify.audit.modelio import FlatInput
 from verify.audit.outcome import CurveGrid, outcome_curves, outcome_panel, poison_panel
-from verify.audit.projection import projected_kernel
 from verify.audit.refit import RefitInputs, Refitter, refit_adequacy
 from verify.audit.validity import Estimates, estimator_rows, validity_panel
 
@@ -66,7 +64,7 @@ def validate(run: AuditRun, est: Estimated) -> Refits:
                              "batches") if loaded.static_batch else \
                 st.run("attribution libraries", peer_estimators, model, graph, t, cfg.peers, cfg.seed,
                        lambda g: FlatInput(g, input_shape))
-        exact = not (isinstance(run.provider, GenericKernels) and isinstance(run.provider.jac, PROJECTED))
+        exact = run.provider.projection is None
         ens = st.run("ensembles", ensemble_estimates, refit, t, cfg, input_shape, run.max_bytes, cfg.ensemble) \
             if exact else Ensembles(skipped="the kernel is projected for this model's size: an exact kernel per "
                                             "member would cost far more than the audit's own")
@@ -88,20 +86,13 @@ def lead_of(panels: dict[str, Any]) -> str:
 def _poison_kernels(run: AuditRun, refit: Refitter) -> Any:
     """How the planted-poison panel computes the kernels of a re-fitted network: as the audit's own kernel was
     computed (a user's train function: a fresh Jacobian, projected alike)."""
-    provider, loaded, input_shape, max_bytes = run.provider, run.loaded, run.input_shape, run.max_bytes
+    provider, input_shape = run.provider, run.input_shape
     if refit.cfg.train_fn:
-        proj = provider.jac.projection if isinstance(provider, GenericKernels) and isinstance(
-            provider.jac, PROJECTED) else None
-
-        def kernels(net: torch.nn.Module) -> GenericKernels:
-            jac = ModelJacobian(net, input_shape)
-            return GenericKernels(jac if proj is None else projected_kernel(jac, None, proj, max_bytes), max_bytes)
-    elif isinstance(provider, SuiteKernels):
-        def kernels(net: torch.nn.Module) -> SuiteKernels:
-            return SuiteKernels(loaded.module)
+        def kernels(net: torch.nn.Module) -> KernelProvider:
+            return provider.for_network(net, input_shape)
     else:
-        def kernels(net: torch.nn.Module) -> GenericKernels:
-            return GenericKernels(provider.jac, max_bytes)
+        def kernels(net: torch.nn.Module) -> KernelProvider:
+            return provider.refreshed()
     return kernels
 
 
