@@ -8,6 +8,8 @@ the kernel provider chosen (the suite's own analytic kernels, or the model's emp
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,12 +53,15 @@ class Stage:
     times: dict[str, float] = field(default_factory=dict)
     peak_gib: dict[str, float] = field(default_factory=dict)
 
-    def run(self, name: str, fn: Any, *args: Any, **kw: Any) -> Any:
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Time the block as stage `name` (a stage entered again adds up), the calls inside written out plainly."""
         tic = time.perf_counter()
-        out = fn(*args, **kw)
-        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - tic
-        self.peak_gib[name] = peak_rss_gib()
-        return out
+        try:
+            yield
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - tic
+            self.peak_gib[name] = peak_rss_gib()
 
 
 @dataclass(frozen=True)
@@ -129,14 +134,13 @@ def bind(cfg: AuditConfig, st: Stage, inputs: Inputs, device: str) -> AuditRun:
     data once to `device` and choose the kernel provider."""
     loaded, train, test = inputs.loaded, inputs.train, inputs.test
     image_shape = train.image_shape or test.image_shape
-    model, input_shape, out_dim = st.run("bind", bind_input, loaded, train.x, image_shape,
-                                         parse_shape(cfg.input_shape))
-    check_labels(train, out_dim, "--train")
-    check_labels(test, out_dim, "--test")
-    st.run("bind", probe_batches, model, {"training": train.x, "test": test.x},
-           (n_top(cfg.tau, len(train.x)), 1, cfg.refit_batch), out_dim)
-    st.run("bind", check_model, model, loaded, train, test.y, out_dim,
-           int(cfg.max_memory_gb * 2**30))  # issue 42: before any panel
+    with st.timed("bind"):
+        model, input_shape, out_dim = bind_input(loaded, train.x, image_shape, parse_shape(cfg.input_shape))
+        check_labels(train, out_dim, "--train")
+        check_labels(test, out_dim, "--test")
+        probe_batches(model, {"training": train.x, "test": test.x}, (n_top(cfg.tau, len(train.x)), 1,
+                                                                     cfg.refit_batch), out_dim)
+        check_model(model, loaded, train, test.y, out_dim, int(cfg.max_memory_gb * 2**30))  # issue 42: before panels
     if image_shape is None and len(input_shape) == 3:
         image_shape = input_shape
     t = Tensors(torch.as_tensor(train.x, device=device), torch.as_tensor(train.y, device=device),
@@ -146,7 +150,8 @@ def bind(cfg: AuditConfig, st: Stage, inputs: Inputs, device: str) -> AuditRun:
         loaded.module.to(device)  # loaded and bound on the CPU; everything after runs on `device`
         return AuditRun(cfg, st, t, model, model, loaded.module, SuiteKernels(loaded.module, max_bytes), loaded,
                         input_shape, max_bytes, image_shape)
-    graph = st.run("bind", fx_graph_for, loaded, model, train.x)
+    with st.timed("bind"):
+        graph = fx_graph_for(loaded, model, train.x)
     for m in (loaded.module, graph):  # loaded, bound and converted on the CPU; everything after runs on `device`
         if m is not None:
             m.to(device)
@@ -173,8 +178,8 @@ def projection_record(run: AuditRun) -> dict[str, Any] | None:
     p = provider.projection
     if p is None:
         return {"dim": 0, "kind": "exact", "reason": run.kernel_reason}
-    err = run.st.run("projection error", projection_error, provider.jac.jac, provider.jac, run.t, run.cfg,
-                     run.max_bytes)
+    with run.st.timed("projection error"):
+        err = projection_error(provider.jac.jac, provider.jac, run.t, run.cfg, run.max_bytes)
     kron = isinstance(provider.jac, ProjectedStructured)
     out = {"dim": p.dim, "kind": p.kind, "seed": p.seed, "reason": run.kernel_reason, "error": err,
            "structure": "kronecker" if kron else "dense", "width": provider.jac.width if kron else p.dim}

@@ -46,7 +46,8 @@ def validate(run: AuditRun, est: Estimated) -> Refits:
     rcfg = cfg.refit_config()
     refit = Refitter.for_module(run.fit_module, run.refit_net, rcfg, t.out_dim, input_shape)
     log(f"audit: control re-fit ({rcfg.describe()})")
-    ctrl = st.run("re-fits", refit.control, x, t.y_train, cfg.seed, {"train": x, "test": xt})
+    with st.timed("re-fits"):
+        ctrl = refit.control(x, t.y_train, cfg.seed, {"train": x, "test": xt})
     gate = refit_adequacy(rcfg.kind, ctrl, t, est.accuracy)
     out["refit"] = {"kind": rcfg.kind, "description": rcfg.describe(), "control": gate,
                     "user_code": bool(rcfg.train_fn)}
@@ -59,19 +60,24 @@ def validate(run: AuditRun, est: Estimated) -> Refits:
         peers = {}
         if cfg.peers:
             log(f"audit: the attribution libraries' estimators ({', '.join(cfg.peers)})")
-            peers = unscored(cfg.peers, NOT_APPLICABLE, f"the model runs batches of exactly {loaded.static_batch} "
-                             "examples (exported with a static batch size), and the libraries need per-example "
-                             "batches") if loaded.static_batch else \
-                st.run("attribution libraries", peer_estimators, model, graph, t, cfg.peers, cfg.seed,
-                       lambda g: FlatInput(g, input_shape))
-        exact = run.provider.projection is None
-        ens = st.run("ensembles", ensemble_estimates, refit, t, cfg, input_shape, run.max_bytes, cfg.ensemble) \
-            if exact else Ensembles(skipped="the kernel is projected for this model's size: an exact kernel per "
-                                            "member would cost far more than the audit's own")
+            if loaded.static_batch:
+                peers = unscored(cfg.peers, NOT_APPLICABLE, f"the model runs batches of exactly "
+                                 f"{loaded.static_batch} examples (exported with a static batch size), and the "
+                                 "libraries need per-example batches")
+            else:
+                with st.timed("attribution libraries"):
+                    peers = peer_estimators(model, graph, t, cfg.peers, cfg.seed, lambda g: FlatInput(g, input_shape))
+        if run.provider.projection is None:
+            with st.timed("ensembles"):
+                ens = ensemble_estimates(refit, t, cfg, input_shape, run.max_bytes, cfg.ensemble)
+        else:
+            ens = Ensembles(skipped="the kernel is projected for this model's size: an exact kernel per member would "
+                                    "cost far more than the audit's own")
         others = {**est.per_test, **ens.per_test,
                   **{k: r.pop("influence") for k, r in peers.items() if r["status"] == OK}}
         estimates = Estimates(est.per_test["ntk"], est.per_test["gn"], others)
-        out["validity"] = st.run("validity", validity_panel, refit, t, estimates, est.accuracy, cfg)
+        with st.timed("validity"):
+            out["validity"] = validity_panel(refit, t, estimates, est.accuracy, cfg)
         skipped = {**est.skipped, **({"ensembles": ens.skipped} if ens.skipped and cfg.ensemble else {})}
         estimator_rows(out["validity"], {**est.seconds, **dict.fromkeys(ens.per_test, ens.seconds)}, peers, skipped)
         out["validity"]["ensemble"] = {"members": ens.seeds, "seconds": ens.seconds, "skipped": ens.skipped}
@@ -103,18 +109,20 @@ def later_panels(run: AuditRun, ctx: NetworkContext, user: dict[str, Any], refit
     out, refit = refits.out, refits.refit
     clean = ctx.clean
     if "budget" in cfg.panels:
-        out["budget"] = st.run("budget curves", budget_curves, ctx.probe, clean, cfg)
+        with st.timed("budget curves"):
+            out["budget"] = budget_curves(ctx.probe, clean, cfg)
     if refit is None:
         return out
     inp = RefitInputs(refit, model, t)
     if "budget" in cfg.panels and "outcome" in cfg.panels:
-        out["budget"]["refit"] = st.run("outcome", outcome_curves, inp, clean.per_test, clean.total,
-                                        CurveGrid.of(out["budget"]), cfg)
+        with st.timed("outcome"):
+            out["budget"]["refit"] = outcome_curves(inp, clean.per_test, clean.total, CurveGrid.of(out["budget"]), cfg)
     if "outcome" in cfg.panels:
-        out["outcome"] = st.run("outcome", outcome_panel, inp, clean.per_test, np.asarray(user["selected"]),
-                                user["worst_attack"], cfg)
+        with st.timed("outcome"):
+            out["outcome"] = outcome_panel(inp, clean.per_test, np.asarray(user["selected"]), user["worst_attack"], cfg)
     if "poison" in cfg.panels:
-        out["poison"] = st.run("planted poison", poison_panel, inp, _poison_kernels(run, refit), cfg)
+        with st.timed("planted poison"):
+            out["poison"] = poison_panel(inp, _poison_kernels(run, refit), cfg)
     out["refit"]["count"] = refit.count
     out["refit"]["path"] = refit.describe_path()
     out["refit"]["seconds"] = refit.seconds

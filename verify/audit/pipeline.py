@@ -67,12 +67,14 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     st = Stage()
     device = pick_device(cfg.device)  # --device cuda without CUDA: a one-line error before any work
     log(f"audit: loading {cfg.model} and the data")
-    inputs = Inputs(*st.run("load", load_inputs, cfg))
+    with st.timed("load"):
+        inputs = Inputs(*load_inputs(cfg))
     train, test = inputs.train, inputs.test
     run = bind(cfg, st, inputs, device)
     t, loaded, provider = run.t, inputs.loaded, run.provider
     user_net = Network("your model", run.model, provider, loaded.n_params, loaded.widest_layer())
-    est = st.run("your model", estimate_network, user_net, t, cfg)
+    with st.timed("your model"):
+        est = estimate_network(user_net, t, cfg)
     projection = projection_record(run)
     early = model_gate(est.accuracy[1], test.y, t.out_dim)
     skipped = list(cfg.panels) if not early["passed"] else []  # a model below the gate: no panel can say more
@@ -84,7 +86,8 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         refits.out["skipped"] = {"panels": skipped, "reason": f"{early['reason']}, so the panels were not run"}
     lead = lead_of(refits.out)
     models: dict[str, Any] = {}
-    models["user"], ctx = st.run("your model", measure_network, user_net, t, cfg, lead, est)
+    with st.timed("your model"):
+        models["user"], ctx = measure_network(user_net, t, cfg, lead, est)
     if cfg.reference:
         models.update(reference_models(run, lead, device))
     user = models["user"]

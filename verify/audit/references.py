@@ -26,12 +26,13 @@ def reference_models(run: AuditRun, lead: str, device: str) -> dict[str, dict[st
         log(f"audit: training the {label} reference ({PROPER} protocol, at most {cfg.ref_epochs} epochs)")
         spec = ModelSpec(kind, t.x_train.shape[1], cfg.ref_width, t.out_dim, seed=cfg.seed)
         tcfg = protocol_config(PROPER, cfg.ref_epochs, seed=cfg.seed)
-        tr = st.run(f"train {kind}", train_network, spec, t, tcfg, device=device,
-                    label=f"training {model_name(kind)}")
+        with st.timed(f"train {kind}"):
+            tr = train_network(spec, t, tcfg, device=device, label=f"training {model_name(kind)}")
         tr.model.eval()
         net = Network(label, FlatInput(tr.model, (spec.d,)), SuiteKernels(tr.model), tr.model.W.numel(),
                       cfg.ref_width)
-        ref, _ = st.run(kind, measure_network, net, t, cfg, lead)
+        with st.timed(kind):
+            ref, _ = measure_network(net, t, cfg, lead)
         ref["training"] = {"protocol": PROPER, "max_epochs": cfg.ref_epochs, "epochs_run": tr.record.epochs_run,
                            "final_train_loss": tr.record.final_train_loss, "optimizer": "adam",
                            "lr": tr.record.lr, "weight_decay": 0.0, "batch_size": tcfg.batch_size,
