@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from empirics.common import Tensors
-from empirics.kernels.audit_ntk import ModelJacobian
 from empirics.progress import log
 from verify.audit.config import AuditConfig
 from verify.audit.estimators import ESTIMATORS
-from verify.audit.measure import GenericKernels, Network, estimate_network
+from verify.audit.measure import GenericKernels, Network, estimate_network, model_jacobian
 from verify.audit.modelio import FlatInput
 from verify.audit.refit import Refitter
 from verify.audit.seeding import seeding
@@ -70,7 +69,7 @@ def ensemble_estimates(refit: Refitter, t: Tensors, cfg: AuditConfig, input_shap
         log(f"audit: ensemble member {k + 1}/{len(seeds)} (re-fit with seed {s}, its empirical NTK)")
         with refit.fitted(t.x_train, t.y_train, s) as fitted:
             net = fitted if isinstance(fitted, FlatInput) else FlatInput(fitted, input_shape)
-            jac = ModelJacobian(net.inner, input_shape, static_batch=net.static_batch)
+            jac = model_jacobian(net.inner, input_shape, net.static_batch)
             member = Network(f"re-fit {s}", net, GenericKernels(jac, max_bytes), jac.n_params, 0)
             est = estimate_network(member, t, cfg)
         for name, per in est.per_test.items():

@@ -53,6 +53,13 @@ from verify.audit.sharpness import HvpOptions, hessian_subset, top_hessian
 # --- kernels ---------------------------------------------------------------------------------------
 
 
+def model_jacobian(net: nn.Module, input_shape: tuple[int, ...], static_batch: int | None = None) -> ModelJacobian:
+    """The Jacobian family of `net` as the audit binds the user's model: an FX graph (a re-fit of a graph-bound
+    model) gets its factored linear layers, whose exact kernel needs no per-example Jacobians of those layers."""
+    graph = net if isinstance(net, torch.fx.GraphModule) else None
+    return ModelJacobian(net, input_shape, graph=graph, static_batch=static_batch)
+
+
 @runtime_checkable
 class KernelProvider(Protocol):
     """Where a network's empirical NTK comes from (issue 41: the audit asks the provider, never its class): the
@@ -99,7 +106,7 @@ class SuiteKernels:
         return SuiteKernels(self.model, self.max_bytes)
 
     def for_network(self, net: nn.Module, input_shape: tuple[int, ...]) -> GenericKernels:
-        return GenericKernels(ModelJacobian(net, input_shape), self.max_bytes)
+        return GenericKernels(model_jacobian(net, input_shape), self.max_bytes)
 
     def clean(self, x: torch.Tensor, xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         return model_kernels(self.model, x, xt)
@@ -133,7 +140,7 @@ class GenericKernels:
         return GenericKernels(self.jac, self.max_bytes)
 
     def for_network(self, net: nn.Module, input_shape: tuple[int, ...]) -> GenericKernels:
-        jac = ModelJacobian(net, input_shape)
+        jac = model_jacobian(net, input_shape)
         proj = self.projection
         return GenericKernels(jac if proj is None else projected_kernel(jac, None, proj, self.max_bytes),
                               self.max_bytes)
