@@ -125,6 +125,7 @@ from benchmarks.bench_audit import train as train_adam
 from benchmarks.bench_audit_resnet import ResNet18
 from empirics.data.datasets import load_dataset
 from empirics.records import git_state
+from ntkm import interrupts
 from ntkm.codec import dumps, read_json
 from ntkm.io import atomic_write_text
 
@@ -264,7 +265,16 @@ def audit(r: Recipe, folder: Path) -> dict[str, Any]:
     load0 = os.getloadavg()
     tic = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(cfg), str(out)], env=env)
-    _, status, usage = os.wait4(proc.pid, 0)
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except BaseException:  # a signal (SIGTERM / Ctrl-C, see main) ends the audit it started, never orphans it
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
     proc.returncode = code = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - tic
     peak = usage.ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
@@ -443,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md", default=None, help="results Markdown (default: results/audit-tables.md)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes to check the script end to end")
     args = ap.parse_args(argv)
+    interrupts.install()  # SIGTERM raises like Ctrl-C, so the running audit child is ended with this process
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in names if m not in MODELS]
     if not names or bad:
@@ -489,4 +500,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("audit_tables: interrupted; the running audit was ended and nothing was written", file=sys.stderr)
+        sys.exit(130)
