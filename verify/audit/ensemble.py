@@ -25,7 +25,7 @@ import numpy as np
 from empirics.common import Tensors
 from empirics.progress import log
 from verify.audit.config import AuditConfig
-from verify.audit.estimators import ESTIMATORS
+from verify.audit.estimators import estimator_labels
 from verify.audit.measure import GenericKernels, Network, estimate_network, model_jacobian
 from verify.audit.modelio import FlatInput
 from verify.audit.refit import Refitter
@@ -37,7 +37,8 @@ PREFIX = "ens-"
 
 def ensemble_labels() -> dict[str, str]:
     """Each ensemble's label in the report, from the registry's (read at call time)."""
-    return {f"{PREFIX}{name}": f"{e.label}, averaged over the re-fits (ensemble)" for name, e in ESTIMATORS.items()}
+    return {f"{PREFIX}{name}": f"{label}, averaged over the re-fits (ensemble)"
+            for name, label in estimator_labels().items()}
 
 
 @dataclass

@@ -162,6 +162,6 @@ def kernel_estimator(name: str) -> KernelEstimator:
         raise ValueError(f"unknown estimator {name!r}; one of {', '.join(ESTIMATORS)}") from None
 
 
-def labels() -> dict[str, str]:
+def estimator_labels() -> dict[str, str]:
     """Each registered estimator's label, by name (read at call time, so an estimator added later is included)."""
     return {name: e.label for name, e in ESTIMATORS.items()}

@@ -60,7 +60,7 @@ from empirics.progress import log
 from empirics.vocab import NOT_MEASURABLE
 from verify.audit.config import AuditConfig
 from verify.audit.ensemble import ensemble_labels
-from verify.audit.estimators import ESTIMATORS, PAPER_ESTIMATOR
+from verify.audit.estimators import ESTIMATORS, PAPER_ESTIMATOR, estimator_labels
 from verify.audit.refit import RefitJob, Refitter, labels_of, per_example_loss, refit_adequacy
 from verify.audit.seeding import seeding
 
@@ -72,7 +72,7 @@ FRACTION_MIN = 0.5
 def estimator_label(name: str) -> str:
     """The report's label of an estimator scored by the validity panel: the audit's own (the registry's), a library
     peer's, an ensemble's, or the name itself."""
-    labels = {**{n: e.label for n, e in ESTIMATORS.items()}, **PEER_LABELS, **ensemble_labels(),
+    labels = {**estimator_labels(), **PEER_LABELS, **ensemble_labels(),
               "ensembles": "ensemble estimators (averaged over re-fits)"}
     return labels.get(name, name)
 
