@@ -8,7 +8,10 @@ A GPU is lent to a session rarely and for about 15 minutes, start-up included, s
 what is run there: it stops itself within `--budget-s`, writes its JSON and Markdown after every section (a
 killed run keeps what it had), and with `--resume DIR` skips the sections a previous run finished and continues
 the claims runs from their caches (a section is kept only when it was measured with the same code version: theory/
-and empirics/ unchanged). Sections, in order of what they are worth:
+and empirics/ unchanged). `--sections A,B,...` runs those sections in that order, so that a lent session measures first
+what is still missing; the primitives section then prices with the engine section an earlier run kept (its record
+says when and at which code that was measured). Every log line says how many seconds after the start it was written.
+Sections, in the default order of what they are worth:
 
 1. `environment`: device, driver, library versions, the code version (git commit; `NTKM_GIT_COMMIT` where the
    checkout has no `.git`, as on the device machine).
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import itertools
 import json
 import os
 import signal
@@ -69,8 +73,12 @@ FLOAT32_TOLERANCE = 1e-3
 SMOKE_ONLY = "ntk-relu-mnist,flip-mnist"
 
 
+#: When the process started: every log line says how long after it was written (where a lent session's minutes went).
+_T0 = time.monotonic()
+
+
 def _log(msg: str) -> None:
-    print(f"[gpu_check] {msg}", file=sys.stderr, flush=True)
+    print(f"[gpu_check +{time.monotonic() - _T0:.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
 def _sync(device: str) -> None:
@@ -171,6 +179,72 @@ def _jobs(sweep: Sweep, x: torch.Tensor, y: torch.Tensor, epochs: int, device: s
     return jobs
 
 
+#: Operators kept in a profile (largest self time on the device, on a CPU the host's).
+PROFILE_TOP = 12
+
+
+def _profile(run: Callable[[], None], device: str) -> dict[str, Any]:
+    """`run()` under torch's profiler: the host's and the device's total self time and the operators that took most,
+    with their calls (where a stacked epoch's time goes: launches, the optimiser's passes, the allocator, products)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    try:
+        with profile(activities=acts) as prof:
+            run()
+            _sync(device)
+        events = prof.key_averages()
+    except Exception as exc:  # a profiler that cannot run here (no CUPTI) must not lose the section's timings
+        return {"error": f"{type(exc).__name__}: {str(exc)[:200]}", "top": []}
+
+    def dev(e: Any) -> float:
+        return float(getattr(e, "self_device_time_total", 0.0)) / 1e3 if cuda else 0.0
+
+    top = sorted(events, key=lambda e: dev(e) if cuda else e.self_cpu_time_total, reverse=True)[:PROFILE_TOP]
+    return {"host_self_ms": sum(e.self_cpu_time_total for e in events) / 1e3,
+            "device_self_ms": sum(dev(e) for e in events) if cuda else None,
+            "top": [{"op": e.key, "calls": e.count, "self_device_ms": dev(e) if cuda else None,
+                     "self_host_ms": e.self_cpu_time_total / 1e3} for e in top]}
+
+
+def _stacked_epochs(build: Callable[[int], list[tuple]], device: str, epochs: int) -> dict[str, Any]:
+    """One `train_many` of the jobs `build(epochs)` returns, its epochs timed inside the engine (`on_epoch`, the
+    device synchronised at each): per stack the median of its epoch-to-epoch intervals (epoch 1, which pays the
+    stack's first launches, and the building and finishing of the stacks are left out; a median also leaves out a
+    loss-check epoch), and their sum, the sweep's epoch. The building of the jobs and the whole training are timed
+    too, so that a slow setup shows apart from the epochs."""
+    from empirics.nets.engine import train_many
+
+    t0 = time.perf_counter()
+    jobs = build(epochs)
+    _sync(device)
+    t1 = time.perf_counter()
+    marks: list[tuple[int, float]] = []
+
+    def clock(epoch: int) -> None:
+        _sync(device)
+        marks.append((epoch, time.perf_counter()))
+    train_many(jobs, label="timed stack", on_epoch=clock)
+    _sync(device)
+    t2 = time.perf_counter()
+    stacks: list[list[float]] = []
+    for (e0, s0), (e1, s1) in itertools.pairwise(marks):
+        if e1 == e0 + 1:
+            if e0 == 1 or not stacks:
+                stacks.append([])
+            stacks[-1].append(s1 - s0)
+    medians = [float(np.median(iv)) for iv in stacks if iv]
+    return {"epoch_s": sum(medians), "stack_epoch_s": medians, "build_s": t1 - t0, "train_s": t2 - t1,
+            "epochs": epochs, "method": "median epoch inside the engine, summed over stacks"}
+
+
+def _alloc_retries(device: str) -> int:
+    """CUDA's caching allocator's retries so far (a retry frees every cached block and synchronises: a stacked epoch
+    that triggers them is slowed by the allocator, not by its arithmetic); 0 elsewhere."""
+    return int(torch.cuda.memory_stats().get("num_alloc_retries", 0)) if device.startswith("cuda") else 0
+
+
 def _gemm_rate(device: str, n: int, d: int, m: int) -> float:
     """FLOP/s of the step's largest product (n x d times d x m, float32) on this device."""
     a = torch.rand(n, d, device=device)
@@ -211,14 +285,23 @@ def _engine_row(device: str, d: int, sizes: EngineSizes, budget: Budget) -> dict
             continue
         stacks = stack_plan(_jobs(sweep, x, y, 1, device), None) if stack_plan else None
 
-        def stacked(e: int, sweep: Sweep = sweep, name: str = name) -> None:
-            train_many(_jobs(sweep, x, y, e, device), label=f"stack {name}")
-        epoch_s = _epoch_seconds(stacked, device, *epochs)
+        retries0 = _alloc_retries(device)
+        timed = _stacked_epochs(lambda e, sweep=sweep: _jobs(sweep, x, y, e, device), device, epochs[1] + 2)
+        epoch_s = timed["epoch_s"]
+        _log(f"d={d} {name}: jobs built in {timed['build_s']:.2f} s, trained in {timed['train_s']:.2f} s; stacks' "
+             f"median epochs {[round(t, 4) for t in timed['stack_epoch_s']]} s")
+        jobs1 = _jobs(sweep, x, y, 1, device)
+        prof = _profile(lambda jobs1=jobs1, name=name: train_many(jobs1, label=f"profile {name}"), device)
         nets = sweep.networks
         work = sum(gemm_flops(1, n, 128, m, d, 10) for _ in sweep.kinds for m in sweep.widths for _ in sweep.seeds)
         row[name] = {"networks": nets, "stacks": len(stacks) if stacks else None, "epoch_s": epoch_s,
+                     "timing": {k: v for k, v in timed.items() if k != "epoch_s"},
                      "ratio_to_one_network": epoch_s / row["one_network_epoch_s"][str(widths[-1])],
-                     "network_epochs_per_s": nets / epoch_s, "achieved_flop_s": work / epoch_s}
+                     "network_epochs_per_s": nets / epoch_s, "achieved_flop_s": work / epoch_s,
+                     "allocator_retries": _alloc_retries(device) - retries0 if device.startswith("cuda") else None,
+                     "peak_memory_gib": (torch.cuda.max_memory_allocated() / (1 << 30)
+                                         if device.startswith("cuda") else None),
+                     "profile_one_epoch": prof}
         _log(f"d={d} {name}: {nets} networks in {len(stacks) if stacks else '?'} stack(s), {epoch_s:.3f} s per epoch")
     row["gemm_flop_s"] = _gemm_rate(device, n, d, widths[-1])
     for name in sweeps:
@@ -268,9 +351,11 @@ def _engine_agreement(device: str, smoke: bool) -> dict[str, Any]:
 
 # ---- 3. primitives --------------------------------------------------------------------------------------------
 
-def primitives_section(device: str, smoke: bool, engine: dict[str, Any] | None) -> dict[str, Any]:
-    """The device's prices (`verify.costs.Analytic` constants) from the engine section and a timed NTK; the
-    presets' estimated time with them, the networks of a unit trained as one stack (`verify.costs.plan`)."""
+def primitives_section(device: str, smoke: bool, engine: dict[str, Any] | None,
+                       engine_at: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The device's prices (`verify.costs.Analytic` constants) from the engine section (this run's, or one an earlier
+    run measured, `engine_at` saying when and at which code) and a timed NTK and solve; the presets' estimated time
+    with them, the networks of a unit trained as one stack (`verify.costs.plan`)."""
     from benchmarks.scale import eig_seconds_per_n3, ntk_seconds, solve_seconds
     from empirics.nets.engine import flops_per_step
     from verify import costs
@@ -309,21 +394,27 @@ def primitives_section(device: str, smoke: bool, engine: dict[str, Any] | None) 
         est = costs.plan([(u, units[u].config) for u in sorted(units)], prim)
         presets[name] = {"units": len(est), "total_s": sum(c.total_s for c in est.values()),
                          "largest_unit_s": max(c.total_s for c in est.values())}
-    return {"constants": constants, "source": f"engine section (d={d}, n={n}) and an empirical NTK at n={n_ref}",
-            "presets": presets}
+    at = engine_at or {}
+    when = f", measured {at.get('date_utc')} at code version {at.get('code_version')}" if at else ""
+    return {"constants": constants, "source": f"engine section (d={d}, n={n}{when}), an empirical NTK at n={n_ref} and "
+                                              f"a leave-one-out solve at n={n_solve} on this device",
+            "engine_measured_at": at or None, "presets": presets}
 
 
 def _device_solve_seconds(n: int, device: str) -> float:
     """One leave-one-out solve of an n x n kernel on `device` (`empirics.attribution.influence.kernel_influence` with a
-    device: float64 Cholesky and inverse in torch), timed after a warm-up."""
+    device: float64 Cholesky and inverse in torch): the faster of two calls after a warm-up call of the same size
+    (the first call at a size pays the solver's one-off workspace and setup, which a unit's many solves do not)."""
     from empirics.attribution.influence import kernel_influence
 
     a = np.random.default_rng(0).standard_normal((n, 64))
     k, y = a @ a.T, np.ones((n, 10))
-    kernel_influence(k[:64, :64], y[:64], 1.0, k[:8, :64], y[:8], torch.device(device))
-    t0 = time.perf_counter()
-    kernel_influence(k, y, float(n), k[:100], y[:100], torch.device(device))
-    return time.perf_counter() - t0
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        kernel_influence(k, y, float(n), k[:100], y[:100], torch.device(device))
+        times.append(time.perf_counter() - t0)
+    return min(times[1:])
 
 
 # ---- 4.-6. claims runs ----------------------------------------------------------------------------------------
@@ -575,6 +666,19 @@ def markdown(rec: dict[str, Any]) -> str:
                          f" | {sw.get('ratio_to_one_network', float('nan')):.2f} | {_fmt_s(wd.get('epoch_s'))} | "
                          f"{wd.get('ratio_to_one_network', float('nan')):.2f} | "
                          f"{wd.get('fraction_of_gemm', float('nan')):.2f} |")
+        profiles = []
+        for r in eng["rows"]:
+            for name in ("sweep", "widest"):
+                prof = r.get(name, {}).get("profile_one_epoch")
+                if not prof or not prof.get("top"):
+                    continue
+                where = "device" if prof.get("device_self_ms") is not None else "host"
+                total = prof.get(f"{where}_self_ms") or 0.0
+                tops = ", ".join(f"{t['op']} {t[f'self_{where}_ms']:.1f} ms ({t['calls']} calls)"
+                                 for t in prof["top"][:4])
+                profiles.append(f"Profile of one epoch, d = {r['d']}, {name} ({where} self time {total:.1f} ms, "
+                                f"allocator retries {r[name].get('allocator_retries')}): {tops}.")
+        lines += ["", *profiles] if profiles else []
         ag = eng.get("agreement", {})
         lines += ["", f"Stack against loop on {rec['device']}: max relative weight difference "
                       f"{ag.get('max_rel_weight_difference', float('nan')):.2e}, same epochs {ag.get('same_epochs')}."]
@@ -668,7 +772,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(claims caches, state.json; no logs) to FILE as .tar.gz, to carry to the next lent session")
     ap.add_argument("--unpack", default=None, metavar="FILE", help="first, unpack a --pack archive into an empty "
                     "state folder (a missing FILE is not an error: nothing to continue)")
-    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ", ".join(SECTIONS))
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ", ".join(SECTIONS)
+                    + ", run in the order given (default: all, in that order)")
     args = ap.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -696,16 +801,15 @@ def main(argv: list[str] | None = None) -> int:
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "environment": lambda: environment_section(device),
         "engine": lambda: engine_section(device, args.smoke, budget),
-        "primitives": lambda: primitives_section(device, args.smoke,
-                                                 rec["sections"].get("engine", {}).get("result")),
+        "primitives": lambda: primitives_section(device, args.smoke, rec["sections"].get("engine", {}).get("result"),
+                                                 rec["sections"].get("engine", {}).get(
+                                                     "measured_at", {"code_version": "unknown (an earlier run)"})),
         "agreement": lambda: agreement_section(device, args.smoke, budget, state, jobs),
         "quick": lambda: quick_section(device, args.smoke, budget, state, jobs),
         "audit": lambda: audit_section(device, args.smoke, budget, state),
         "gpu_preset": lambda: gpu_preset_section(device, args.smoke, budget, state, jobs),
     }
-    for name in SECTIONS:
-        if name not in wanted:
-            continue
+    for name in dict.fromkeys(wanted):
         prev = rec["sections"].get(name, {})
         done = prev.get("result", {})
         resumable = name in ("agreement", "quick", "audit", "gpu_preset") and not (done.get("finished")

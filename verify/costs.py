@@ -315,24 +315,36 @@ CALIBRATED = Analytic({
     "unit": 0.756,
 }, source=CALIBRATION_SOURCE)
 
+#: A float64 leave-one-out solve on one GPU (`empirics.attribution.influence.kernel_influence` with a device:
+#: Cholesky n^3/3, its inverse ~2n^3/3 and the leave-one-out products, about 2 n^3 flops), modelled at 10% of an
+#: H200's 67 TFLOP/s float64 peak (cuSOLVER's factorisations reach a fraction of it at n of a few thousand): seconds
+#: per n^3. Not measured: `benchmarks.gpu_check` measures it (its primitives' `solve`, beside `solve_host`).
+GPU_SOLVE_MODELLED = 2.0 / 6.7e12
 #: The H200's prices before the device check measured them (`benchmarks.gpu_check` writes the measured ones to
 #: `results/gpu-check.json`, which `gpu_prices` prefers): from issue 39's H200 figures, an optimiser step ~1 ms
 #: whatever the width (launch-bound: an epoch of 40 steps at n = 5,000 took 0.037-0.052 s at every width), float32
 #: products at ~60 TFLOP/s (a step's three products per forward multiply-add: 1e-13 s), float64 kernels at ~30
-#: TFLOP/s, the solves and eigendecompositions on the host's CPU as on this one.
-GPU_MODELLED_SOURCE = "modelled from issue 39's H200 figures (1 ms per step, 60 TFLOP/s float32); not measured here"
+#: TFLOP/s, the influence solves on the device (`GPU_SOLVE_MODELLED`) and the eigendecompositions on the host's CPU
+#: as on this one.
+GPU_MODELLED_SOURCE = ("modelled from issue 39's H200 figures (1 ms per step, 60 TFLOP/s float32) and a float64 "
+                       "solve at 10% of the H200's peak; not measured here")
 GPU_MODELLED = Analytic({
     "step": 1e-3, "flop": 1e-13, "step_plateau_relu": 1e-3, "flop_plateau_relu": 1e-13, "step_plateau_attn": 1e-3,
     "flop_plateau_attn": 1e-13, "flop_fullbatch_relu": 1e-13, "flop_fullbatch_attn": 1e-13, "kernel": 1e-13,
-    "solve": CALIBRATED.c["solve"], "eig": CALIBRATED.c["eig"], "unit": 2.0,
+    "solve": GPU_SOLVE_MODELLED, "eig": CALIBRATED.c["eig"], "unit": 2.0,
 }, stacked=True, source=GPU_MODELLED_SOURCE)
 #: Where the device check's record lives once a GPU was lent (committed by the session that ran it).
 GPU_RECORD = "results/gpu-check.json"
+#: The primitives key that marks a record whose `solve` is the device's: a device check older than the influence
+#: solves on the GPU (b178554) priced `solve` on the host and has no `solve_host`.
+DEVICE_SOLVE_MARK = "solve_host"
 
 
 def gpu_prices(root: Any = None) -> Analytic:
     """The GPU's prices: the constants the device check measured (`GPU_RECORD`, its primitives section), else
-    `GPU_MODELLED`. A record that cannot be read or lacks a constant falls back to the modelled prices."""
+    `GPU_MODELLED`. A record that cannot be read or lacks a constant falls back to the modelled prices. A record
+    that measured the host's solve (no `DEVICE_SOLVE_MARK`: from before the solves ran on the GPU) keeps its other
+    constants and takes the modelled device solve, and its source says so: the code it would price solves there."""
     import json
     from pathlib import Path
 
@@ -343,10 +355,14 @@ def gpu_prices(root: Any = None) -> Analytic:
         c = sec["result"]["constants"]
         if sec.get("status") == "ok" and all(isinstance(c.get(k), (int, float)) for k in CONSTANT_NAMES):
             env = rec["sections"].get("environment", {}).get("result", {})
-            return Analytic({k: float(c[k]) for k in CONSTANT_NAMES}, stacked=True,
-                            source=f"measured by benchmarks.gpu_check on {env.get('gpu', 'a GPU')}, "
-                                   f"{env.get('date_utc', '?')}, code version {env.get('code_version', '?')} "
-                                   f"({GPU_RECORD})")
+            consts = {k: float(c[k]) for k in CONSTANT_NAMES}
+            source = (f"measured by benchmarks.gpu_check on {env.get('gpu', 'a GPU')}, {env.get('date_utc', '?')}, "
+                      f"code version {env.get('code_version', '?')} ({GPU_RECORD})")
+            if DEVICE_SOLVE_MARK not in c:
+                consts["solve"] = GPU_SOLVE_MODELLED
+                source += ("; the influence solve modelled (that record timed it on the host, before the solves "
+                           "ran on the GPU), not measured")
+            return Analytic(consts, stacked=True, source=source)
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return GPU_MODELLED
@@ -399,6 +415,25 @@ def longest_first(units: Sequence[tuple[str, Mapping[str, Any]]],
         cost = plan([(n, cfgs[n]) for n in g], prim)
         out.append((g, sum(c.total_s for c in cost.values())))
     return sorted(out, key=lambda gc: (-gc[1], gc[0][0]))
+
+
+#: Seconds of one part of a GPU preset: the device check's default budget (`benchmarks.gpu_check --budget-s`), what
+#: one lent session of about 15 minutes, start-up included, runs.
+PART_S = 480.0
+
+
+def parts(grouped: Sequence[tuple[list[str], float]], budget_s: float = PART_S) -> list[tuple[list[str], float]]:
+    """`grouped` (groups of units with their seconds, in run order) cut into consecutive parts of at most
+    `budget_s` each: a run cut at a part's end keeps its finished units cached, and the next part continues with
+    `--resume`. A group longer than `budget_s` is a part of its own (it cannot finish in one; its part says so by
+    its seconds)."""
+    out: list[tuple[list[str], float]] = []
+    for names, sec in grouped:
+        if out and out[-1][1] + sec <= budget_s:
+            out[-1] = (out[-1][0] + list(names), out[-1][1] + sec)
+        else:
+            out.append((list(names), sec))
+    return out
 
 
 def makespan(seconds: Iterable[float], jobs: int) -> float:

@@ -67,10 +67,14 @@ def build(units: Sequence[Unit], cache: Cache | None, jobs: int, needed_by: Mapp
                        networks_reused=c.reused)
         rows.append(row)
     total = sum(c.total_s for c in est.values())
-    workers = 1 if getattr(prim, "stacked", False) else jobs  # one GPU: the workers share it
+    stacked = bool(getattr(prim, "stacked", False))
+    workers = 1 if stacked else jobs  # one GPU: the workers share it
+    cut = costs.parts(grouped) if stacked else []
     return {"units": rows, "to_compute": len(todo), "cached": len(cached), "jobs": jobs,
             "estimated_total_s": total, "estimated_wall_s": costs.makespan([s for _, s in grouped], workers),
             "groups": len(grouped),
+            "parts": [{"units": names, "estimated_s": sec, "fits": sec <= costs.PART_S} for names, sec in cut],
+            "part_budget_s": costs.PART_S if stacked else None,
             "cost_model": {"constants": dict(getattr(prim, "c", {})),
                            "source": getattr(prim, "source", "") or costs.CALIBRATION_SOURCE,
                            "stacked": bool(getattr(prim, "stacked", False))}}
@@ -83,7 +87,8 @@ def _duration(s: float) -> str:
 def text(plan: Mapping[str, Any]) -> str:
     """The plan as a table for the terminal."""
     w = max([len(r["unit"]) for r in plan["units"]] + [4])
-    head = f"{'unit':<{w}} {'seeds':>5} {'seed ids':<9} {'protocol':<17} {'epochs':>6} {'n':>5} {'widths':<14} " \
+    ww = max([len(",".join(str(x) for x in r["config"].get("widths") or [])) for r in plan["units"]] + [6])
+    head = f"{'unit':<{w}} {'seeds':>5} {'seed ids':<9} {'protocol':<17} {'epochs':>6} {'n':>5} {'widths':<{ww}} " \
            f"{'prep':<7} {'estimate':>9}"
     lines = [head]
     for r in plan["units"]:
@@ -93,12 +98,20 @@ def text(plan: Mapping[str, Any]) -> str:
         est = "cached" if r["cached"] else _duration(r["estimated_s"])
         lines.append(f"{r['unit']:<{w}} {len(seeds) or '-':>5} {_ranges(seeds) or '-':<9} "
                      f"{c.get('protocol', '-'):<17} {c.get('epochs', '-'):>6} {c.get('n_train', '-'):>5} "
-                     f"{widths[:14]:<14} {c.get('preprocess', '-'):<7} {est:>9}")
+                     f"{widths:<{ww}} {c.get('preprocess', '-'):<7} {est:>9}")
     lines.append(f"{len(plan['units'])} units: {plan['to_compute']} to compute, {plan['cached']} cached; estimated "
                  f"{_duration(plan['estimated_total_s'])} one after another, {_duration(plan['estimated_wall_s'])} "
                  f"wall with --jobs {plan['jobs']} ({plan['groups']} groups of units sharing networks)"
                  + ("; priced for one GPU, each unit's networks trained as one stack (cost model: "
                     f"{plan['cost_model']['source']})" if plan.get("cost_model", {}).get("stacked") else ""))
+    if plan.get("parts"):
+        over = [p for p in plan["parts"] if not p["fits"]]
+        lines.append(f"In {len(plan['parts'])} part(s) of at most {_duration(plan['part_budget_s'])} (one lent "
+                     "session's device check, `benchmarks.gpu_check`; a part cut short keeps its finished units "
+                     "cached for `--resume`, at the same code version): "
+                     + "; ".join(f"{i} {_duration(p['estimated_s'])}" for i, p in enumerate(plan["parts"], 1))
+                     + (f". {len(over)} part(s) are one group of units longer than a session: "
+                        + ", ".join(p["units"][0] for p in over) if over else ""))
     by_reason: dict[str, list[str]] = {}
     for unit, why in plan.get("not_run", {}).items():  # units the claims read that this preset does not run
         by_reason.setdefault(why, []).append(unit)

@@ -321,8 +321,10 @@ def _reproduces_heads(st: _Stack, out: torch.Tensor) -> bool:
     return True
 
 
-def _train_group(nets: list[_Net], label: str, fused_adam: bool = False, padded: bool = False) -> bool:
-    """Train the networks of one group together (see the module docstring); records are filled in place.
+def _train_group(nets: list[_Net], label: str, fused_adam: bool = False, padded: bool = False,
+                 on_epoch: Callable[[int], None] | None = None) -> bool:
+    """Train the networks of one group together (see the module docstring); records are filled in place;
+    `on_epoch(epoch)` is called after each epoch (a benchmark's clock).
 
     False (nothing trained) when the stacked head does not reproduce each model's own `head` (exactly; padded, to
     float32 rounding): the model computes something the engine does not implement."""
@@ -368,6 +370,8 @@ def _train_group(nets: list[_Net], label: str, fused_adam: bool = False, padded:
                 net.rec.epochs_run = epoch
             if not (epoch % cfg0.check_every == 0 or epoch % every == 0 or last):
                 bar.update(1)
+                if on_epoch is not None:
+                    on_epoch(epoch)
                 continue
             out = st.head(st.F)
             k = len(st.nets)
@@ -389,6 +393,8 @@ def _train_group(nets: list[_Net], label: str, fused_adam: bool = False, padded:
                 if stop:
                     done.append(j)
             bar.update(1, f"loss={max(losses):.4f} active={k}")
+            if on_epoch is not None:
+                on_epoch(epoch)
             if done:  # the networks left have all taken `step` steps, so they share Adam's bias correction
                 st.drop(done)
             if not st.nets:
@@ -544,7 +550,7 @@ def stack_plan(jobs: Sequence[Sequence[Any]], pad: bool | None = None) -> list[l
 
 
 def train_many(jobs: Sequence[Sequence[Any]], label: str = "engine", fused_adam: bool = False,
-               pad: bool | None = None) -> list[TrainRecord]:
+               pad: bool | None = None, on_epoch: Callable[[int], None] | None = None) -> list[TrainRecord]:
     """Train every job (`Job`, label optional; `empirics.nets.train.train_job`) in place; the records in order.
 
     Supported jobs are grouped and trained stacked; the rest go through `train` one by one. A record's `wall_s` is
@@ -552,6 +558,8 @@ def train_many(jobs: Sequence[Sequence[Any]], label: str = "engine", fused_adam:
     steps Adam in torch's fused kernel (`_update_fused`: faster, equal to float32 rounding, not bit-equal).
     `pad`: stack networks of different widths and n zero-padded (module docstring; equal to the loop to float32
     rounding); None pads on CUDA only, so a CPU run is the exact grouping (bit-equal to the loop, measured).
+    `on_epoch(epoch)`: called after every epoch of every stack (not for the jobs that fall back), e.g. to time
+    the stacked epochs apart from building and finishing the stacks.
     """
     records: list[TrainRecord | None] = [None] * len(jobs)
     fallback = {i for i, _ in fallbacks(jobs)}
@@ -563,7 +571,7 @@ def train_many(jobs: Sequence[Sequence[Any]], label: str = "engine", fused_adam:
         t0 = time.perf_counter()
         widths = sorted({net.width for net in chunk})
         m = f"{widths[0]}" if len(widths) == 1 else f"{widths[0]}..{widths[-1]}"
-        if not _train_group(chunk, f"{label} {len(chunk)} x m={m}", fused_adam, padded):
+        if not _train_group(chunk, f"{label} {len(chunk)} x m={m}", fused_adam, padded, on_epoch):
             for net in chunk:
                 records[net.index] = train_job(jobs[net.index])
             continue

@@ -63,6 +63,22 @@ def test_a_tiny_budget_skips_sections_and_still_writes_the_record(tmp_path: Path
     assert rec["sections"]["agreement"]["status"].startswith("skipped: budget")
 
 
+def test_sections_run_in_the_order_given_and_primitives_reuse_an_earlier_engine(tmp_path: Path) -> None:
+    """`--sections` is the run order (a lent session measures first what is still missing); primitives read the engine
+    section an earlier run kept, and say when and at which code it was measured; the log lines carry elapsed time."""
+    first = _run("--resume", str(tmp_path), "--sections", "engine", timeout=200)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = _run("--resume", str(tmp_path), "--sections", "primitives,environment", timeout=200)
+    assert again.returncode == 0, again.stderr[-2000:]
+    starts = [ln for ln in again.stderr.splitlines() if ": start (" in ln]
+    assert [ln.split("] ")[1].split(":")[0] for ln in starts] == ["primitives", "environment"]
+    assert all(ln.startswith("[gpu_check +") for ln in starts)
+    rec = json.loads((tmp_path / "gpu-check.json").read_text())
+    prim = rec["sections"]["primitives"]["result"]
+    engine_at = rec["sections"]["engine"]["measured_at"]
+    assert prim["engine_measured_at"] == engine_at and engine_at["code_version"] in prim["source"]
+
+
 def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
     res = _run("--resume", str(tmp_path), "--sections", "engine,nonsense", timeout=60)
     assert res.returncode == 2 and "--sections" in res.stderr and "Traceback" not in res.stderr

@@ -223,3 +223,18 @@ def test_a_head_the_padded_stack_does_not_reproduce_falls_back(monkeypatch):
     assert groups == [True]
     for a, b, ra, rb in zip(loop_jobs, ours, loop, got, strict=True):
         assert torch.equal(a[0].W, b[0].W) and ra.train_loss == rb.train_loss
+
+
+def test_the_epoch_clock_sees_every_epoch_of_every_stack_and_changes_nothing():
+    """`on_epoch` is an observer: called once per epoch of each stack in order (a plateau stop ends its stack's
+    calls), and the weights and records are bit-equal to a run without it (what `benchmarks.gpu_check` times)."""
+    cfg = _cfg(plateau=False, epochs=5)
+    jobs = _width_jobs(cfg)
+    plain = _copy(jobs)
+    seen: list[int] = []
+    recs = train_many(jobs, pad=True, on_epoch=seen.append)
+    stacks = stack_plan(plain, pad=True)
+    assert seen == list(range(1, 6)) * len(stacks)
+    again = train_many(plain, pad=True)
+    assert [r.train_loss for r in recs] == [r.train_loss for r in again]
+    assert all(torch.equal(a[0].W, b[0].W) for a, b in zip(jobs, plain, strict=True))

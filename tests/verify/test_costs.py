@@ -4,7 +4,11 @@ the wall time of workers taking tasks in order."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import empirics.common as common
 from verify import costs
@@ -106,3 +110,46 @@ def test_retrain_flip_units_are_priced_at_their_data_sets_input_dimension():
         3 * (prim.kernel(3072, n, cifar["width"]) + prim.solve_at(n)))
     assert costs.unit_seconds("flip-retrain:cifar10:10class:attn@proper", cifar, prim).total_s > \
         2 * costs.unit_seconds("flip-retrain:attn@proper", mnist, prim).total_s
+
+
+def _record(root, constants: dict) -> None:
+    """A device check's record under `root` (results/gpu-check.json) with these primitives."""
+    import json
+
+    (root / "results").mkdir()
+    rec = {"sections": {"environment": {"status": "ok", "result": {"gpu": "TestGPU", "code_version": "abc"}},
+                        "primitives": {"status": "ok", "result": {"constants": constants}}}}
+    (root / costs.GPU_RECORD).write_text(json.dumps(rec))
+
+
+def test_a_record_that_timed_the_host_solve_prices_the_device_solve_as_modelled(tmp_path):
+    """A device check from before the influence solves ran on the GPU (no `solve_host`) timed the host's solve: the
+    plan keeps its other constants, models the device's solve and says so; a newer record's solve is used as is."""
+    measured = {k: 1e-12 * (i + 1) for i, k in enumerate(costs.CONSTANT_NAMES)}
+    old = tmp_path / "old"
+    old.mkdir()
+    _record(old, measured)
+    prim = costs.gpu_prices(old)
+    assert prim.stacked and prim.c["solve"] == costs.GPU_SOLVE_MODELLED
+    assert all(prim.c[k] == v for k, v in measured.items() if k != "solve")
+    assert "TestGPU" in prim.source and "solve modelled" in prim.source
+    new = tmp_path / "new"
+    new.mkdir()
+    _record(new, {**measured, costs.DEVICE_SOLVE_MARK: 5.0})
+    prim = costs.gpu_prices(new)
+    assert prim.c == measured and "modelled" not in prim.source
+    assert costs.gpu_prices(tmp_path / "none") is costs.GPU_MODELLED
+
+
+@given(st.lists(st.floats(0.0, 1000.0), max_size=30), st.floats(1.0, 600.0))
+def test_parts_are_consecutive_groups_within_the_budget(seconds, budget):
+    grouped = [([f"u{i}", f"v{i}"], s) for i, s in enumerate(seconds)]
+    cut = costs.parts(grouped, budget)
+    assert [n for names, _ in cut for n in names] == [n for names, _ in grouped for n in names]
+    for names, sec in cut:
+        assert sec == pytest.approx(sum(s for i, s in enumerate(seconds) if f"u{i}" in names))
+        assert sec <= budget or len(names) == 2  # over the budget only as one group of its own
+    # greedy: no part could have taken the next part's first group
+    for (_, a), (names, _) in itertools.pairwise(cut):
+        first = seconds[int(names[0][1:])]
+        assert a + first > budget

@@ -117,3 +117,21 @@ def test_quick_plans_no_new_retrain_flip_unit_and_names_the_rows_it_does_not_run
         assert est[f"flip-retrain:cifar10:10class:attn@{cond}"] > est[f"flip-retrain:attn@{cond}"]
         assert est[f"flip-retrain:mnist:binary:attn@{cond}"] == pytest.approx(est[f"flip-retrain:attn@{cond}"],
                                                                               rel=0.05)
+
+
+def test_a_gpu_plan_shows_every_width_and_its_parts(capsys):
+    """Priced for a GPU, the plan cuts the run into parts of one lent session each (`verify.costs.parts`), in its
+    JSON and its table, and the table shows a sweep's every width (it once cut them at 14 characters)."""
+    assert main(["claims", "--preset", "gpu", "--plan", "--device", "cuda", "--json", "-"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["cost_model"]["stacked"] and plan["part_budget_s"] > 0
+    in_parts = [u for p in plan["parts"] for u in p["units"]]
+    assert sorted(in_parts) == sorted(r["unit"] for r in plan["units"] if not r["cached"])
+    assert sum(p["estimated_s"] for p in plan["parts"]) == pytest.approx(plan["estimated_total_s"])
+    assert all(p["fits"] == (p["estimated_s"] <= plan["part_budget_s"]) for p in plan["parts"])
+    assert main(["claims", "--preset", "gpu", "--plan", "--device", "cuda"]) == 0
+    table = capsys.readouterr().out
+    sweep = next(r for r in plan["units"] if r["unit"].startswith("ntk-distance"))
+    line = next(ln for ln in table.splitlines() if ln.startswith(sweep["unit"] + " "))
+    assert ",".join(str(w) for w in sweep["config"]["widths"]) in line
+    assert f"In {len(plan['parts'])} part(s)" in table
