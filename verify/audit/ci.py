@@ -29,6 +29,7 @@ from verify.audit.config import SCHEMA_VERSION, SUMMARY_MARKER
 from verify.audit.estimators import PAPER_ESTIMATOR
 from verify.audit.record import SCHEMA_FILE, AuditRecord, Validity, parse_record, record_errors
 from verify.audit.risk import RISK_LEVELS
+from verify.audit.validity import level_note
 
 FAIL_ON_EXIT = 4
 DIFF_MOVED_EXIT = 5
@@ -156,8 +157,9 @@ def _validity_rows(val: Validity | None) -> list[tuple[str, str]]:
         return []
     lead = val.lead or PAPER_ESTIMATOR
     lds, ceil = val.lds.get(lead), val.ceiling
-    of_ceiling = (f"; {lds.fraction:.2f} [{lds.fraction_lo:.2f}, {lds.fraction_hi:.2f}] of the noise "
-                  f"ceiling {ceil.value:.2f}") if lds and lds.fraction is not None and ceil else ""
+    of_ceiling = (f"; {lds.fraction:.2f} [{lds.fraction_lo:.2f}, {lds.fraction_hi:.2f}]"
+                  f"{level_note(lds.fraction_level)} of the noise ceiling {ceil.value:.2f}") \
+        if lds and lds.fraction is not None and ceil else ""
     extra = (f" ({lds.label or lead}, the lead estimator: LDS {lds.value:.2f} [{lds.lo:.2f}, "
              f"{lds.hi:.2f}]{of_ceiling})") if lds else ""
     rows = [("influence against re-fits", f"{val.verdict}{extra}")]
@@ -165,7 +167,7 @@ def _validity_rows(val: Validity | None) -> list[tuple[str, str]]:
     if best and val.best != lead and best.fraction is not None:
         rows.append(("best estimator against re-fits", f"{best.label or val.best}: LDS {best.value:.2f} "
                      f"[{best.lo:.2f}, {best.hi:.2f}]; {best.fraction:.2f} [{best.fraction_lo:.2f}, "
-                     f"{best.fraction_hi:.2f}] of the ceiling"))
+                     f"{best.fraction_hi:.2f}]{level_note(best.fraction_level)} of the ceiling"))
     return rows
 
 

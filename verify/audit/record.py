@@ -222,6 +222,7 @@ class LdsScore(Interval):
     fraction: Num | None = None
     fraction_lo: Num | None = None
     fraction_hi: Num | None = None
+    fraction_level: Num | None = None
 
 
 class Validity(Part):

@@ -36,7 +36,7 @@ from empirics.vocab import NOT_MEASURABLE, PAPER_PAIR, model_name
 from reports.text import eps_label
 from theory.paper import PAPER_AUDIT_REFERENCE
 from verify.audit.estimators import PAPER_ESTIMATOR
-from verify.audit.validity import FRACTION_MIN, TRUSTWORTHY, estimator_label
+from verify.audit.validity import FRACTION_MIN, TRUSTWORTHY, estimator_label, gpu_hint, level_note
 
 RISK_LEVELS = ("low", "medium", "high")
 NOT_VALIDATED = "not validated"
@@ -114,8 +114,9 @@ def _not_validated(validity: dict[str, Any] | None) -> str:
     if not math.isfinite(s.get("fraction", math.nan)):
         return (f"{why}, which cannot be set against the noise ceiling {c.get('value', math.nan):.2f}: "
                 f"{validity.get('reason', 'the re-fits give no ground truth')}")
-    return (f"{why}, {s['fraction']:.2f} [{s.get('fraction_lo', math.nan):.2f}, {s.get('fraction_hi', math.nan):.2f}] "
-            f"of the noise ceiling {c.get('value', math.nan):.2f} (bar: the lower end at least {FRACTION_MIN:g})")
+    return (f"{why}, {s['fraction']:.2f} [{s.get('fraction_lo', math.nan):.2f}, {s.get('fraction_hi', math.nan):.2f}]"
+            f"{level_note(s.get('fraction_level'))} of the noise ceiling {c.get('value', math.nan):.2f} (bar: the "
+            f"lower end at least {FRACTION_MIN:g})")
 
 
 VALIDATION_HELP = ("What would help: more subsets (--lds-subsets) and repeats (--lds-repeats) narrow the intervals "
@@ -178,8 +179,8 @@ def next_step(level: str, gate: dict[str, Any] | None, validity: dict[str, Any] 
     more = (validity.get("adaptive") or {}).get("to_settle") or {}
     if more.get("subsets"):
         return (f"Rerun with --lds-max-subsets {more['subsets']} ({more['extra_refits']} more re-fits, about "
-                f"{more['seconds'] / 60:.0f} min on this machine): the validity interval straddles the bar, and "
-                "that many subsets would settle it.")
+                f"{more['seconds'] / 60:.0f} min on this machine{gpu_hint(validity.get('adaptive') or {})}): the "
+                "validity interval straddles the bar, and that many subsets would settle it.")
     return ""
 
 
