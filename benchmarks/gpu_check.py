@@ -758,6 +758,16 @@ def _write(rec: dict[str, Any], json_path: Path, md_path: Path) -> None:
     atomic_write_text(md_path, markdown(rec))
 
 
+def _stamp_unstamped(sections: dict[str, Any]) -> None:
+    """Sections kept from a record older than the `measured_at` stamps: stamped with that record's environment (the
+    run that measured them), so that a later section built on them says when and at which code they were measured."""
+    env = sections.get("environment", {}).get("result", {})
+    for name, sec in sections.items():
+        if name != "environment" and sec.get("status") == "ok" and "measured_at" not in sec and env:
+            sec["measured_at"] = {"git_commit": env.get("git_commit"), "code_version": env.get("code_version"),
+                                  "date_utc": env.get("date_utc"), "from": "the environment of the run that kept it"}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default=None, help="cuda (default when visible) or cpu")
@@ -797,6 +807,7 @@ def main(argv: list[str] | None = None) -> int:
     old = _read(state / "state.json") or {}
     rec: dict[str, Any] = {"device": device, "budget_s": args.budget_s, "smoke": args.smoke,
                            "sections": old.get("sections", {}) if old.get("smoke") == args.smoke else {}}
+    _stamp_unstamped(rec["sections"])
     budget = Budget(args.budget_s)
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "environment": lambda: environment_section(device),

@@ -107,3 +107,13 @@ def test_pack_keeps_only_json_and_unpack_stays_inside(tmp_path: Path) -> None:
     out.mkdir()
     gpu_check.unpack(tmp_path / "p.tar.gz", out)
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == ["cache/unit.json"]
+
+
+def test_sections_of_an_older_record_are_stamped_with_its_environment() -> None:
+    env = {"git_commit": "abc", "code_version": "v1", "date_utc": "then"}
+    sections = {"environment": {"status": "ok", "result": env}, "engine": {"status": "ok", "result": {}},
+                "quick": {"status": "skipped: budget"},
+                "agreement": {"status": "ok", "measured_at": {"code_version": "v0"}}}
+    gpu_check._stamp_unstamped(sections)
+    assert sections["engine"]["measured_at"]["code_version"] == "v1"
+    assert "measured_at" not in sections["quick"] and sections["agreement"]["measured_at"] == {"code_version": "v0"}
