@@ -261,12 +261,10 @@ def _gemm_rate(device: str, n: int, d: int, m: int) -> float:
 
 def _engine_row(device: str, d: int, sizes: EngineSizes, budget: Budget) -> dict[str, Any]:
     """One input dimension: one network's epoch per width; the stacked sweep and 100 networks at the widest width."""
-    from empirics.nets import engine
     from empirics.nets.engine import gemm_flops, train_many
     from empirics.nets.train import train_job
 
     n, widths, seeds, epochs = sizes.n, sizes.widths, sizes.seeds, sizes.epochs
-    stack_plan = getattr(engine, "stack_plan", None)  # absent before the padded engine: stacks not counted
     gen = torch.Generator().manual_seed(d)
     x = torch.rand(n, d, generator=gen).to(device)
     y = torch.randint(0, 10, (n,), generator=gen).to(device)
@@ -283,18 +281,17 @@ def _engine_row(device: str, d: int, sizes: EngineSizes, budget: Budget) -> dict
         if budget.left() < 15:
             row[name] = {"status": "skipped: budget"}
             continue
-        stacks = stack_plan(_jobs(sweep, x, y, 1, device), None) if stack_plan else None
 
         retries0 = _alloc_retries(device)
         timed = _stacked_epochs(lambda e, sweep=sweep: _jobs(sweep, x, y, e, device), device, epochs[1] + 2)
-        epoch_s = timed["epoch_s"]
+        epoch_s, stacks = timed["epoch_s"], len(timed["stack_epoch_s"])  # one median per stack trained
         _log(f"d={d} {name}: jobs built in {timed['build_s']:.2f} s, trained in {timed['train_s']:.2f} s; stacks' "
              f"median epochs {[round(t, 4) for t in timed['stack_epoch_s']]} s")
         jobs1 = _jobs(sweep, x, y, 1, device)
         prof = _profile(lambda jobs1=jobs1, name=name: train_many(jobs1, label=f"profile {name}"), device)
         nets = sweep.networks
         work = sum(gemm_flops(1, n, 128, m, d, 10) for _ in sweep.kinds for m in sweep.widths for _ in sweep.seeds)
-        row[name] = {"networks": nets, "stacks": len(stacks) if stacks else None, "epoch_s": epoch_s,
+        row[name] = {"networks": nets, "stacks": stacks, "epoch_s": epoch_s,
                      "timing": {k: v for k, v in timed.items() if k != "epoch_s"},
                      "ratio_to_one_network": epoch_s / row["one_network_epoch_s"][str(widths[-1])],
                      "network_epochs_per_s": nets / epoch_s, "achieved_flop_s": work / epoch_s,
@@ -302,7 +299,7 @@ def _engine_row(device: str, d: int, sizes: EngineSizes, budget: Budget) -> dict
                      "peak_memory_gib": (torch.cuda.max_memory_allocated() / (1 << 30)
                                          if device.startswith("cuda") else None),
                      "profile_one_epoch": prof}
-        _log(f"d={d} {name}: {nets} networks in {len(stacks) if stacks else '?'} stack(s), {epoch_s:.3f} s per epoch")
+        _log(f"d={d} {name}: {nets} networks in {stacks} stack(s), {epoch_s:.3f} s per epoch")
     row["gemm_flop_s"] = _gemm_rate(device, n, d, widths[-1])
     for name in sweeps:
         if "achieved_flop_s" in row.get(name, {}):
