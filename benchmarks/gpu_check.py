@@ -65,6 +65,9 @@ SECTIONS = ("environment", "engine", "primitives", "agreement", "quick", "audit"
 #: Seconds each section needs at least to start (below that it is skipped and says so); the claims runs use the rest.
 MIN_SECONDS = {"environment": 0, "engine": 30, "primitives": 10, "agreement": 60, "quick": 60, "audit": 60,
                "gpu_preset": 60}
+#: Sections that start again from nothing when resumed (the audit keeps no cache, while the claims runs continue from
+#: theirs): one that the budget ended in the previous run goes first in the next (`run_order`).
+RESTARTS = ("audit",)
 #: Seconds kept back for writing the record and ending child processes.
 RESERVE_S = 20.0
 #: Relative tolerance of a CPU/GPU number: float32 training, different kernels and reduction orders.
@@ -105,6 +108,7 @@ class Budget:
 
 def environment_section(device: str) -> dict[str, Any]:
     from benchmarks.harness import environment
+    from empirics.precision import float32_math
 
     env = environment()
     if os.environ.get("NTKM_GIT_COMMIT"):  # the device machine's copy may carry a stale .git: the caller knows better
@@ -119,6 +123,7 @@ def environment_section(device: str) -> dict[str, Any]:
         env["cuda_version"] = torch.version.cuda
         env["cudnn"] = torch.backends.cudnn.version()
         env["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+        env["float32_math"] = float32_math()
     return env
 
 
@@ -208,12 +213,14 @@ def _profile(run: Callable[[], None], device: str) -> dict[str, Any]:
                      "self_host_ms": e.self_cpu_time_total / 1e3} for e in top]}
 
 
-def _stacked_epochs(build: Callable[[int], list[tuple]], device: str, epochs: int) -> dict[str, Any]:
+def _stacked_epochs(build: Callable[[int], list[tuple]], device: str, epochs: int,
+                    fused_adam: bool = False) -> tuple[dict[str, Any], list[tuple]]:
     """One `train_many` of the jobs `build(epochs)` returns, its epochs timed inside the engine (`on_epoch`, the
     device synchronised at each): per stack the median of its epoch-to-epoch intervals (epoch 1, which pays the
     stack's first launches, and the building and finishing of the stacks are left out; a median also leaves out a
     loss-check epoch), and their sum, the sweep's epoch. The building of the jobs and the whole training are timed
-    too, so that a slow setup shows apart from the epochs."""
+    too, so that a slow setup shows apart from the epochs. Also the trained jobs (their weights are compared across
+    the engine's variants). `fused_adam`: the engine's option of that name."""
     from empirics.nets.engine import train_many
 
     t0 = time.perf_counter()
@@ -225,7 +232,7 @@ def _stacked_epochs(build: Callable[[int], list[tuple]], device: str, epochs: in
     def clock(epoch: int) -> None:
         _sync(device)
         marks.append((epoch, time.perf_counter()))
-    train_many(jobs, label="timed stack", on_epoch=clock)
+    train_many(jobs, label="timed stack", on_epoch=clock, fused_adam=fused_adam)
     _sync(device)
     t2 = time.perf_counter()
     stacks: list[list[float]] = []
@@ -236,7 +243,53 @@ def _stacked_epochs(build: Callable[[int], list[tuple]], device: str, epochs: in
             stacks[-1].append(s1 - s0)
     medians = [float(np.median(iv)) for iv in stacks if iv]
     return {"epoch_s": sum(medians), "stack_epoch_s": medians, "build_s": t1 - t0, "train_s": t2 - t1,
-            "epochs": epochs, "method": "median epoch inside the engine, summed over stacks"}
+            "epochs": epochs, "method": "median epoch inside the engine, summed over stacks"}, jobs
+
+
+#: The engine's options the device check times beside its default on the sweep (issue 39's target: a stacked epoch
+#: of the sweep's 100 networks at most 3x one network's): torch's fused Adam kernel (one pass over W, its gradient
+#: and moments instead of about eight; `empirics.nets.engine._update_fused`) and TF32 products (CUDA only;
+#: `empirics.precision`), alone and together. The claims train with neither; these say what each would buy and how
+#: far it moves the trained weights, so that a later change of the default is made on a measurement.
+ENGINE_VARIANTS: dict[str, dict[str, Any]] = {"fused_adam": {"fused_adam": True, "float32": "ieee"},
+                                              "tf32": {"fused_adam": False, "float32": "tf32"},
+                                              "fused_adam+tf32": {"fused_adam": True, "float32": "tf32"}}
+
+
+def _max_rel_difference(jobs: list[tuple], reference: dict[int, torch.Tensor]) -> float:
+    """The largest max |W - W_ref| / max |W_ref| over the networks `reference` keeps (index: trained W, host)."""
+    worst = 0.0
+    for i, w_ref in reference.items():
+        w = jobs[i][0].W.detach().cpu()
+        worst = max(worst, float((w - w_ref).abs().max() / w_ref.abs().max().clamp_min(1e-30)))
+    return worst
+
+
+def _engine_variants(build: Callable[[int], list[tuple]], device: str, epochs: int, one_epoch_s: float,
+                     reference: dict[int, torch.Tensor], budget: Budget) -> dict[str, Any]:
+    """Each of `ENGINE_VARIANTS` on the sweep `build` makes: its stacked epoch, its ratio to one network's epoch
+    `one_epoch_s`, and how far its weights after `epochs` epochs are from the default engine's (`reference`)."""
+    from empirics.precision import float32_scope
+
+    out: dict[str, Any] = {}
+    for name, opts in ENGINE_VARIANTS.items():
+        if opts["float32"] != "ieee" and not device.startswith("cuda"):
+            out[name] = {"status": "skipped: TF32 is a CUDA mode"}
+            continue
+        if budget.left() < 15:
+            out[name] = {"status": "skipped: budget"}
+            continue
+        with float32_scope(opts["float32"]):
+            timed, jobs = _stacked_epochs(build, device, epochs, fused_adam=opts["fused_adam"])
+        out[name] = {**opts, "epoch_s": timed["epoch_s"], "stack_epoch_s": timed["stack_epoch_s"],
+                     "ratio_to_one_network": timed["epoch_s"] / one_epoch_s,
+                     "max_rel_weight_difference_to_default": _max_rel_difference(jobs, reference)}
+        del jobs
+        _log(f"engine variant {name}: {timed['epoch_s']:.3f} s per epoch, weights within "
+             f"{out[name]['max_rel_weight_difference_to_default']:.1e} of the default engine's")
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return out
 
 
 def _alloc_retries(device: str) -> int:
@@ -283,7 +336,12 @@ def _engine_row(device: str, d: int, sizes: EngineSizes, budget: Budget) -> dict
             continue
 
         retries0 = _alloc_retries(device)
-        timed = _stacked_epochs(lambda e, sweep=sweep: _jobs(sweep, x, y, e, device), device, epochs[1] + 2)
+        def build(e: int, sweep: Sweep = sweep) -> list[tuple]:
+            return _jobs(sweep, x, y, e, device)
+        timed, trained = _stacked_epochs(build, device, epochs[1] + 2)
+        # the first network of each model and width: the variants' weights are compared with these
+        reference = {i: trained[i][0].W.detach().cpu() for i in range(0, len(trained), len(sweep.seeds))}
+        del trained
         epoch_s, stacks = timed["epoch_s"], len(timed["stack_epoch_s"])  # one median per stack trained
         _log(f"d={d} {name}: jobs built in {timed['build_s']:.2f} s, trained in {timed['train_s']:.2f} s; stacks' "
              f"median epochs {[round(t, 4) for t in timed['stack_epoch_s']]} s")
@@ -300,6 +358,9 @@ def _engine_row(device: str, d: int, sizes: EngineSizes, budget: Budget) -> dict
                                          if device.startswith("cuda") else None),
                      "profile_one_epoch": prof}
         _log(f"d={d} {name}: {nets} networks in {stacks} stack(s), {epoch_s:.3f} s per epoch")
+        if name == "sweep":
+            row[name]["variants"] = _engine_variants(build, device, epochs[1] + 2,
+                                                     row["one_network_epoch_s"][str(widths[-1])], reference, budget)
     row["gemm_flop_s"] = _gemm_rate(device, n, d, widths[-1])
     for name in sweeps:
         if "achieved_flop_s" in row.get(name, {}):
@@ -601,8 +662,9 @@ def audit_section(device: str, smoke: bool, budget: Budget, state: Path) -> dict
                            "data": source, "n": r.n, "n_test": r.n_test, "train_epochs": r.epochs,
                            "train_s": train_s, "train_accuracy": train_acc, "options": cfg, "exit_code": rc,
                            "wall_s": time.monotonic() - t0, "finished": rc in AUDIT_DONE}
-    if ended:
+    if ended:  # where it had got to: the audit keeps no cache, so this is all a next session learns of the run
         res["ended_by_budget"] = ended
+        res["log_tail"] = [ln[:200] for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-8:]
     rec = _read(out.with_suffix(".json")) if res["finished"] else None
     if rec is not None:
         panels = rec.get("panels", {})
@@ -676,6 +738,17 @@ def markdown(rec: dict[str, Any]) -> str:
                 profiles.append(f"Profile of one epoch, d = {r['d']}, {name} ({where} self time {total:.1f} ms, "
                                 f"allocator retries {r[name].get('allocator_retries')}): {tops}.")
         lines += ["", *profiles] if profiles else []
+        variants = []
+        for r in eng["rows"]:
+            for name, v in r.get("sweep", {}).get("variants", {}).items():
+                ratio, diff = v.get("ratio_to_one_network"), v.get("max_rel_weight_difference_to_default")
+                variants.append(f"| {r['d']} | {name} | {_fmt_s(v.get('epoch_s'))} | "
+                                f"{'-' if ratio is None else f'{ratio:.2f}'} | {'-' if diff is None else f'{diff:.1e}'}"
+                                f" | {v.get('status', 'ok')} |")
+        if variants:
+            lines += ["", "Engine options on the sweep (the claims use neither):", "",
+                      "| d | option | stacked sweep epoch | ratio | weights vs default (max rel.) | status |",
+                      "|---|---|---|---|---|---|", *variants]
         ag = eng.get("agreement", {})
         lines += ["", f"Stack against loop on {rec['device']}: max relative weight difference "
                       f"{ag.get('max_rel_weight_difference', float('nan')):.2e}, same epochs {ag.get('same_epochs')}."]
@@ -765,6 +838,17 @@ def _stamp_unstamped(sections: dict[str, Any]) -> None:
                                   "date_utc": env.get("date_utc"), "from": "the environment of the run that kept it"}
 
 
+def run_order(wanted: list[str], sections: dict[str, Any]) -> list[str]:
+    """The sections to run, in the order given, except that a section of `RESTARTS` which the budget ended in the
+    previous run (`sections`, the kept record) goes first: it restarts from nothing, so behind the other sections it
+    would be ended again at the same point in every lent session and never finish."""
+    def ended(name: str) -> bool:
+        res = sections.get(name, {}).get("result") or {}
+        return name in RESTARTS and bool(res.get("ended_by_budget")) and not res.get("finished")
+    order = list(dict.fromkeys(wanted))
+    return [s for s in order if ended(s)] + [s for s in order if not ended(s)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default=None, help="cuda (default when visible) or cpu")
@@ -795,6 +879,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     jobs = args.jobs or (2 if args.smoke else max(1, min(8, os.cpu_count() or 1)))
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)) if device == "cuda" else 1)
+    from empirics.precision import set_float32_math
+
+    set_float32_math()  # IEEE float32 on CUDA, as every entry point of the suite pins it (engine variants aside)
     state = Path(args.resume)
     state.mkdir(parents=True, exist_ok=True)
     if args.unpack and Path(args.unpack).is_file() and not any(state.iterdir()):
@@ -817,7 +904,10 @@ def main(argv: list[str] | None = None) -> int:
         "audit": lambda: audit_section(device, args.smoke, budget, state),
         "gpu_preset": lambda: gpu_preset_section(device, args.smoke, budget, state, jobs),
     }
-    for name in dict.fromkeys(wanted):
+    order = run_order(wanted, rec["sections"])
+    if order != list(dict.fromkeys(wanted)):
+        _log(f"run order {','.join(order)}: the previous run's budget ended {order[0]}, which restarts from nothing")
+    for name in order:
         prev = rec["sections"].get(name, {})
         done = prev.get("result", {})
         resumable = name in ("agreement", "quick", "audit", "gpu_preset") and not (done.get("finished")

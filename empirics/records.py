@@ -46,14 +46,21 @@ def device_info() -> dict[str, Any]:
         "cuda": torch.cuda.is_available(),
     }
     if torch.cuda.is_available():
+        from empirics.precision import float32_math
+
         info["cuda_device"] = torch.cuda.get_device_name(0)
+        info["float32_math"] = float32_math()
     return info
 
 
 def pick_device(requested: str | None = None) -> str:
-    """CUDA when present (or asked for), CPU otherwise."""
+    """CUDA when present (or asked for), CPU otherwise; float32 arithmetic pinned to IEEE on it
+    (`empirics.precision`: torch's CUDA convolutions would otherwise round their products to TF32)."""
     import torch
 
+    from empirics.precision import set_float32_math
+
+    set_float32_math()
     if requested and requested != "auto":
         if requested.startswith("cuda") and not torch.cuda.is_available():
             from ntkm.errors import UserInputError
@@ -98,6 +105,8 @@ class DeviceInfo(BaseModel):
     torch_threads: int | None = None
     cuda: bool
     cuda_device: str | None = None
+    #: CUDA's float32 mode of matrix products and convolutions (`empirics.precision`); absent without CUDA.
+    float32_math: dict[str, str] | None = None
     used: str | None = None
 
 

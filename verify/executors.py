@@ -174,7 +174,7 @@ def _worker_init(threads: int, parent: int | None = None) -> None:
     """A worker: it dies with the driver (`parent`, `_die_with_parent`), Ctrl-C goes to the driver (which ends the
     workers), SIGTERM ends it silently, torch uses `threads` threads, progress bars are off (two workers' bars would
     overwrite each other's line); it loads every module of theory/ and empirics/ now and records that code's version
-    (`_run_group` keys its units by it)."""
+    (`_run_group` keys its units by it); float32 arithmetic is pinned to IEEE on CUDA (`empirics.precision`)."""
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -184,10 +184,12 @@ def _worker_init(threads: int, parent: int | None = None) -> None:
 
     import empirics
     import theory
+    from empirics.precision import set_float32_math
     from verify.runner import code_version
 
     os.environ["NTKM_PROGRESS_BARS"] = "0"
     torch.set_num_threads(max(1, threads))
+    set_float32_math()
     for pkg in (theory, empirics):
         for mod in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}."):
             with contextlib.suppress(ImportError):

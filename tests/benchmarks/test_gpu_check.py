@@ -34,6 +34,10 @@ def test_smoke_run_on_the_cpu_writes_every_section_and_resumes(tmp_path: Path) -
     assert eng["agreement"]["passed"], eng["agreement"]
     row = eng["rows"][0]
     assert row["sweep"]["networks"] == 2 * 2 * 2 and row["sweep"]["epoch_s"] > 0
+    variants = row["sweep"]["variants"]  # fused Adam timed and compared with the default engine; TF32 is CUDA-only
+    assert variants["fused_adam"]["epoch_s"] > 0
+    assert 0 < variants["fused_adam"]["max_rel_weight_difference_to_default"] <= gpu_check.FLOAT32_TOLERANCE
+    assert variants["tf32"]["status"] == variants["fused_adam+tf32"]["status"] == "skipped: TF32 is a CUDA mode"
     consts = rec["sections"]["primitives"]["result"]["constants"]
     assert all(consts[k] >= 0 for k in ("step", "flop", "kernel", "solve", "eig"))
     agr = rec["sections"]["agreement"]["result"]["comparison"]
@@ -117,3 +121,16 @@ def test_sections_of_an_older_record_are_stamped_with_its_environment() -> None:
     gpu_check._stamp_unstamped(sections)
     assert sections["engine"]["measured_at"]["code_version"] == "v1"
     assert "measured_at" not in sections["quick"] and sections["agreement"]["measured_at"] == {"code_version": "v0"}
+
+
+def test_an_audit_the_budget_ended_runs_first_next_time() -> None:
+    """The audit restarts from nothing, so behind the claims sections it would be ended at the same point in every
+    lent session; the claims sections continue from their caches and keep their place."""
+    wanted = ["environment", "primitives", "quick", "audit", "engine"]
+    ended = {"audit": {"status": "ok", "result": {"finished": False, "ended_by_budget": "SIGTERM"}},
+             "quick": {"status": "ok", "result": {"finished": False, "ended_by_budget": "SIGTERM"}}}
+    assert gpu_check.run_order(wanted, ended) == ["audit", "environment", "primitives", "quick", "engine"]
+    finished = {"audit": {"status": "ok", "result": {"finished": True}}}
+    assert gpu_check.run_order(wanted, finished) == wanted
+    assert gpu_check.run_order(wanted, {}) == wanted
+    assert gpu_check.run_order(["quick", "quick"], {}) == ["quick"]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from empirics.nets.protocols import DESCRIPTIONS, GATE_TEXT
+from empirics.precision import set_float32_math
 from empirics.progress import log
 from empirics.records import device_info, git_state, library_versions
 from ntkm.codec import write_json
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     preset(args.preset)
     if args.device not in (None, "auto", "cpu") and not str(args.device).startswith("cuda"):
         raise UserInputError(f"unknown device '{args.device}'; choose cpu or cuda")
+    set_float32_math()  # IEEE float32 products and convolutions on CUDA, here and in every worker
     executor = with_jobs(executor_from_args(args, args.device), args.jobs)
     if args.json is not None and not args.plan:
         raise UserInputError("--json writes the plan: add --plan (the run itself writes claims.json to --out)")
