@@ -20,7 +20,10 @@ Sections, in the default order of what they are worth:
    the stacked epoch of the 100 networks of one NTK-distance sweep (2 models x 5 widths x 10 seeds,
    `empirics.nets.engine.train_many`) and of 100 networks at the widest width; the ratio of a stacked epoch to one
    network's epoch, networks x epochs per second, the achieved FLOP/s against a measured GEMM rate, and the
-   agreement of the stack with the loop (weights, epochs) on a short training of the same networks.
+   agreement of the stack with the loop (weights, epochs) on a short training of the same networks; the sweep again
+   with each of the engine's options (`ENGINE_VARIANTS`: fused Adam, TF32) and its distance from the default's
+   weights; and each stacked epoch's floor (`benchmarks.roofline`: products at the GEMM rate plus the optimiser's
+   traffic at the measured copy bandwidth), which says whether the 3x target is attainable at all.
 3. `primitives`: the device's prices for the cost model (`verify.costs.Analytic` constants: seconds per
    optimiser step of a stack, per multiply-add, per kernel entry, per solve and eigendecomposition flop), fitted
    from the engine section and a timed empirical NTK; with them the paper and gpu presets' estimated time.
@@ -314,7 +317,7 @@ def _gemm_rate(device: str, n: int, d: int, m: int) -> float:
 
 def _engine_row(device: str, d: int, sizes: EngineSizes, budget: Budget) -> dict[str, Any]:
     """One input dimension: one network's epoch per width; the stacked sweep and 100 networks at the widest width."""
-    from empirics.nets.engine import gemm_flops, train_many
+    from empirics.nets.engine import gemm_flops, stack_plan, train_many
     from empirics.nets.train import train_job
 
     n, widths, seeds, epochs = sizes.n, sizes.widths, sizes.seeds, sizes.epochs
@@ -341,6 +344,7 @@ def _engine_row(device: str, d: int, sizes: EngineSizes, budget: Budget) -> dict
         timed, trained = _stacked_epochs(build, device, epochs[1] + 2)
         # the first network of each model and width: the variants' weights are compared with these
         reference = {i: trained[i][0].W.detach().cpu() for i in range(0, len(trained), len(sweep.seeds))}
+        shapes = [(len(c), max(trained[i][0].W.shape[0] for i in c)) for c in stack_plan(trained)]
         del trained
         epoch_s, stacks = timed["epoch_s"], len(timed["stack_epoch_s"])  # one median per stack trained
         _log(f"d={d} {name}: jobs built in {timed['build_s']:.2f} s, trained in {timed['train_s']:.2f} s; stacks' "
@@ -356,16 +360,67 @@ def _engine_row(device: str, d: int, sizes: EngineSizes, budget: Budget) -> dict
                      "allocator_retries": _alloc_retries(device) - retries0 if device.startswith("cuda") else None,
                      "peak_memory_gib": (torch.cuda.max_memory_allocated() / (1 << 30)
                                          if device.startswith("cuda") else None),
-                     "profile_one_epoch": prof}
+                     "profile_one_epoch": prof, "stack_shapes": shapes}
         _log(f"d={d} {name}: {nets} networks in {stacks} stack(s), {epoch_s:.3f} s per epoch")
         if name == "sweep":
             row[name]["variants"] = _engine_variants(build, device, epochs[1] + 2,
                                                      row["one_network_epoch_s"][str(widths[-1])], reference, budget)
     row["gemm_flop_s"] = _gemm_rate(device, n, d, widths[-1])
+    row["bandwidth_b_s"] = _bandwidth(device)
+    one = row["one_network_epoch_s"][str(widths[-1])]
     for name in sweeps:
         if "achieved_flop_s" in row.get(name, {}):
             row[name]["fraction_of_gemm"] = row[name]["achieved_flop_s"] / row["gemm_flop_s"]
+            fl = row[name]["floor"] = _floors(row[name]["stack_shapes"], n, d, row["gemm_flop_s"],
+                                              row["bandwidth_b_s"], one, padded=device.startswith("cuda"))
+            _check_floor(fl["default"], row[name]["epoch_s"])
+            fused = row[name].get("variants", {}).get("fused_adam", {})
+            if "epoch_s" in fused:
+                _check_floor(fl["fused_adam"], fused["epoch_s"])
     return row
+
+
+#: Issue 39's target for a stacked epoch of a sweep's 100 networks, in epochs of one network at the widest width.
+TARGET_RATIO = 3.0
+
+
+def _bandwidth(device: str) -> float:
+    """Bytes per second of a large device-to-device copy (read + write), the rate W-sized passes stream at."""
+    a = torch.rand(1 << (26 if device.startswith("cuda") else 24), device=device)
+    b = torch.empty_like(a)
+    reps = 3 if device == "cpu" else 20
+    b.copy_(a)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        b.copy_(a)
+    _sync(device)
+    return 2.0 * a.numel() * a.element_size() * reps / (time.perf_counter() - t0)
+
+
+def _floors(shapes: list[tuple[int, int]], n: int, d: int, gemm_flop_s: float, bandwidth_b_s: float,
+            one_epoch_s: float, padded: bool) -> dict[str, Any]:
+    """The roofline floor of the stacks `shapes` ((networks, padded width) each; `benchmarks.roofline`) with the
+    default Adam step and with the fused kernel, each as a ratio to one network's epoch and whether it leaves the
+    3x target attainable at IEEE float32 (a floor above it: no tuning of the engine meets it at these rates)."""
+    from benchmarks.roofline import epoch_floor, optimiser_passes
+    from empirics.nets.protocols import PAPER, protocol_config
+
+    cfg = protocol_config(PAPER, 1)
+    out: dict[str, Any] = {"target_ratio": TARGET_RATIO}
+    for name, fused in (("default", False), ("fused_adam", True)):
+        f = epoch_floor(shapes, n, 128, d, 10, gemm_flop_s, bandwidth_b_s,
+                        optimiser_passes(fused, padded, cfg.weight_decay, cfg.decay))
+        out[name] = {**f, "ratio_to_one_network": f["floor_s"] / one_epoch_s,
+                     "target_attainable": f["floor_s"] / one_epoch_s <= TARGET_RATIO}
+    return out
+
+
+def _check_floor(entry: dict[str, Any], epoch_s: float) -> None:
+    """Whether the measured epoch `epoch_s` is at or above the floor of its own option (a measurement below it is
+    wrong, or the model is: either way the record says so)."""
+    entry["measured_s"] = epoch_s
+    entry["measured_at_or_above_floor"] = epoch_s >= entry["floor_s"]
 
 
 def engine_section(device: str, smoke: bool, budget: Budget) -> dict[str, Any]:
@@ -738,6 +793,24 @@ def markdown(rec: dict[str, Any]) -> str:
                 profiles.append(f"Profile of one epoch, d = {r['d']}, {name} ({where} self time {total:.1f} ms, "
                                 f"allocator retries {r[name].get('allocator_retries')}): {tops}.")
         lines += ["", *profiles] if profiles else []
+        floors = []
+        for r in eng["rows"]:
+            for name in ("sweep", "widest"):
+                fl = r.get(name, {}).get("floor")
+                if fl:
+                    de, fu = fl["default"], fl["fused_adam"]
+                    floors.append(
+                        f"Floor of the {name} epoch, d = {r['d']} (products at {r['gemm_flop_s'] / 1e12:.1f} TFLOP/s, "
+                        f"optimiser traffic at {r['bandwidth_b_s'] / 1e9:.0f} GB/s): default Adam "
+                        f"{_fmt_s(de['floor_s'])} ({de['ratio_to_one_network']:.1f}x one network), fused "
+                        f"{_fmt_s(fu['floor_s'])} ({fu['ratio_to_one_network']:.1f}x)"
+                        + ("." if name != "sweep" else
+                           f"; the {fl['target_ratio']:g}x target is "
+                           f"{'within reach' if fu['target_attainable'] else 'below the floor even when fused'}"
+                           " at IEEE float32.")
+                        + ("" if de.get("measured_at_or_above_floor", True) else
+                           " The measured default epoch is BELOW its floor: the measurement or the model is wrong."))
+        lines += ["", *floors] if floors else []
         variants = []
         for r in eng["rows"]:
             for name, v in r.get("sweep", {}).get("variants", {}).items():

@@ -34,6 +34,10 @@ def test_smoke_run_on_the_cpu_writes_every_section_and_resumes(tmp_path: Path) -
     assert eng["agreement"]["passed"], eng["agreement"]
     row = eng["rows"][0]
     assert row["sweep"]["networks"] == 2 * 2 * 2 and row["sweep"]["epoch_s"] > 0
+    floor = row["sweep"]["floor"]  # the roofline of the stacks it trained, at the rates this run measured
+    assert row["gemm_flop_s"] > 0 and row["bandwidth_b_s"] > 0 and floor["default"]["gemm_s"] > 0
+    assert floor["fused_adam"]["floor_s"] <= floor["default"]["floor_s"]
+    assert floor["default"]["measured_s"] == row["sweep"]["epoch_s"]
     variants = row["sweep"]["variants"]  # fused Adam timed and compared with the default engine; TF32 is CUDA-only
     assert variants["fused_adam"]["epoch_s"] > 0
     assert 0 < variants["fused_adam"]["max_rel_weight_difference_to_default"] <= gpu_check.FLOAT32_TOLERANCE
