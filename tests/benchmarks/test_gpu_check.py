@@ -138,3 +138,18 @@ def test_an_audit_the_budget_ended_runs_first_next_time() -> None:
     assert gpu_check.run_order(wanted, finished) == wanted
     assert gpu_check.run_order(wanted, {}) == wanted
     assert gpu_check.run_order(["quick", "quick"], {}) == ["quick"]
+
+
+def test_the_gpu_audit_of_the_resnet_is_the_audits_defaults_but_the_refit_rate() -> None:
+    """On CUDA the ResNet-18 audit drops the 2-core cost compromises (1-epoch re-fits, which did not agree); the
+    CPU keeps the tables' recipe and the smoke run its CNN."""
+    from benchmarks.audit_tables import FULL, SMOKE_AUDIT
+    from verify.audit.config import AuditConfig
+
+    gpu = gpu_check.audit_recipe("cuda", smoke=False)
+    assert gpu.name == "resnet18" and gpu.audit == {"refit_lr": 1e-4}
+    assert AuditConfig.__dataclass_fields__["refit_lr"].default != 1e-4  # the one option it sets is not a default
+    assert (gpu.n, gpu.n_test, gpu.epochs) == (FULL["resnet18"].n, FULL["resnet18"].n_test, FULL["resnet18"].epochs)
+    assert gpu_check.audit_recipe("cpu", smoke=False) == FULL["resnet18"]
+    smoke = gpu_check.audit_recipe("cuda", smoke=True)
+    assert smoke.name == "cnn" and smoke.audit == SMOKE_AUDIT
