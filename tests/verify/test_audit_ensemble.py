@@ -109,3 +109,58 @@ def test_the_generalised_gauss_newton_estimator_says_why_it_did_not_run(monkeypa
     monkeypatch.setattr(estimators, "GGN_MAX_DIM", len(t.x_train) * t.out_dim - 1)
     small = estimate_network(member, t, cfg)
     assert "ggn" not in small.per_test and "above" in small.skipped["ggn"] and "--n" in small.skipped["ggn"]
+
+
+def test_an_ensemble_lead_on_a_perturbed_set_is_the_mean_of_each_members_own_recomputation():
+    """`EnsembleLead.perturbed` (kept weights applied to the module, kernel rows of the moved points, residuals there)
+    against each member re-fitted again from its seed, its whole kernel recomputed on the perturbed set and every
+    residual recomputed, then averaged; the user's weights are untouched throughout."""
+    from verify.audit.measure import GenericKernels, model_jacobian
+
+    t, refit, inner, net = _setup()
+    cfg = AuditConfig("model", "train", seed=3)
+    d = t.x_train.shape[1]
+    ens = ensemble_estimates(refit, t, cfg, (d,), 1 << 30, 2)
+    user = [p.detach().clone() for p in inner.parameters()]
+    chosen = np.array([1, 5, 7])
+    ct = torch.as_tensor(chosen)
+    x_adv = t.x_train[ct] + 0.05
+    x_new = t.x_train.index_copy(0, ct, x_adv)
+    yt = t.y_test.numpy()
+    for name in ("ens-ef", "ens-gn", "ens-ntk"):
+        lead = ens.lead(name, refit)
+        assert lead is not None and lead.base == name[len(PREFIX):]
+        got = lead.perturbed(x_new, chosen, x_adv, t.y_train[ct], t.x_test, yt)
+        expected = []
+        for m in ens.members:
+            with refit.fitted(t.x_train, t.y_train, m.seed) as fitted:
+                K2, Kst2 = GenericKernels(model_jacobian(fitted.inner, (d,)), 1 << 30).clean(x_new, t.x_test)
+                with torch.no_grad():
+                    r_all = loss_residuals(fitted(x_new), t.y_train)
+                expected.append(m.est.perturbed(lead.base, K2, Kst2, yt, lambda r_all=r_all: r_all).per_test)
+        np.testing.assert_allclose(got.per_test, np.mean(expected, axis=0), rtol=1e-6, atol=1e-10)
+        np.testing.assert_allclose(got.total, got.per_test.sum(axis=1))
+        assert all(torch.equal(a, b) for a, b in zip(user, inner.parameters(), strict=True))
+    assert ens.lead("ef", refit) is None  # a single network's estimator is not an ensemble lead
+
+
+def test_a_kept_snapshot_is_applied_and_the_module_restored():
+    t, refit, inner, _ = _setup()
+    user = [p.detach().clone() for p in inner.parameters()]
+    with refit.fitted(t.x_train, t.y_train, 9):
+        snap = refit.snapshot()
+        fitted = [p.detach().clone() for p in inner.parameters()]
+    assert not all(torch.equal(a, b) for a, b in zip(user, fitted, strict=True))
+    with refit.applied(snap):
+        assert all(torch.equal(a, b) for a, b in zip(fitted, inner.parameters(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(user, inner.parameters(), strict=True))
+
+
+def test_an_ensemble_may_lead_when_it_predicts_the_refits_best():
+    from verify.audit.validity import lead_estimator
+
+    def score(v: float) -> dict[str, float]:
+        return {"value": v, "lo": v - 0.1}
+    assert lead_estimator({"ef": score(0.2), "ens-ef": score(0.3), "kfac": score(0.5)}) == "ens-ef"
+    assert lead_estimator({"ef": score(0.4), "ens-ef": score(0.3)}) == "ef"
+    assert lead_estimator({"ens-nonsense": score(0.9), "gn": score(0.1)}) == "gn"  # only ensembles of registered ones

@@ -95,8 +95,8 @@ class AuditConfig:
     ensemble: int = field(default=3, metadata={"metavar": "K",
         "help": "ensemble estimators: every estimator of the audit averaged over K full-data re-fits with seeds seed, "
                 "seed + 1, ... (each with its own exact empirical NTK), scored by the validity panel beside the "
-                "others but never leading the flip rates; 0 turns them off; not run where the kernel is projected or "
-                "with --lds-seeds paired (default: %(default)s)"})
+                "others and leading the flip rates where one predicts the re-fits best; 0 turns them off; not run "
+                "where the kernel is projected or with --lds-seeds paired (default: %(default)s)"})
     lds_seeds: str = field(default="fresh", metadata={"choices": tuple(SEEDINGS),
         "help": "seeds of the LDS re-fits: fresh (a new seed for every re-fit of every subset, so that subsets share "
                 "no batch order and the repeats' agreement is the noise ceiling's honest input) or paired (every "

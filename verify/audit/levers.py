@@ -70,7 +70,7 @@ def attributions(user: dict[str, Any], ctx: NetworkContext, train: Split, test: 
     """The lead estimator's influence of every training point on every test point's loss (training x test; positive:
     the point helps, removing it raises that loss), for `--attributions` (`verify.audit.files.write_outputs` saves it
     as .npz, the JSON record keeps only what it is)."""
-    per = np.asarray(ctx.estimated.per_test[ctx.estimator], dtype=np.float64)
+    per = np.asarray(ctx.clean.per_test, dtype=np.float64)
     return {"estimator": ctx.estimator, "shape": list(per.shape), "influence": per,
             "train_labels": np.asarray(train.y), "test_labels": np.asarray(test.y),
             "levers": np.asarray(user["selected"], dtype=np.int64)}

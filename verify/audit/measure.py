@@ -249,6 +249,21 @@ class Estimated:
         return estimator.result(s, self.ridges[name])
 
 
+class FlipAttribution(Protocol):
+    """An estimator the flip rates may rank by that is not one network's (`verify.audit.ensemble.EnsembleLead`): its
+    name and label, its clean influence, and its influence on a training set with the points `chosen` perturbed."""
+
+    name: str
+
+    @property
+    def label(self) -> str: ...
+
+    def clean(self, like: InfluenceResult) -> InfluenceResult: ...
+
+    def perturbed(self, x_new: torch.Tensor, chosen: np.ndarray, x_adv: torch.Tensor, y_chosen: torch.Tensor,
+                  xt: torch.Tensor, yt: np.ndarray) -> InfluenceResult: ...
+
+
 @dataclass(frozen=True)
 class NetworkContext:
     """What the budget curves and the re-fit panels need of one measured network beyond its JSON record: the
@@ -321,18 +336,24 @@ def estimate_network(net: Network, t: Tensors, cfg: AuditConfig) -> Estimated:
 
 
 def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str = PAPER_ESTIMATOR,
-                    est: Estimated | None = None) -> tuple[dict[str, Any], NetworkContext]:
+                    est: Estimated | None = None,
+                    attribution: FlipAttribution | None = None) -> tuple[dict[str, Any], NetworkContext]:
     """Every audit measurement for one network (see the module docstring) on the data `t`, the flip rates ranking by
-    `estimator` (a registered estimator's name; the audit passes the one its validity panel found best): its
-    JSON-ready record, and the context the panels work from. `est`: the network's estimates when already made."""
-    kernel_estimator(estimator)
+    `estimator` (a registered estimator's name; the audit passes the one its validity panel found best) or, where
+    given, by `attribution` (an ensemble the validity panel found best; `estimator` is then its name): its JSON-ready
+    record, and the context the panels work from. `est`: the network's estimates when already made."""
+    if attribution is None:
+        kernel_estimator(estimator)
+    elif attribution.name != estimator:
+        raise ValueError(f"the flip rates rank by {estimator!r} but the attribution given is {attribution.name!r}")
     est = est if est is not None else estimate_network(net, t, cfg)
     label, model, provider, n_params, width = net.label, net.model, net.provider, net.n_params, net.width
     times, peak = dict(est.times), dict(est.peak)
     x, y, xt, yt = t.x_train, t.y_train, t.x_test, t.y_test
     yt_np = yt.cpu().numpy()
     ntk = est.clean
-    clean = est.result(estimator)
+    clean = est.result(estimator) if attribution is None else attribution.clean(ntk)
+    ranked_by = kernel_estimator(estimator).label if attribution is None else attribution.label
     gn = est.per_test["gn"].sum(axis=1)
     n = len(x)
     k = n_top(cfg.tau, n)
@@ -344,6 +365,11 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str =
         ct = torch.as_tensor(chosen, device=x.device)
         x_adv = attack(model, x[ct], y[ct], AttackConfig(name, eps, steps=cfg.steps, seed=seed))
         x_new = x.index_copy(0, ct, x_adv)
+        if attribution is not None:  # the ensemble's influence on the points the attack on this model moved
+            new = attribution.perturbed(x_new, chosen, x_adv, y[ct], xt, yt_np)
+            m = compare(clean, new, chosen)
+            m["max_abs_perturbation"] = float((x_new - x).abs().max())
+            return m, new, x_adv
         K2, Kst2 = provider.perturbed(x_new, chosen, est.K, est.Kst, xt)
 
         def residuals() -> np.ndarray:
@@ -368,8 +394,7 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str =
     attacks: dict[str, Any] = {}
     adv_pixels: dict[str, torch.Tensor] = {}
     for name in cfg.attacks:
-        log(f"audit: {label}: {name.upper()} on the top {k} points by {kernel_estimator(estimator).label} influence, "
-            f"eps={eps_label(cfg.eps)}")
+        log(f"audit: {label}: {name.upper()} on the top {k} points by {ranked_by} influence, eps={eps_label(cfg.eps)}")
         m, new, x_adv = trial(name, _seed(cfg.seed, name))
         m["new_total"] = new.total.tolist()
         attacks[name] = m
@@ -397,7 +422,7 @@ def measure_network(net: Network, t: Tensors, cfg: AuditConfig, estimator: str =
         "label": label, "parameters": int(n_params), "width": int(width), "kernel_method": provider.method,
         "train_acc": acc_tr, "test_acc": acc_te,
         "kernel_test_acc": ntk.test_acc, "kernel_test_loss": ntk.test_loss, "ridge": ntk.ridge,
-        "estimator": estimator, "estimator_label": kernel_estimator(estimator).label,
+        "estimator": estimator, "estimator_label": ranked_by,
         "estimator_total": clean.total.tolist(),
         "influence_total": ntk.total.tolist(), "gn_total": gn.tolist(),
         "rho_ntk_gn": spearman(ntk.total, gn),

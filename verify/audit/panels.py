@@ -16,7 +16,7 @@ from empirics.vocab import NOT_MEASURABLE
 from verify.audit.binding import AuditRun
 from verify.audit.budget import budget_curves
 from verify.audit.config import PANELS
-from verify.audit.ensemble import Ensembles, ensemble_estimates
+from verify.audit.ensemble import EnsembleLead, Ensembles, base_estimator, ensemble_estimates, is_ensemble
 from verify.audit.estimators import PAPER_ESTIMATOR
 from verify.audit.measure import Estimated, KernelProvider, NetworkContext
 from verify.audit.modelio import FlatInput
@@ -32,6 +32,14 @@ class Refits:
 
     out: dict[str, Any]
     refit: Refitter | None = None
+    #: The ensemble estimators and their kept members (None where the validity panel did not run).
+    ensembles: Ensembles | None = None
+
+    def attribution(self, lead: str) -> EnsembleLead | None:
+        """The lead as an ensemble the flip rates rank by (None: the lead is one network's estimator)."""
+        if self.ensembles is None or self.refit is None or not is_ensemble(lead):
+            return None
+        return self.ensembles.lead(lead, self.refit)
 
 
 def validate(run: AuditRun, est: Estimated) -> Refits:
@@ -81,12 +89,19 @@ def validate(run: AuditRun, est: Estimated) -> Refits:
         skipped = {**est.skipped, **({"ensembles": ens.skipped} if ens.skipped and cfg.ensemble else {})}
         estimator_rows(out["validity"], {**est.seconds, **dict.fromkeys(ens.per_test, ens.seconds)}, peers, skipped)
         out["validity"]["ensemble"] = {"members": ens.seeds, "seconds": ens.seconds, "skipped": ens.skipped}
+        return Refits(out, refit, ens)
     return Refits(out, refit)
 
 
 def lead_of(panels: dict[str, Any]) -> str:
     """The estimator the flip rates rank by: the validity panel's lead, else NTK leave-one-out (the paper's)."""
     return (panels.get("validity") or {}).get("lead", PAPER_ESTIMATOR)
+
+
+def reference_estimator(lead: str) -> str:
+    """The estimator the reference networks' flip rates rank by: the lead, or for an ensemble lead the estimator it
+    averages (the references are the suite's own networks, not re-fitted into ensembles)."""
+    return base_estimator(lead)
 
 
 def _poison_kernels(run: AuditRun, refit: Refitter) -> Any:

@@ -47,7 +47,7 @@ from verify.audit.config import DEFINITIONS, SCHEMA_VERSION, AuditConfig
 from verify.audit.diagnostics import diagnostics
 from verify.audit.levers import attributions, lever_classes, levers
 from verify.audit.measure import Network, estimate_network, measure_network
-from verify.audit.panels import later_panels, lead_of, validate
+from verify.audit.panels import later_panels, lead_of, reference_estimator, validate
 from verify.audit.references import reference_models
 from verify.audit.risk import assess_risk, model_gate
 
@@ -87,9 +87,9 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     lead = lead_of(refits.out)
     models: dict[str, Any] = {}
     with st.timed("your model"):
-        models["user"], ctx = measure_network(user_net, t, cfg, lead, est)
-    if cfg.reference:
-        models.update(reference_models(run, lead, device))
+        models["user"], ctx = measure_network(user_net, t, cfg, lead, est, refits.attribution(lead))
+    if cfg.reference:  # an ensemble lead: the references rank by the estimator it averages (they are not re-fitted)
+        models.update(reference_models(run, reference_estimator(lead), device))
     user = models["user"]
     panels = later_panels(run, ctx, user, refits)
     gate = model_gate(user["test_acc"], test.y, t.out_dim)

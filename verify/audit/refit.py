@@ -283,6 +283,21 @@ class Refitter:
             self._controls[s] = out
         return [self._controls[s] for s in seeds]
 
+    def snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every trained parameter and buffer of `net` with a copy of its value now (inside `fitted`: a warm
+        re-fit's weights, which `applied` puts back later)."""
+        return [(p, p.detach().clone()) for p in self.params] + self._buffer_state()
+
+    @contextmanager
+    def applied(self, snap: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[nn.Module]:
+        """`net` with the values of `snap` (a `snapshot`), its own values restored on exit."""
+        saved = self.snapshot()
+        self._restore_buffers(snap)
+        try:
+            yield self.net
+        finally:
+            self._restore_buffers(saved)
+
     # --- stacked re-fits ----------------------------------------------------------------------------
 
     def _buffer_state(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -292,6 +307,7 @@ class Refitter:
 
     @staticmethod
     def _restore_buffers(state: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy each saved value back into its tensor (parameters or buffers) where it differs."""
         with torch.no_grad():
             for b, v in state:
                 if not torch.equal(b, v):
