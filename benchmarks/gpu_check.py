@@ -64,6 +64,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.roofline import EpochShape, Rates, epoch_floor, optimiser_passes
+
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("environment", "engine", "primitives", "agreement", "quick", "audit", "gpu_preset")
 #: Seconds each section needs at least to start (below that it is skipped and says so); the claims runs use the rest.
@@ -372,8 +374,9 @@ def _engine_row(device: str, d: int, sizes: EngineSizes, budget: Budget) -> dict
     for name in sweeps:
         if "achieved_flop_s" in row.get(name, {}):
             row[name]["fraction_of_gemm"] = row[name]["achieved_flop_s"] / row["gemm_flop_s"]
-            fl = row[name]["floor"] = _floors(row[name]["stack_shapes"], n, d, row["gemm_flop_s"],
-                                              row["bandwidth_b_s"], one, padded=device.startswith("cuda"))
+            fl = row[name]["floor"] = _floors(row[name]["stack_shapes"], EpochShape(n, 128, d, 10),
+                                              Rates(row["gemm_flop_s"], row["bandwidth_b_s"]), one,
+                                              padded=device.startswith("cuda"))
             _check_floor(fl["default"], row[name]["epoch_s"])
             fused = row[name].get("variants", {}).get("fused_adam", {})
             if "epoch_s" in fused:
@@ -399,19 +402,17 @@ def _bandwidth(device: str) -> float:
     return 2.0 * a.numel() * a.element_size() * reps / (time.perf_counter() - t0)
 
 
-def _floors(shapes: list[tuple[int, int]], n: int, d: int, gemm_flop_s: float, bandwidth_b_s: float,
-            one_epoch_s: float, padded: bool) -> dict[str, Any]:
+def _floors(shapes: list[tuple[int, int]], shape: EpochShape, rates: Rates, one_epoch_s: float,
+            padded: bool) -> dict[str, Any]:
     """The roofline floor of the stacks `shapes` ((networks, padded width) each; `benchmarks.roofline`) with the
     default Adam step and with the fused kernel, each as a ratio to one network's epoch and whether it leaves the
     3x target attainable at IEEE float32 (a floor above it: no tuning of the engine meets it at these rates)."""
-    from benchmarks.roofline import epoch_floor, optimiser_passes
     from empirics.nets.protocols import PAPER, protocol_config
 
     cfg = protocol_config(PAPER, 1)
     out: dict[str, Any] = {"target_ratio": TARGET_RATIO}
     for name, fused in (("default", False), ("fused_adam", True)):
-        f = epoch_floor(shapes, n, 128, d, 10, gemm_flop_s, bandwidth_b_s,
-                        optimiser_passes(fused, padded, cfg.weight_decay, cfg.decay))
+        f = epoch_floor(shapes, shape, rates, optimiser_passes(fused, padded, cfg.weight_decay, cfg.decay))
         out[name] = {**f, "ratio_to_one_network": f["floor_s"] / one_epoch_s,
                      "target_attainable": f["floor_s"] / one_epoch_s <= TARGET_RATIO}
     return out

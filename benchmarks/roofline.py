@@ -14,6 +14,7 @@ engine is tuned, and the record says so instead of leaving it to a measured miss
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from empirics.nets.engine import flops_per_step
@@ -23,6 +24,24 @@ FLOAT32_BYTES = 4
 #: A stack whose W is smaller than this may stay in the last-level cache between passes (an H100's and an H200's L2
 #: hold 50 MiB, the 2-core EPYC's L3 32 MiB), so the floor counts no memory time for it: a floor is a lower bound.
 CACHE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class EpochShape:
+    """One epoch's data: n points in batches of `batch`, inputs of dimension `d`, `out_dim` outputs."""
+
+    n: int
+    batch: int
+    d: int
+    out_dim: int
+
+
+@dataclass(frozen=True)
+class Rates:
+    """A device's measured prices: float32 GEMM FLOP/s and device-memory bytes/s (read + write)."""
+
+    gemm_flop_s: float
+    bandwidth_b_s: float
 
 
 def optimiser_passes(fused: bool, padded: bool, weight_decay: float, decay: str) -> int:
@@ -38,16 +57,15 @@ def optimiser_passes(fused: bool, padded: bool, weight_decay: float, decay: str)
     return passes
 
 
-def epoch_floor(stacks: Sequence[tuple[int, int]], n: int, batch: int, d: int, out_dim: int, gemm_flop_s: float,
-                bandwidth_b_s: float, passes: int) -> dict[str, Any]:
-    """The floor of one epoch of `stacks` ((networks, padded width) each) at n points: per step, the products of
-    every network at its stack's padded width at `gemm_flop_s`, and (passes + 1) W-sized arrays (the optimiser's
-    and the gradient's write) at `bandwidth_b_s` for each stack whose W does not fit in `CACHE_BYTES`; seconds of
-    each part and their sum."""
-    steps = -(-n // batch)
-    flops = sum(s * flops_per_step(batch, m, d, out_dim) for s, m in stacks) * steps
-    w_bytes = sum(b for s, m in stacks if (b := s * m * d * FLOAT32_BYTES) >= CACHE_BYTES)
+def epoch_floor(stacks: Sequence[tuple[int, int]], shape: EpochShape, rates: Rates, passes: int) -> dict[str, Any]:
+    """The floor of one epoch of `stacks` ((networks, padded width) each) of `shape`: per step, the products of every
+    network at its stack's padded width at the GEMM rate, and (passes + 1) W-sized arrays (the optimiser's and the
+    gradient's write) at the bandwidth for each stack whose W does not fit in `CACHE_BYTES`; seconds of each part
+    and their sum."""
+    steps = -(-shape.n // shape.batch)
+    flops = sum(s * flops_per_step(shape.batch, m, shape.d, shape.out_dim) for s, m in stacks) * steps
+    w_bytes = sum(b for s, m in stacks if (b := s * m * shape.d * FLOAT32_BYTES) >= CACHE_BYTES)
     traffic = (passes + 1) * w_bytes * steps
-    gemm_s, memory_s = flops / gemm_flop_s, traffic / bandwidth_b_s
+    gemm_s, memory_s = flops / rates.gemm_flop_s, traffic / rates.bandwidth_b_s
     return {"gemm_s": gemm_s, "memory_s": memory_s, "floor_s": gemm_s + memory_s, "flops": flops,
             "bytes": traffic, "optimiser_passes": passes, "steps": steps}

@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from benchmarks.roofline import CACHE_BYTES, FLOAT32_BYTES, epoch_floor, optimiser_passes
+from benchmarks.roofline import CACHE_BYTES, FLOAT32_BYTES, EpochShape, Rates, epoch_floor, optimiser_passes
 from empirics.nets import engine
 from empirics.nets.models import ModelSpec, build_model
 from empirics.nets.protocols import PAPER, protocol_config
@@ -81,7 +81,7 @@ def test_the_modelled_passes_are_what_the_update_dispatches(fused: bool, padded:
 def test_the_floor_adds_products_at_the_gemm_rate_and_traffic_at_the_bandwidth() -> None:
     stacks = [(20, 4096), (40, 64)]
     n, batch, d, out_dim, passes = 300, 128, 784, 10, 20
-    floor = epoch_floor(stacks, n, batch, d, out_dim, gemm_flop_s=1e12, bandwidth_b_s=1e11, passes=passes)
+    floor = epoch_floor(stacks, EpochShape(n, batch, d, out_dim), Rates(gemm_flop_s=1e12, bandwidth_b_s=1e11), passes)
     steps = 3  # 128 + 128 + 44 points
     flops = steps * 2.0 * batch * (20 * 4096 + 40 * 64) * (2 * d + 2 * out_dim)  # full batches in every step
     traffic = steps * (passes + 1) * 20 * 4096 * d * FLOAT32_BYTES  # 40 x 64 x 784 floats (8 MB) stay in cache
