@@ -111,8 +111,10 @@ def test_the_generalised_gauss_newton_estimator_says_why_it_did_not_run(monkeypa
     assert "ggn" not in small.per_test and "above" in small.skipped["ggn"] and "--n" in small.skipped["ggn"]
 
 
-def test_an_ensemble_lead_on_a_perturbed_set_is_the_mean_of_each_members_own_recomputation():
-    """`EnsembleLead.perturbed` (kept weights applied to the module, kernel rows of the moved points, residuals there)
+@pytest.mark.parametrize("keep", [True, False], ids=["jacobians-kept", "over-the-memory-budget"])
+def test_an_ensemble_lead_on_a_perturbed_set_is_the_mean_of_each_members_own_recomputation(keep: bool):
+    """`EnsembleLead.perturbed` (kept weights applied to the module, kernel rows of the moved points from the member's
+    kept clean Jacobians, or from all points' where they do not fit the budget beside the others', residuals there)
     against each member re-fitted again from its seed, its whole kernel recomputed on the perturbed set and every
     residual recomputed, then averaged; the user's weights are untouched throughout."""
     from verify.audit.measure import GenericKernels, model_jacobian
@@ -120,7 +122,9 @@ def test_an_ensemble_lead_on_a_perturbed_set_is_the_mean_of_each_members_own_rec
     t, refit, inner, net = _setup()
     cfg = AuditConfig("model", "train", seed=3)
     d = t.x_train.shape[1]
-    ens = ensemble_estimates(refit, t, cfg, (d,), 1 << 30, 2)
+    one = model_jacobian(inner, (d,)).bytes_per_example() * (len(t.x_train) + len(t.x_test))
+    ens = ensemble_estimates(refit, t, cfg, (d,), 1 << 30 if keep else one, 2)  # `one`: each member's alone fits
+    assert [m.provider.holds_jacobians for m in ens.members] == [keep, keep]
     user = [p.detach().clone() for p in inner.parameters()]
     chosen = np.array([1, 5, 7])
     ct = torch.as_tensor(chosen)

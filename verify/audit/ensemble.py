@@ -17,9 +17,10 @@ path): the members are kept (`Member`: a warm re-fit's weights as a `Refitter.sn
 module; each one's kernel provider and estimates), and `EnsembleLead.perturbed` gives the ensemble's influence on a
 perturbed training set as the mean of each member's, each from that member's own kernel rows of the perturbed
 points and its own loss residuals there. The attack that perturbs the points is the one on the user's model (the
-model audited); only the attribution is the ensemble's. A member's kernel is recomputed without the cache of its
-clean Jacobians (memory stays at one member's), so every probe costs each member a kernel pass over the perturbed
-rows.
+model audited); only the attribution is the ensemble's. A member keeps the Jacobian features of its clean data
+while they fit `--max-memory-gb` beside the user's model's and the members' kept before it (`keeps_jacobians`), so a
+probe costs it only the moved points' features; a member beyond that budget recomputes the features of the whole
+perturbed training set at every probe (memory stays at one member's).
 """
 
 from __future__ import annotations
@@ -134,6 +135,12 @@ class EnsembleLead:
                        test_acc=float(np.mean([r.test_acc for r in news])))
 
 
+def keeps_jacobians(provider: GenericKernels, points: int, kept: int, max_bytes: int) -> bool:
+    """Whether a member may keep its clean Jacobian features: they were cached (within the budget alone) and the
+    user's model's, the `kept` members' before it and its own fit `max_bytes` together."""
+    return provider.holds_jacobians and (kept + 2) * provider.jac.bytes_per_example() * points <= max_bytes
+
+
 def ensemble_estimates(refit: Refitter, t: Tensors, cfg: AuditConfig, input_shape: tuple[int, ...],
                        max_bytes: int, members: int) -> Ensembles:
     """Every registered estimator averaged over `members` full-data re-fits (seeds `cfg.seed`, `cfg.seed` + 1, ...),
@@ -158,7 +165,11 @@ def ensemble_estimates(refit: Refitter, t: Tensors, cfg: AuditConfig, input_shap
             member = Network(f"re-fit {s}", net, provider, jac.n_params, 0)
             est = estimate_network(member, t, cfg)
             snap = refit.snapshot() if refit.cfg.train_fn is None else None  # a warm re-fit: its weights, kept
-        kept.append(Member(s, snap, net, provider.refreshed(), est))
+        keep = keeps_jacobians(provider, len(t.x_train) + len(t.x_test), len(kept), max_bytes)
+        kept.append(Member(s, snap, net, provider if keep else provider.refreshed(), est))
+        if not keep:
+            log(f"audit: ensemble member {k + 1}'s Jacobians do not fit the memory budget beside the others'; each "
+                "probe of the flip rates recomputes its whole kernel row set (slower)")
         for name, per in est.per_test.items():
             if np.isfinite(per).all():
                 sums[name] = sums.get(name, 0.0) + per

@@ -139,6 +139,12 @@ class GenericKernels:
     def refreshed(self) -> GenericKernels:
         return GenericKernels(self.jac, self.max_bytes)
 
+    @property
+    def holds_jacobians(self) -> bool:
+        """Whether the clean data's Jacobian features are cached (`clean` found them within the memory budget), so
+        that a perturbed set costs only its moved rows."""
+        return self._train is not None and self._test is not None
+
     def for_network(self, net: nn.Module, input_shape: tuple[int, ...]) -> GenericKernels:
         jac = model_jacobian(net, input_shape)
         proj = self.projection
