@@ -172,7 +172,7 @@ class GenericKernels:
     def perturbed(self, x_new: torch.Tensor, sel: np.ndarray, K: np.ndarray, Kst: np.ndarray,
                   xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         s = torch.as_tensor(sel, device=x_new.device)
-        if self._train is not None and self._test is not None:
+        if self.holds_jacobians:
             fp = self.jac.features(x_new[s], label="jacobians (perturbed)")
             rows = self.jac.gram(fp, self._train).cpu().numpy()
             rows[:, sel] = self.jac.gram(fp, fp).cpu().numpy()
