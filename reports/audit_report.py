@@ -72,9 +72,10 @@ def report_context(result: dict[str, Any], figures: dict[str, str], realistic_re
                        "adequacy gate (it did not learn), so it is marked in the table and left out of the risk scale.")
     val = panels.get("validity", {})
     if val.get("verdict"):
-        summary.append(f"Influence is {str(val['verdict']).upper()} for this model when checked against re-fitting it "
-                       f"({val.get('reason', '')}).")
-        if val["verdict"] != "trustworthy":
+        edge = not (val.get("stability") or {}).get("stable", True)
+        summary.append(f"Influence is {str(val['verdict']).upper()}{' (ON A KNIFE-EDGE)' if edge else ''} for this "
+                       f"model when checked against re-fitting it ({val.get('reason', '')}).")
+        if val["verdict"] != "trustworthy" or edge:
             summary.append(f"So the flip rates above describe how malleable the ranking by "
                            f"{user.get('estimator_label', 'NTK leave-one-out')} influence is; they are not a validated "
                            "prediction of what re-fitting your model on altered data would do.")

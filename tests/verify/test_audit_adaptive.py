@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from verify.audit.lds import decision_level, planned_looks, score_estimators, widen
 from verify.audit.validity import (
     BUDGET,
     CLEARS,
@@ -19,11 +20,7 @@ from verify.audit.validity import (
     _verdict,
     adaptive_lds,
     adaptive_step,
-    decision_level,
-    planned_looks,
-    score_estimators,
     settle_text,
-    widen,
 )
 
 N, T, REPEATS, LEFT_OUT = 200, 30, 2, 20

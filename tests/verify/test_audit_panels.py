@@ -20,18 +20,11 @@ from empirics.kernels.audit_ntk import ModelJacobian
 from empirics.nets.losses import targets
 from verify.audit.budget import budget_curves
 from verify.audit.config import AuditConfig
+from verify.audit.lds import ceiling_from_agreement, lds, score_estimators
 from verify.audit.measure import GenericKernels
 from verify.audit.outcome import poison_panel
 from verify.audit.refit import WARM, RefitConfig, RefitInputs, Refitter, refit_adequacy
-from verify.audit.validity import (
-    NOT_MEASURABLE,
-    Estimates,
-    _verdict,
-    ceiling_from_agreement,
-    lds,
-    score_estimators,
-    validity_panel,
-)
+from verify.audit.validity import NOT_MEASURABLE, Estimates, _verdict, validity_panel
 
 FITS = '''
 import hashlib
@@ -124,6 +117,7 @@ def test_validity_verdict_follows_whether_influence_can_predict_the_fit(fit, ver
     assert v["best"] != "negated" or verdict == "fragile"
     assert v["verdict"] == verdict, v["reason"]
     assert v["repeats"] == 2 and v["ceiling"]["value"] == pytest.approx(1.0)  # both fits ignore the seed
+    assert v["stability"]["stable"] and v["stability"]["label"] == "stable", v["stability"]  # far from the bar
     if verdict == "trustworthy":
         assert v["lds"]["ntk"]["lo"] > 0.5 and v["lds"]["ntk"]["fraction_lo"] >= v["fraction_min"]
     else:

@@ -163,6 +163,8 @@ def _validity_rows(val: Validity | None) -> list[tuple[str, str]]:
     extra = (f" ({lds.label or lead}, the lead estimator: LDS {lds.value:.2f} [{lds.lo:.2f}, "
              f"{lds.hi:.2f}]{of_ceiling})") if lds else ""
     rows = [("influence against re-fits", f"{val.verdict}{extra}")]
+    if val.stability is not None:
+        rows.append(("stability of that verdict", val.stability.text))
     best = val.lds.get(val.best) if val.best is not None else None
     if best and val.best != lead and best.fraction is not None:
         rows.append(("best estimator against re-fits", f"{best.label or val.best}: LDS {best.value:.2f} "
@@ -187,6 +189,8 @@ def _quantities(rec: AuditRecord) -> dict[str, tuple[Any, float, float] | str]:
     val = rec.panels.validity
     if val is not None and val.verdict:
         q["validity verdict"] = val.verdict
+        if val.stability is not None:
+            q["validity verdict's stability"] = val.stability.label
         lead = val.lead or PAPER_ESTIMATOR
         lds = val.lds.get(lead)
         if lds is not None:

@@ -37,6 +37,7 @@ from ntkm.errors import UserInputError
 from verify.audit.config import AUDIT_ATTACKS, PANELS, SCHEMA_VERSION
 from verify.audit.risk import ALL_LEVELS
 from verify.audit.validity import FRAGILE, INCONCLUSIVE, NOT_MEASURABLE, TRUSTWORTHY
+from verify.audit.verdict_stability import KNIFE_EDGE, STABLE
 
 #: Where the generated schema is committed (packaged with `verify`).
 SCHEMA_FILE = Path(__file__).parents[1] / "schemas" / "audit.schema.json"
@@ -225,14 +226,32 @@ class LdsScore(Interval):
     fraction_level: Num | None = None
 
 
+class VerdictStability(Part):
+    """`panels.validity.stability`: whether the verdict survives reruns of its scoring and resamples of its subsets
+    (`verify.audit.verdict_stability`)."""
+
+    label: Literal[STABLE, KNIFE_EDGE]
+    stable: bool
+    agreement: Proportion
+    resamples: int = Field(ge=1)
+    text: str
+
+
 class Validity(Part):
-    """`panels.validity`: the estimators scored against re-fits, the lead estimator and the verdict."""
+    """`panels.validity`: the estimators scored against re-fits, the lead estimator, the verdict and its
+    stability (absent in records before 2026-12-06, and where the verdict is not measurable)."""
 
     verdict: Verdict
     lds: dict[str, LdsScore] = Field(default_factory=dict)
     lead: str | None = None
     best: str | None = None
     ceiling: Interval | None = None
+    stability: VerdictStability | None = None
+
+    @property
+    def knife_edge(self) -> bool:
+        """Whether the verdict is a knife-edge (a rerun or a resample reads otherwise)."""
+        return self.stability is not None and not self.stability.stable
 
 
 class BudgetStep(Part):

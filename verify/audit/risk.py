@@ -19,8 +19,9 @@ That level is issued only when it can be trusted (`assess_risk`, rules fixed bef
 - **not validated** when the validity panel did not run (`--skip validity`) or its verdict is not trustworthy
   (`verify.audit.validity`: the lead estimator, the one of the audit's own that validates best and that the flip
   rates rank by, must reach `FRACTION_MIN` of the noise ceiling of the re-fits, and removing its top levers must beat
-  random removal); the record keeps the level the
-  scale would give as `unvalidated_level`, the best LDS reached and what would help.
+  random removal), or when it is trustworthy on a knife-edge (`verify.audit.verdict_stability`: a rerun of its
+  scoring or a resample of its subsets reads otherwise; added 2026-12-06 after a run, logged there); the record keeps
+  the level the scale would give as `unvalidated_level`, the best LDS reached and what would help.
 """
 
 from __future__ import annotations
@@ -100,8 +101,13 @@ def _not_validated(validity: dict[str, Any] | None) -> str:
     """Why the risk level cannot be issued, with the best LDS reached and what would help (empty when validated)."""
     if validity is None:
         return "the validity panel was not run (--skip validity), so the influence behind the flip rates is unchecked"
-    if validity.get("verdict") == TRUSTWORTHY:
+    stability = validity.get("stability") or {}
+    if validity.get("verdict") == TRUSTWORTHY and stability.get("stable", True):
         return ""
+    if validity.get("verdict") == TRUSTWORTHY:
+        return (f"the influence behind the flip rates ({estimator_label(validity.get('lead', PAPER_ESTIMATOR))}) is "
+                f"trustworthy against re-fits only on a knife-edge ({stability.get('text', '')}): a verdict a single "
+                "draw decides is not announced")
     lead = estimator_label(validity.get("lead", PAPER_ESTIMATOR))
     why = f"the influence behind the flip rates ({lead}) is {validity.get('verdict', 'unchecked')} against re-fits"
     scores = validity.get("lds") or {}
@@ -176,7 +182,13 @@ def next_step(level: str, gate: dict[str, Any] | None, validity: dict[str, Any] 
     if control and not control.get("passed", True):
         return ("Pass your training recipe with --train-fn: the warm-start re-fits do not reproduce the model you "
                 f"saved ({control.get('reason', 'the control re-fit is not adequate')}).")
-    more = (validity.get("adaptive") or {}).get("to_settle") or {}
+    adaptive = validity.get("adaptive") or {}
+    steady = adaptive.get("to_stabilise") or {}
+    if validity.get("verdict") == TRUSTWORTHY and steady.get("subsets"):
+        return (f"Rerun with --lds-max-subsets {steady['subsets']} ({steady['extra_refits']} more re-fits, about "
+                f"{steady['seconds'] / 60:.0f} min on this machine{gpu_hint(adaptive)}): the validity verdict is "
+                "trustworthy only on a knife-edge, and that many subsets would make it stable.")
+    more = adaptive.get("to_settle") or {}
     if more.get("subsets"):
         return (f"Rerun with --lds-max-subsets {more['subsets']} ({more['extra_refits']} more re-fits, about "
                 f"{more['seconds'] / 60:.0f} min on this machine{gpu_hint(validity.get('adaptive') or {})}): the "

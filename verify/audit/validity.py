@@ -51,6 +51,11 @@ adaptive run to 730 subsets took six looks). The risk level
 (`verify.audit.risk`) is issued only with a trustworthy verdict: the flip rates rest on that estimator. Choosing the
 best of three before applying the bar favours the winner slightly (a winner's curse); the bar is on the lower end of
 the interval, not on the point value, which limits it.
+
+**Stability** (`verify.audit.verdict_stability`, since 2026-12-06): every verdict but not measurable is re-read on
+reruns of the scoring with other bootstrap seeds and on resamples of the subsets and test points; a verdict a rerun
+changes, or fewer than 80 % of the resamples give, is a **knife-edge**, said in the reason with the subsets that would
+make it stable, and a trustworthy knife-edge issues no risk level.
 """
 
 from __future__ import annotations
@@ -61,7 +66,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
 
 from empirics.attribution.audit_attribution import PEER_LABELS
 from empirics.common import Tensors
@@ -70,39 +74,21 @@ from empirics.vocab import NOT_MEASURABLE
 from verify.audit.config import AuditConfig
 from verify.audit.ensemble import ensemble_labels, is_ensemble
 from verify.audit.estimators import ESTIMATORS, PAPER_ESTIMATOR, estimator_labels
+from verify.audit.lds import (
+    DECISION_ERROR,
+    FRACTION_MIN,
+    FRAGILE,
+    INCONCLUSIVE,
+    TRUSTWORTHY,
+    decision_level,
+    interval_verdict,
+    planned_looks,
+    score_estimators,
+    widen,
+)
 from verify.audit.refit import RefitJob, Refitter, labels_of, per_example_loss, refit_adequacy
 from verify.audit.seeding import seeding
-
-#: The bar of validation, fixed before any measurement: the lower end of the 95 % interval of an estimator's LDS as a
-#: fraction of the noise ceiling must reach it (half of what a perfect predictor of the re-fits could reach).
-FRACTION_MIN = 0.5
-#: The error the verdict allows in all: its interval misses the truth at most this often over all of a panel's looks.
-DECISION_ERROR = 0.05
-
-
-def planned_looks(pilot: int, budget: int) -> int:
-    """How many times the adaptive panel (`adaptive_lds`) can look at its interval: the pilot, then after each round
-    that adds as many subsets again, up to `budget` subsets (1 for a panel that does not adapt)."""
-    looks, size = 1, pilot
-    while size < budget:
-        size += min(size, budget - size)
-        looks += 1
-    return looks
-
-
-def decision_level(looks: int) -> float:
-    """The level of the fraction-of-ceiling interval the verdict reads at each of `looks` planned looks: Bonferroni
-    over the looks, so that stopping at the first interval that clears or misses the bar errs at most
-    `DECISION_ERROR` of the time in all (a panel that adds subsets until its interval leaves the bar would, at 95 %
-    per look, stop on noise more often than 5 %). 95 % for a panel that does not adapt."""
-    return 1.0 - DECISION_ERROR / max(1, looks)
-
-
-def widen(looks: int) -> float:
-    """The factor from the 95 % interval to the `decision_level(looks)` one: the ratio of the normal quantiles, each
-    side of the bias-shifted percentile interval stretched by it about the point (a percentile at 1 - 0.05 / (2K)
-    would need thousands of bootstrap resamples to be stable; the stretch keeps the interval's asymmetry)."""
-    return float(stats.norm.ppf(1 - DECISION_ERROR / (2 * max(1, looks))) / stats.norm.ppf(1 - DECISION_ERROR / 2))
+from verify.audit.verdict_stability import to_stabilise, verdict_stability
 
 
 def estimator_label(name: str) -> str:
@@ -113,7 +99,6 @@ def estimator_label(name: str) -> str:
     return labels.get(name, name)
 
 
-TRUSTWORTHY, FRAGILE, INCONCLUSIVE = "trustworthy", "fragile", "inconclusive"
 VALIDITY_RULE = ("the lead estimator is the one of the audit's own ("
                  + "; ".join(e.label for e in ESTIMATORS.values())
                  + ", each where it runs, and each one's ensemble over re-fits) with the highest LDS against the "
@@ -126,109 +111,6 @@ VALIDITY_RULE = ("the lead estimator is the one of the audit's own ("
                  f"end of that interval is below {FRACTION_MIN:g} or the top-lever removal fails that test; "
                  "inconclusive otherwise, or when repeated re-fits do not agree at all (ceiling 0); not measurable "
                  "if the control re-fit is not adequate")
-
-
-def _col_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Spearman correlation of each column of a with the same column of b (rows: subsets); NaN if constant."""
-    ra, rb = stats.rankdata(a, axis=0), stats.rankdata(b, axis=0)
-    ra, rb = ra - ra.mean(axis=0), rb - rb.mean(axis=0)
-    den = np.sqrt((ra**2).sum(axis=0) * (rb**2).sum(axis=0))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, (ra * rb).sum(axis=0) / np.where(den > 0, den, 1.0), np.nan)
-
-
-def ceiling_from_agreement(r1: float, k: int) -> float:
-    """The highest LDS a perfect predictor can reach against the mean of `k` repeated re-fits whose single re-fits
-    agree with each other at rank correlation `r1` (per test point, over subsets).
-
-    Classical test theory: two noisy measurements of the same signal correlate at their reliability r1; the mean of
-    k of them has reliability k r1 / (1 + (k - 1) r1) (Spearman-Brown), and nothing correlates with a noisy target
-    more than the square root of its reliability. 0 when the re-fits do not agree at all (r1 <= 0)."""
-    if not np.isfinite(r1):
-        return float("nan")
-    if r1 <= 0:
-        return 0.0
-    return float(np.sqrt(k * r1 / (1 + (k - 1) * r1)))
-
-
-def _agreement(reps: np.ndarray) -> float:
-    """Mean over test points and over pairs of repeats of the Spearman correlation (over subsets) between two
-    repeats' actual changes (reps: repeats x subsets x test points); NaN with fewer than two repeats."""
-    k = len(reps)
-    if k < 2:
-        return float("nan")
-    per = np.stack([_col_spearman(reps[a], reps[b]) for a in range(k) for b in range(a + 1, k)])
-    return float(np.nanmean(per)) if np.isfinite(per).any() else float("nan")
-
-
-def _lds_value(pred: np.ndarray, actual: np.ndarray) -> float:
-    per = _col_spearman(pred, actual)
-    return float(np.nanmean(per)) if np.isfinite(per).any() else float("nan")
-
-
-def score_estimators(preds: dict[str, np.ndarray], reps: np.ndarray, n_boot: int = 400,
-                     seed: int = 0, looks: int = 1) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Each estimator's LDS against the mean of the repeated re-fits, and the noise ceiling from their agreement.
-
-    `preds` maps an estimator's name to its predicted changes (subsets x test points); `reps` holds the actual
-    changes of each repeat (repeats x subsets x test points). Every interval is a 95 % bootstrap that resamples
-    subsets and test points together, the same resamples for every estimator and the ceiling, its percentiles
-    shifted by the bootstrap's bias; the fraction of the ceiling (LDS / ceiling) is bootstrapped as a ratio. With one
-    repeat there is no ceiling (NaN). The fraction's interval, which the verdict reads, is at the level
-    `decision_level(looks)` for a panel that may look `looks` times (`widen`)."""
-    target = reps.mean(axis=0)
-    k, m, t = reps.shape
-    rng = np.random.default_rng(seed)
-    boot: dict[str, list[float]] = {name: [] for name in preds}
-    frac: dict[str, list[float]] = {name: [] for name in preds}
-    agree, ceil = [], []
-    for _ in range(n_boot):
-        i, j = rng.integers(0, m, m), rng.integers(0, t, t)
-        r1 = _agreement(reps[:, i][:, :, j])
-        c = ceiling_from_agreement(r1, k)
-        agree.append(r1)
-        ceil.append(c)
-        for name, pred in preds.items():
-            v = _lds_value(pred[i][:, j], target[i][:, j])
-            boot[name].append(v)
-            frac[name].append(v / c if c > 0 else np.nan)
-
-    def q(vals: list[float], point: float) -> tuple[float, float]:
-        """The percentile interval shifted by the bootstrap's bias (resampled subsets repeat, and the ties pull
-        every rank correlation down)."""
-        a = np.asarray(vals, dtype=float)
-        a = a[np.isfinite(a)]
-        if not a.size or not np.isfinite(point):
-            return (np.nan, np.nan)
-        shift = point - float(a.mean())
-        return (float(np.quantile(a, 0.025)) + shift, float(np.quantile(a, 0.975)) + shift)
-
-    r1 = _agreement(reps)
-    c = ceiling_from_agreement(r1, k)
-    a_lo, a_hi = q(agree, r1)
-    c_lo, c_hi = q(ceil, c)
-    ceiling = {"repeats": int(k), "agreement": r1, "agreement_lo": a_lo, "agreement_hi": a_hi,
-               "value": c, "lo": max(0.0, c_lo) if np.isfinite(c_lo) else c_lo, "hi": c_hi}
-    scores = {}
-    for name, pred in preds.items():
-        value = _lds_value(pred, target)
-        fraction = value / c if c > 0 else float("nan")
-        lo, hi = q(boot[name], value)
-        f_lo, f_hi = q(frac[name], fraction)
-        w = widen(looks)
-        f_lo, f_hi = fraction - (fraction - f_lo) * w, fraction + (f_hi - fraction) * w
-        total = stats.spearmanr(pred.sum(axis=1), target.sum(axis=1)).statistic if m > 2 else np.nan
-        scores[name] = {"value": value, "lo": lo, "hi": hi,
-                        "per_test_finite": int(np.isfinite(_col_spearman(pred, target)).sum()),
-                        "total_spearman": float(total), "fraction": fraction,
-                        "fraction_lo": f_lo, "fraction_hi": f_hi, "fraction_level": decision_level(looks),
-                        "validated": bool(np.isfinite(f_lo) and f_lo >= FRACTION_MIN)}
-    return scores, ceiling
-
-
-def lds(pred: np.ndarray, actual: np.ndarray, n_boot: int = 400, seed: int = 0) -> dict[str, Any]:
-    """LDS of predicted vs actual changes (subsets x test points) with a bootstrap over both (one repeat)."""
-    return score_estimators({"x": pred}, actual[None], n_boot, seed)[0]["x"]
 
 
 def best_estimator(scores: dict[str, dict[str, Any]]) -> str:
@@ -349,6 +231,17 @@ def settle_text(adaptive: dict[str, Any]) -> str:
             f"with --lds-max-subsets {more['subsets']})")
 
 
+def stabilise_text(adaptive: dict[str, Any]) -> str:
+    """Where a knife-edge verdict read from the interval would be stable with more subsets: how many, at what cost
+    (`verify.audit.verdict_stability.to_stabilise`); '' where that is not known."""
+    more = adaptive.get("to_stabilise")
+    if not more:
+        return ""
+    return (f" (about {more['subsets']} subsets would make it stable: {more['extra_refits']} more re-fits, "
+            f"{more['seconds'] / 60:.1f} min on this machine at this run's re-fit time{gpu_hint(adaptive)}; rerun "
+            f"with --lds-max-subsets {more['subsets']})")
+
+
 def gpu_hint(adaptive: dict[str, Any]) -> str:
     """Where the re-fits ran on a CPU: that their time on a GPU was not measured here, and how to have it (issue 43
     item 3 asks for the cost on a GPU too; no number is made up for it)."""
@@ -462,6 +355,16 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
     verdict, why = _verdict(gate, scores, ceiling, (beyond, lead), nonfinite)
     if verdict == INCONCLUSIVE:
         why += "; " + settle_text(adaptive)
+    stability = None
+    if verdict != NOT_MEASURABLE:
+        lead_preds = np.stack([lead_per_test[rem].sum(axis=0) for rem in removed])
+        stability = verdict_stability(lead_preds, reps, scores[lead], ceiling["value"], (verdict, beyond),
+                                      (adaptive["looks"], seed))
+        if not stability["stable"]:
+            adaptive["to_stabilise"] = to_stabilise(scores[lead], (subsets, adaptive["pilot_subsets"],
+                                                                   adaptive["looks"]), repeats,
+                                                    adaptive["rounds"][-1], verdict)
+            why += "; the verdict is a " + stability["text"] + stabilise_text(adaptive)
     return {"refit": refit.cfg.describe(), "refit_kind": refit.cfg.kind, "control": gate,
             "subsets": subsets, "fraction": fraction, "left_out": int(r), "repeats": repeats, "lds": scores,
             "lds_seeds": {"design": design.name, "text": design.text},
@@ -473,7 +376,7 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
             "scatter": {"predicted": np.stack([lead_per_test[rem].sum() / t for rem in removed]).tolist(),
                         "actual": actual.mean(axis=1).tolist()},
             "removal": removal, "removal_beyond_noise": bool(beyond), "brittleness": brittle,
-            "verdict": verdict, "reason": why, "rule": VALIDITY_RULE}
+            "verdict": verdict, "reason": why, "rule": VALIDITY_RULE, "stability": stability}
 
 
 def estimator_rows(val: dict[str, Any], seconds: dict[str, float], peers: dict[str, dict[str, Any]],
@@ -527,18 +430,19 @@ def _verdict(gate: dict[str, Any], scores: dict[str, dict[str, Any]], ceiling: d
         return INCONCLUSIVE, (f"repeated re-fits of the same subsets do not agree with each other (rank agreement "
                               f"{ceiling['agreement']:.2f}), so they give no ground truth to check influence against")
     head = f"noise ceiling {ceiling['value']:.2f} [{ceiling['lo']:.2f}, {ceiling['hi']:.2f}]; " + _fmt_score(lead, s)
-    if s["fraction_lo"] >= FRACTION_MIN and beyond:
-        verdict, why = TRUSTWORTHY, (f"{head}: at least {FRACTION_MIN:g} of the ceiling, and removing the top levers "
-                                     "raises the test loss beyond random removal and noise")
-    elif s["fraction_hi"] < FRACTION_MIN or not beyond:
+    verdict = interval_verdict(s["fraction_lo"], s["fraction_hi"], ceiling["value"], beyond)
+    if verdict == TRUSTWORTHY:
+        why = (f"{head}: at least {FRACTION_MIN:g} of the ceiling, and removing the top levers raises the test loss "
+               "beyond random removal and noise")
+    elif verdict == FRAGILE:
         parts = [head + f": below {FRACTION_MIN:g} of the ceiling"] if s["fraction_hi"] < FRACTION_MIN else [head]
         if not beyond:
             parts.append("removing the top levers raises the re-fitted test loss no more than removing random points "
                          "plus 2 x the re-fit noise")
-        verdict, why = FRAGILE, "; ".join(parts)
+        why = "; ".join(parts)
     else:
-        verdict, why = INCONCLUSIVE, (f"{head}: the interval straddles {FRACTION_MIN:g} of the ceiling, although "
-                                      "removing the top levers raises the test loss beyond random removal")
+        why = (f"{head}: the interval straddles {FRACTION_MIN:g} of the ceiling, although removing the top levers "
+               "raises the test loss beyond random removal")
     best = best_estimator(scores)
     if verdict != TRUSTWORTHY and best != lead and scores[best]["validated"]:
         why += f"; the {_fmt_score(best, scores[best])} validates"

@@ -161,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
     panels = record.panels
     extra = []
     if panels.validity is not None and panels.validity.verdict:
-        extra.append(f"influence {panels.validity.verdict} against re-fits")
+        edge = f" ({panels.validity.stability.label})" if panels.validity.knife_edge else ""
+        extra.append(f"influence {panels.validity.verdict}{edge} against re-fits")
     if panels.budget is not None and panels.budget.breaking_label:
         extra.append(f"breaking budget {panels.budget.breaking_label}")
     po = panels.poison

@@ -1,0 +1,145 @@
+"""Does the validity verdict survive a rerun and a resample? (`verdict_stability`)
+
+The validity verdict reads one end of an interval against a bar (`verify.audit.lds.interval_verdict`). An end that
+sits on the bar is decided by the draw: the audit's own bootstrap, or which subsets and test points happened to be
+drawn. `verify claims` flags such a verdict 'fragile' by re-running its rule on seed resamples (`verify.stability`);
+this is the audit's counterpart, on the lead estimator's LDS (rule fixed on 2026-12-06, after the CNN audit at 1,047
+subsets was announced trustworthy with a lower end 0.0003 above the bar, and logged here as a rule change after a
+run):
+
+- **rerun**: the panel's scoring (`verify.audit.lds.score_estimators`, the same re-fits, the same number of bootstrap
+  draws and looks) with `RERUN_SEEDS` other bootstrap seeds; the verdict each gives. A rerun of the audit itself with
+  the same seed is deterministic, so this is the variation a rerun of its statistics can show.
+- **resample**: `RESAMPLES` bootstrap resamples of the subsets and test points together (the draws of the panel's
+  interval, generator seed `SEED`); in each, the rule applied to the resampled fraction of the ceiling with the
+  interval's half-widths held at the full sample's. Re-scoring each resample with a bootstrap of its own (a double
+  bootstrap) would cost `RESAMPLES` times the panel's scoring and overstate the widths: a resample holds about 63 %
+  distinct subsets, and on a synthetic world its intervals came out a third wider than the full sample's (half-width
+  0.121 against 0.092). A resample whose re-fits give no ceiling reads inconclusive. The share of resamples that give
+  the verdict is its **agreement**; tests/verify/test_audit_verdict_stability.py checks that it predicts what it is
+  for: on synthetic worlds around the bar, fresh runs (new subsets, test points and noise) contradict the verdicts it
+  flags more often than those it calls stable.
+
+The lever-removal test (one pair of re-fits, top against random) is held fixed in both: there is nothing to resample.
+A verdict is a **knife-edge** when a rerun changes it or its agreement is below `STABLE_AGREEMENT` (the claims'
+`FRAGILE_AGREEMENT`), else **stable**. A trustworthy knife-edge issues no risk level (`verify.audit.risk`: a verdict
+a single draw decides is flagged, not announced), and `to_stabilise` states the subsets at which it would be stable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from verify.audit.lds import (
+    FRACTION_MIN,
+    FRAGILE,
+    TRUSTWORTHY,
+    _draws_fast,
+    _draws_generic,
+    ceiling_from_agreement,
+    interval_verdict,
+    planned_looks,
+    score_estimators,
+    widen,
+)
+from verify.stability import FRAGILE_AGREEMENT
+
+#: A verdict is stable when at least this share of resamples give it (the claims' seed-stability bar) ...
+STABLE_AGREEMENT = FRAGILE_AGREEMENT
+#: ... and each of this many reruns of the scoring with other bootstrap seeds gives it too.
+RERUN_SEEDS = 5
+#: Resamples of the subsets and test points, and the seed of their generator.
+RESAMPLES = 1000
+SEED = 20_261_206
+STABLE, KNIFE_EDGE = "stable", "knife-edge"
+STABILITY_RULE = (f"the validity verdict re-read on {RERUN_SEEDS} reruns of the panel's scoring with other bootstrap "
+                  f"seeds and on {RESAMPLES} resamples of the subsets and test points (numpy default_rng({SEED}); "
+                  "the interval's half-widths held, the lever-removal test held); a knife-edge when a rerun "
+                  f"changes it or fewer than {STABLE_AGREEMENT:g} of the resamples give it, else stable")
+
+
+def resample_verdicts(pred: np.ndarray, reps: np.ndarray, score: dict[str, Any], beyond: bool,
+                      n: int = RESAMPLES, seed: int = SEED) -> list[str]:
+    """The verdict in each of `n` resamples of the subsets and test points: the resampled fraction of the ceiling
+    (shifted by the resamples' mean bias, as the panel's interval is) with the half-widths of the panel's interval
+    `score` (the lead's entry of `score_estimators`) about it."""
+    k = reps.shape[0]
+    rng = np.random.default_rng(seed)
+    finite = np.isfinite(reps).all() and np.isfinite(pred).all()
+    boot, agree = (_draws_fast if finite else _draws_generic)({"lead": pred}, reps, n, rng)
+    ceil = np.array([ceiling_from_agreement(a, k) for a in agree])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = np.where(ceil > 0, np.asarray(boot["lead"]) / np.where(ceil > 0, ceil, 1.0), np.nan)
+    f, lo, hi = score["fraction"], score["fraction_lo"], score["fraction_hi"]
+    ok = np.isfinite(frac)
+    shift = f - float(frac[ok].mean()) if ok.any() else 0.0
+    return [interval_verdict(x + shift - (f - lo), x + shift + (hi - f), c, beyond) if np.isfinite(x) else
+            interval_verdict(np.nan, np.nan, 0.0, beyond) for x, c in zip(frac, ceil, strict=True)]
+
+
+def rerun_verdicts(pred: np.ndarray, reps: np.ndarray, beyond: bool, looks: int,
+                   seeds: list[int]) -> list[dict[str, Any]]:
+    """The verdict of the panel's scoring of the lead with each of `seeds` as the bootstrap's seed."""
+    out = []
+    for s in seeds:
+        scores, ceiling = score_estimators({"lead": pred}, reps, seed=s, looks=looks)
+        sc = scores["lead"]
+        out.append({"seed": int(s), "fraction_lo": sc["fraction_lo"], "fraction_hi": sc["fraction_hi"],
+                    "verdict": interval_verdict(sc["fraction_lo"], sc["fraction_hi"], ceiling["value"], beyond)})
+    return out
+
+
+def verdict_stability(pred: np.ndarray, reps: np.ndarray, score: dict[str, Any], ceiling: float,
+                      verdict_in: tuple[str, bool], looks_seed: tuple[int, int]) -> dict[str, Any]:
+    """The stability of `verdict` (`verdict_in` = (verdict, whether the lever removal beat random and noise)) of the
+    lead estimator's predictions `pred` against the re-fits `reps`, whose panel scored it `score` against `ceiling`
+    with `looks` planned looks and bootstrap seed `seed` (`looks_seed`): the module docstring's rule."""
+    verdict, beyond = verdict_in
+    looks, seed = looks_seed
+    reruns = rerun_verdicts(pred, reps, beyond, looks, [seed + 1 + i for i in range(RERUN_SEEDS)])
+    resampled = resample_verdicts(pred, reps, score, beyond)
+    agreement = float(np.mean([v == verdict for v in resampled]))
+    changed = [r for r in reruns if r["verdict"] != verdict]
+    stable = not changed and agreement >= STABLE_AGREEMENT
+    counts = {v: resampled.count(v) for v in sorted(set(resampled))}
+    parts = [f"{agreement:.0%} of {len(resampled)} resamples of the subsets and test points give it"]
+    if changed:
+        parts.append(f"{len(changed)} of {len(reruns)} reruns of the scoring with another bootstrap seed read "
+                     + ", ".join(sorted({r['verdict'] for r in changed})))
+    text = f"{KNIFE_EDGE if not stable else STABLE}: " + "; ".join(parts)
+    return {"label": STABLE if stable else KNIFE_EDGE, "stable": bool(stable), "agreement": agreement,
+            "resamples": len(resampled), "resample_verdicts": counts, "reruns": reruns,
+            "ceiling": float(ceiling), "text": text, "rule": STABILITY_RULE}
+
+
+def to_stabilise(score: dict[str, Any], sizes: tuple[int, int, int], repeats: int, last: dict[str, Any],
+                 verdict: str) -> dict[str, Any] | None:
+    """Where a trustworthy or fragile verdict read from the interval is a knife-edge: the subsets at which its end
+    would sit far enough from the bar that `STABLE_AGREEMENT` of resamples keep it (the point estimate held, the 95 %
+    half-width falling like 1 / sqrt(subsets), widened for the looks of a panel with that budget, plus the normal
+    quantile of the agreement bar), the extra re-fits and their time at this run's seconds per re-fit (`last`: the
+    adaptive panel's last round). `sizes` = (subsets re-fitted, the pilot, the looks this run planned)."""
+    subsets, pilot, looks = sizes
+    lo, hi, value = score.get("fraction_lo", np.nan), score.get("fraction_hi", np.nan), score.get("fraction", np.nan)
+    if verdict not in (TRUSTWORTHY, FRAGILE) or not (np.isfinite(lo) and np.isfinite(hi) and np.isfinite(value)):
+        return None
+    gap = value - FRACTION_MIN if verdict == TRUSTWORTHY else FRACTION_MIN - value
+    if gap <= 0:
+        return None
+    half = (hi - lo) / 2 / widen(looks)
+    extra_z = float(stats.norm.ppf(STABLE_AGREEMENT) / stats.norm.ppf(0.975))
+    need = subsets
+    for _ in range(20):  # the budget sets the looks, the looks the width: iterate to the fixed point
+        again = max(subsets, int(np.ceil(subsets * (half * (widen(planned_looks(pilot, need)) + extra_z) / gap) ** 2)))
+        if again == need:
+            break
+        need = again
+    extra = max(0, need - subsets) * repeats
+    per_refit = last["seconds"] / max(last["refits"], 1)
+    return {"subsets": need, "extra_refits": extra, "seconds": extra * per_refit,
+            "method": "interval half-width ~ 1/sqrt(subsets) from this run's interval, widened for the looks of a "
+                      f"panel with that budget, plus the normal quantile of {STABLE_AGREEMENT:g}; the point estimate "
+                      "held; seconds at this run's mean time per LDS re-fit"}
