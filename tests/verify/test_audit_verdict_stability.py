@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from verify.audit.lds import FRACTION_MIN, INCONCLUSIVE, TRUSTWORTHY, interval_verdict, score_estimators
+from verify.audit.lds import FRACTION_MIN, FRAGILE, INCONCLUSIVE, TRUSTWORTHY, interval_verdict, score_estimators
 from verify.audit.risk import NOT_VALIDATED, RISK_LEVELS, assess_risk
 from verify.audit.verdict_stability import (
     KNIFE_EDGE,
@@ -116,3 +116,15 @@ def test_a_trustworthy_knife_edge_issues_no_risk_level():
     assert edge["level"] == NOT_VALIDATED and edge["unvalidated_level"] == issued["level"]
     assert "knife-edge" in edge["reason"] and "52% of 1000 resamples" in edge["reason"]
     assert "--lds-max-subsets 2400" in edge["next_step"]
+
+
+def test_a_failed_removal_test_decides_every_resample_and_the_text_says_how_the_interval_alone_reads():
+    truth, est = _population(1.1, seed=11)
+    pred, reps = _run(truth, est, seed=3)
+    s, c, _ = _scored(pred, reps, 400)
+    st = verdict_stability(pred, reps, s, c, (FRAGILE, False), (1, 0))
+    assert st["agreement"] == 1.0 and st["resample_verdicts"] == {FRAGILE: st["resamples"]}
+    alone = st["interval_alone"]
+    assert alone["verdict"] == interval_verdict(s["fraction_lo"], s["fraction_hi"], c, True)
+    assert alone["agreement"] == np.mean([v == alone["verdict"] for v in resample_verdicts(pred, reps, s, True)])
+    assert "failed lever-removal test" in st["text"] and f"{alone['agreement']:.0%} of them would" in st["text"]

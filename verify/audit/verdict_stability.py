@@ -61,11 +61,12 @@ STABILITY_RULE = (f"the validity verdict re-read on {RERUN_SEEDS} reruns of the 
                   f"changes it or fewer than {STABLE_AGREEMENT:g} of the resamples give it, else stable")
 
 
-def resample_verdicts(pred: np.ndarray, reps: np.ndarray, score: dict[str, Any], beyond: bool,
-                      n: int = RESAMPLES, seed: int = SEED) -> list[str]:
-    """The verdict in each of `n` resamples of the subsets and test points: the resampled fraction of the ceiling
-    (shifted by the resamples' mean bias, as the panel's interval is) with the half-widths of the panel's interval
-    `score` (the lead's entry of `score_estimators`) about it."""
+def resampled_intervals(pred: np.ndarray, reps: np.ndarray, score: dict[str, Any], n: int = RESAMPLES,
+                        seed: int = SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The lead's fraction-of-ceiling interval in each of `n` resamples of the subsets and test points: the resampled
+    fraction (shifted by the resamples' mean bias, as the panel's interval is) with the half-widths of the panel's
+    interval `score` (the lead's entry of `score_estimators`) about it; (lower ends, upper ends, ceilings), NaN ends
+    where a resample has no ceiling."""
     k = reps.shape[0]
     rng = np.random.default_rng(seed)
     finite = np.isfinite(reps).all() and np.isfinite(pred).all()
@@ -75,9 +76,15 @@ def resample_verdicts(pred: np.ndarray, reps: np.ndarray, score: dict[str, Any],
         frac = np.where(ceil > 0, np.asarray(boot["lead"]) / np.where(ceil > 0, ceil, 1.0), np.nan)
     f, lo, hi = score["fraction"], score["fraction_lo"], score["fraction_hi"]
     ok = np.isfinite(frac)
-    shift = f - float(frac[ok].mean()) if ok.any() else 0.0
-    return [interval_verdict(x + shift - (f - lo), x + shift + (hi - f), c, beyond) if np.isfinite(x) else
-            interval_verdict(np.nan, np.nan, 0.0, beyond) for x, c in zip(frac, ceil, strict=True)]
+    centred = frac + (f - float(frac[ok].mean()) if ok.any() else 0.0)
+    return centred - (f - lo), centred + (hi - f), ceil
+
+
+def resample_verdicts(pred: np.ndarray, reps: np.ndarray, score: dict[str, Any], beyond: bool,
+                      n: int = RESAMPLES, seed: int = SEED) -> list[str]:
+    """The verdict in each of `n` resamples (`resampled_intervals`), the lever-removal test's outcome `beyond` held."""
+    lows, highs, ceil = resampled_intervals(pred, reps, score, n, seed)
+    return [interval_verdict(a, b, c, beyond) for a, b, c in zip(lows, highs, ceil, strict=True)]
 
 
 def rerun_verdicts(pred: np.ndarray, reps: np.ndarray, beyond: bool, looks: int,
@@ -100,18 +107,27 @@ def verdict_stability(pred: np.ndarray, reps: np.ndarray, score: dict[str, Any],
     verdict, beyond = verdict_in
     looks, seed = looks_seed
     reruns = rerun_verdicts(pred, reps, beyond, looks, [seed + 1 + i for i in range(RERUN_SEEDS)])
-    resampled = resample_verdicts(pred, reps, score, beyond)
+    lows, highs, ceil = resampled_intervals(pred, reps, score)
+    resampled = [interval_verdict(a, b, c, beyond) for a, b, c in zip(lows, highs, ceil, strict=True)]
     agreement = float(np.mean([v == verdict for v in resampled]))
     changed = [r for r in reruns if r["verdict"] != verdict]
     stable = not changed and agreement >= STABLE_AGREEMENT
     counts = {v: resampled.count(v) for v in sorted(set(resampled))}
     parts = [f"{agreement:.0%} of {len(resampled)} resamples of the subsets and test points give it"]
+    interval_alone = None
+    if not beyond:  # the failed removal test decides every resample: say how the interval alone would read
+        own = interval_verdict(score["fraction_lo"], score["fraction_hi"], ceiling, True)
+        interval_alone = {"verdict": own, "agreement": float(np.mean(
+            [interval_verdict(a, b, c, True) == own for a, b, c in zip(lows, highs, ceil, strict=True)]))}
+        parts[0] += (f" (the failed lever-removal test, one pair of re-fits held in each, decides it; on the interval "
+                     f"alone, {own}, {interval_alone['agreement']:.0%} of them would)")
     if changed:
         parts.append(f"{len(changed)} of {len(reruns)} reruns of the scoring with another bootstrap seed read "
                      + ", ".join(sorted({r['verdict'] for r in changed})))
     text = f"{KNIFE_EDGE if not stable else STABLE}: " + "; ".join(parts)
     return {"label": STABLE if stable else KNIFE_EDGE, "stable": bool(stable), "agreement": agreement,
-            "resamples": len(resampled), "resample_verdicts": counts, "reruns": reruns,
+            "resamples": len(resampled), "resample_verdicts": counts, "interval_alone": interval_alone,
+            "reruns": reruns,
             "ceiling": float(ceiling), "text": text, "rule": STABILITY_RULE}
 
 
