@@ -325,7 +325,8 @@ def extract(rec: dict[str, Any]) -> dict[str, Any]:
         "validity": {"verdict": val.get("verdict"), "reason": val.get("reason"), "lead": val.get("lead"),
                      "lead_label": val.get("lead_label"), "best": val.get("best"), "subsets": val.get("subsets"),
                      "repeats": val.get("repeats"), "left_out": val.get("left_out"),
-                     "control": (val.get("control") or refit.get("control") or {}).get("reason")},
+                     "control": (val.get("control") or refit.get("control") or {}).get("reason"),
+                     "stability": (val.get("stability") or {}).get("text")},
         "ceiling": {k: _f(ceiling.get(k)) for k in ("value", "lo", "hi", "agreement")} if ceiling else None,
         "lds": rows, "unscored": unscored,
         "refit": {"description": refit.get("description"), "count": refit.get("count"),
@@ -421,6 +422,7 @@ def model_markdown(name: str, m: dict[str, Any]) -> list[str]:
               f"| lead estimator (the flip rates rank by it) | {labels.get(val['lead'], val['lead'] or '-')}; best "
               f"by LDS fraction: {labels.get(val['best'], val['best'] or '-')} |",
               f"| validity verdict | {val.get('verdict') or '-'}: {val.get('reason') or ''} |",
+              f"| stability of that verdict | {val.get('stability') or 'not measured (before 2026-12-06)'} |",
               f"| risk level | **{ex['risk']['level']}**: {ex['risk']['reason']} |",
               f"| whole audit (child process) | {_dur(au['wall_s'])} |",
               f"| peak memory (child's peak RSS) | {au['peak_rss_gib']:.2f} GiB |",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -275,8 +276,16 @@ def budget(panel: dict[str, Any], path: str | Path) -> Path:
 
 
 def validity(panel: dict[str, Any], path: str | Path) -> Path:
-    """(a) predicted vs actual change of the mean test loss over the random subsets; (b) LDS with intervals."""
-    fig, axes = plt.subplots(1, 2, figsize=(7.4, 2.9), gridspec_kw={"width_ratios": [1.4, 1]})
+    """(a) predicted vs actual change of the mean test loss over the random subsets; (b) every estimator's LDS with
+    its interval, one row each, best first, beside the noise ceiling and the validation bar (a row per estimator,
+    labelled in full: a dozen long names do not fit under a narrow axis)."""
+    names = sorted(((k, s.get("label", k)) for k, s in panel["lds"].items()),
+                   key=lambda kv: -panel["lds"][kv[0]]["value"] if math.isfinite(panel["lds"][kv[0]]["value"])
+                   else math.inf)
+    rows = max(1, len(names))
+    fig = plt.figure(figsize=(7.4, 2.6 + 0.24 * rows + 0.6), layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[2.6, 0.24 * rows + 0.6])  # each its own left margin
+    axes = [top.subplots(), bottom.subplots()]
     ax = axes[0]
     sc = panel["scatter"]
     ax.scatter(sc["predicted"], sc["actual"], s=12, color=USER_COLOR, alpha=0.7, lw=0, label="random subsets")
@@ -286,33 +295,35 @@ def validity(panel: dict[str, Any], path: str | Path) -> Path:
                    label=f"{'top' if arm == 'top' else 'random'} {r['k']} left out")
     noise = panel["noise"]["sd"]
     ax.axhspan(-2 * noise, 2 * noise, color="#bbbbbb", alpha=0.35, lw=0, label="re-fit noise (±2 sd)")
-    ax.set_xlabel(f"predicted change ({panel.get('lead_label', 'NTK leave-one-out')} influence)")
-    ax.set_ylabel("actual change after re-fit\n(mean test loss)")
+    ax.set_xlabel(textwrap.fill(f"predicted change ({panel.get('lead_label', 'NTK leave-one-out')} influence, the "
+                                "lead)", 90), fontsize=7)
+    ax.set_ylabel("actual change after re-fit\n(mean test loss)", fontsize=7)
     ax.legend(fontsize=6, frameon=False)
     ax = axes[1]
-    names = [(k, s.get("label", k)) for k, s in panel["lds"].items()]
+    lead = panel.get("lead")
     for j, (key, _) in enumerate(names):
         s = panel["lds"][key]
         lo = s["lo"] if math.isfinite(s["lo"]) else s["value"]
         hi = s["hi"] if math.isfinite(s["hi"]) else s["value"]
-        ax.errorbar([j], [s["value"]], yerr=[[s["value"] - lo], [hi - s["value"]]], fmt="o", color=USER_COLOR,
-                    capsize=4)
-        ax.text(j + 0.08, s["value"], f"{s['value']:.2f}", fontsize=7, va="center")
+        color = "#cf222e" if key == lead else USER_COLOR
+        ax.errorbar([s["value"]], [j], xerr=[[s["value"] - lo], [hi - s["value"]]], fmt="o", color=color,
+                    capsize=3, ms=4)
+        ax.text(hi + 0.01, j, f"{s['value']:.2f}", fontsize=6, va="center")
     ceil = panel.get("ceiling", {}).get("value", math.nan)
     if math.isfinite(ceil):
-        ax.axhline(ceil, color="#555", ls="--", lw=1, label="noise ceiling")
-        ax.axhline(panel["fraction_min"] * ceil, color="#1a7f37", ls=":", lw=1,
+        ax.axvline(ceil, color="#555", ls="--", lw=1, label="noise ceiling")
+        ax.axvline(panel["fraction_min"] * ceil, color="#1a7f37", ls=":", lw=1,
                    label=f"validation bar ({panel['fraction_min']:g} x ceiling)")
-    ax.axhline(0, color="#999", lw=0.6)
-    ax.set_xticks(range(len(names)), [n for _, n in names], fontsize=6, rotation=25, ha="right")
-    ax.set_xlim(-0.5, len(names) - 0.5)
-    ax.set_ylim(min(-0.2, ax.get_ylim()[0]), max(1.0, ax.get_ylim()[1]))
-    ax.set_ylabel("LDS (95 % interval)")
-    ax.legend(fontsize=6, frameon=False, loc="upper right")
+    ax.axvline(0, color="#999", lw=0.6)
+    ax.set_yticks(range(len(names)), [textwrap.shorten(n, 70) + (" (lead)" if k == lead else "")
+                                      for k, n in names], fontsize=6)
+    ax.set_ylim(len(names) - 0.5, -0.5)
+    ax.set_xlim(min(-0.2, ax.get_xlim()[0]), max(1.0, ax.get_xlim()[1]))
+    ax.set_xlabel("LDS against the re-fits (95 % interval)", fontsize=7)
+    ax.legend(fontsize=6, frameon=False, loc="lower right")
     for a in axes:
-        a.tick_params(labelsize=7)
+        a.tick_params(labelsize=6)
         a.grid(alpha=0.25)
-    fig.tight_layout()
     return save_figure(fig, path)
 
 

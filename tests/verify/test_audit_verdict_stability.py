@@ -103,7 +103,8 @@ def test_to_stabilise_asks_for_more_subsets_and_says_what_they_cost():
 def _validity(stable: bool) -> dict:
     return {"verdict": TRUSTWORTHY, "lead": "ef", "reason": "r",
             "stability": {"stable": stable, "label": STABLE if stable else KNIFE_EDGE,
-                          "text": ("stable" if stable else "knife-edge") + ": 52% of 1000 resamples give it"},
+                          "text": ("stable" if stable else "knife-edge") + ": 52% of 1000 resamples give it",
+                          "detail": "52% of 1000 resamples give it"},
             "adaptive": {"to_stabilise": None if stable else {"subsets": 2400, "extra_refits": 2706,
                                                               "seconds": 1800.0}}}
 

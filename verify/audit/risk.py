@@ -106,8 +106,8 @@ def _not_validated(validity: dict[str, Any] | None) -> str:
         return ""
     if validity.get("verdict") == TRUSTWORTHY:
         return (f"the influence behind the flip rates ({estimator_label(validity.get('lead', PAPER_ESTIMATOR))}) is "
-                f"trustworthy against re-fits only on a knife-edge ({stability.get('text', '')}): a verdict a single "
-                "draw decides is not announced")
+                f"trustworthy against re-fits only on a knife-edge ({stability.get('detail', stability.get('text'))}):"
+                " a verdict a single draw decides is not announced")
     lead = estimator_label(validity.get("lead", PAPER_ESTIMATOR))
     why = f"the influence behind the flip rates ({lead}) is {validity.get('verdict', 'unchecked')} against re-fits"
     scores = validity.get("lds") or {}

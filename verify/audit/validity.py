@@ -364,7 +364,7 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
             adaptive["to_stabilise"] = to_stabilise(scores[lead], (subsets, adaptive["pilot_subsets"],
                                                                    adaptive["looks"]), repeats,
                                                     adaptive["rounds"][-1], verdict)
-            why += "; the verdict is a " + stability["text"] + stabilise_text(adaptive)
+            why += f"; the verdict is a knife-edge ({stability['detail']}){stabilise_text(adaptive)}"
     return {"refit": refit.cfg.describe(), "refit_kind": refit.cfg.kind, "control": gate,
             "subsets": subsets, "fraction": fraction, "left_out": int(r), "repeats": repeats, "lds": scores,
             "lds_seeds": {"design": design.name, "text": design.text},

@@ -124,8 +124,10 @@ def verdict_stability(pred: np.ndarray, reps: np.ndarray, score: dict[str, Any],
     if changed:
         parts.append(f"{len(changed)} of {len(reruns)} reruns of the scoring with another bootstrap seed read "
                      + ", ".join(sorted({r['verdict'] for r in changed})))
-    text = f"{KNIFE_EDGE if not stable else STABLE}: " + "; ".join(parts)
+    detail = "; ".join(parts)
+    text = f"{KNIFE_EDGE if not stable else STABLE}: {detail}"
     return {"label": STABLE if stable else KNIFE_EDGE, "stable": bool(stable), "agreement": agreement,
+            "detail": detail,
             "resamples": len(resampled), "resample_verdicts": counts, "interval_alone": interval_alone,
             "reruns": reruns,
             "ceiling": float(ceiling), "text": text, "rule": STABILITY_RULE}
