@@ -103,7 +103,11 @@ def report_context(result: dict[str, Any], figures: dict[str, str], realistic_re
     model_rows = [(k2, v) for k2, v in _flat_rows({kk: vv for kk, vv in model.items() if kk != "spec"})]
     if model.get("spec"):
         model_rows += _flat_rows(model["spec"], "spec")
-    env = {"created": result["created"], "versions": result["versions"], "device": result["device"],
+    code = result.get("code") or {}
+    env = {"created": result["created"], "code (git commit)": (
+               f"{code['commit']}{' with uncommitted changes' if code.get('dirty') else ''}" if code.get("commit")
+               else "not recorded (not run from a git checkout, or a record before 2026-12-06)"),
+           "versions": result["versions"], "device": result["device"],
            "timings (s)": {k2: f"{v:.1f}" for k2, v in result["timings"].items()}}
     refs = ("The 2L-ReLU and MLP-Attn references are the paper's two networks trained by the suite on the same data "
             f"(width {cfg['ref_width']}, the width-consistent protocol: Adam without weight decay to a plateau of the "

@@ -29,6 +29,7 @@ from empirics.data.datasets import DataRequest, load_dataset
 from empirics.kernels.audit_ntk import ModelJacobian
 from empirics.nets.models import ModelSpec, save_model
 from empirics.nets.train import TrainConfig
+from empirics.records import git_state
 from verify.audit.estimators import ESTIMATORS
 from verify.audit.risk import NOT_MEASURABLE, NOT_VALIDATED, RISK_LEVELS, assess_risk, model_gate, risk_level
 from verify.cli import main
@@ -126,6 +127,7 @@ def _check_record(rec: dict, references: bool) -> None:
     assert (risk["level"] in RISK_LEVELS) == issued, (risk["level"], risk.get("reason"))
     assert risk["unvalidated_level"] in (*RISK_LEVELS, "not measurable")
     assert set(rec["models"]) == ({"user", "relu", "attn"} if references else {"user"})
+    assert rec["code"] == git_state()  # the code version beside every number
     for m in rec["models"].values():
         assert m["n_selected"] == 12
         for a in ("fgsm", "pgd", "mim"):

@@ -146,8 +146,16 @@ def summary_markdown(record: AuditRecord | dict[str, Any]) -> str:
     version = "?" if rec.schema_version is None else rec.schema_version
     lines.append(f"<sub>verify audit, schema {version}, {rec.created}; "
                  f"{rec.data.n_train} training / {rec.data.n_test} test points, eps {cfg.eps:.4g}, "
-                 f"tau {cfg.tau:g}, seed {cfg.seed}; model sha256 {rec.model.sha256[:12]}</sub>")
+                 f"tau {cfg.tau:g}, seed {cfg.seed}; model sha256 {rec.model.sha256[:12]}"
+                 f"{_code_note(rec)}</sub>")
     return "\n".join(lines) + "\n"
+
+
+def _code_note(rec: AuditRecord) -> str:
+    """'; code abc1234' (the suite's git commit, '+' for uncommitted changes) where the record has it, else ''."""
+    if rec.code is None or not rec.code.commit:
+        return ""
+    return f"; code {rec.code.commit[:10]}{'+' if rec.code.dirty else ''}"
 
 
 def _validity_rows(val: Validity | None) -> list[tuple[str, str]]:

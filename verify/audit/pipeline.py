@@ -41,7 +41,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from empirics.progress import log
-from empirics.records import peak_rss_gib, pick_device, run_header
+from empirics.records import git_state, peak_rss_gib, pick_device, run_header
 from verify.audit.binding import Inputs, Stage, bind, load_inputs, projection_record
 from verify.audit.config import DEFINITIONS, SCHEMA_VERSION, AuditConfig
 from verify.audit.diagnostics import diagnostics
@@ -120,6 +120,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
         "diagnostics": diag,
         "definitions": DEFINITIONS,
         **run_header(device),
+        "code": git_state(),
         "timings": {**st.times, "total": time.perf_counter() - t0},
         "memory": {"peak_rss_gib_after_stage": st.peak_gib, "peak_rss_gib": peak_rss_gib()},
     }

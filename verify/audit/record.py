@@ -297,6 +297,14 @@ class Panels(Part):
     skipped: dict[str, Any] | None = None
 
 
+class CodeVersion(Part):
+    """`code`: the git commit of the suite that ran the audit, and whether its work tree had uncommitted changes
+    (None where it did not run from a git checkout; absent in records before 2026-12-06)."""
+
+    commit: str | None = None
+    dirty: bool | None = None
+
+
 class AuditRecord(RunHeader, Part):
     """The whole audit record (`verify.audit.pipeline.run_audit`): the run header (`RunHeader`: library versions
     and device, shared with the claims records) and the audit's sections."""
@@ -318,6 +326,7 @@ class AuditRecord(RunHeader, Part):
     diagnostics: dict[str, Any]
     definitions: dict[str, str]
     timings: dict[str, Annotated[float, Field(ge=0)]]
+    code: CodeVersion | None = None
 
     @field_validator("models")
     @classmethod
