@@ -130,6 +130,36 @@ def _draws_fast(preds: dict[str, np.ndarray], reps: np.ndarray, n_boot: int,
     return boot, agree
 
 
+def draws(preds: dict[str, np.ndarray], reps: np.ndarray, n_boot: int,
+          rng: np.random.Generator) -> tuple[dict[str, list[float]], list[float]]:
+    """`n_boot` bootstrap draws of each estimator's LDS and of the repeats' agreement: `_draws_fast` where every value
+    is finite, else `_draws_generic` (the same numbers where both run)."""
+    finite = np.isfinite(reps).all() and all(np.isfinite(p).all() for p in preds.values())
+    return (_draws_fast if finite else _draws_generic)(preds, reps, n_boot, rng)
+
+
+def subsets_for(half: float, gap: float, sizes: tuple[int, int], extra_z: float = 0.0) -> int:
+    """The subsets at which an interval end would sit `gap` from its point estimate: the 95 % half-width `half` at
+    `sizes[0]` subsets falls like 1 / sqrt(subsets) (the bootstrap's scaling) and is widened for the looks a panel
+    with that budget and the pilot `sizes[1]` plans (`widen`), plus `extra_z` 95 % half-widths of margin. The budget
+    sets the looks and the looks the width, so it is iterated to the fixed point."""
+    subsets, pilot = sizes
+    need = subsets
+    for _ in range(20):
+        again = max(subsets, int(np.ceil(subsets * (half * (widen(planned_looks(pilot, need)) + extra_z) / gap) ** 2)))
+        if again == need:
+            break
+        need = again
+    return need
+
+
+def rerun_cost(need: int, subsets: int, repeats: int, last: dict[str, Any]) -> dict[str, Any]:
+    """The extra re-fits of a rerun with `need` subsets after `subsets` (each re-fitted `repeats` times) and their
+    time at the seconds per re-fit of the adaptive panel's `last` round."""
+    extra = max(0, need - subsets) * repeats
+    return {"subsets": need, "extra_refits": extra, "seconds": extra * last["seconds"] / max(last["refits"], 1)}
+
+
 def score_estimators(preds: dict[str, np.ndarray], reps: np.ndarray, n_boot: int = 400,
                      seed: int = 0, looks: int = 1) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Each estimator's LDS against the mean of the repeated re-fits, and the noise ceiling from their agreement.
@@ -144,8 +174,7 @@ def score_estimators(preds: dict[str, np.ndarray], reps: np.ndarray, n_boot: int
     target = reps.mean(axis=0)
     k, m, t = reps.shape
     rng = np.random.default_rng(seed)
-    finite = np.isfinite(reps).all() and all(np.isfinite(p).all() for p in preds.values())
-    boot, agree = (_draws_fast if finite else _draws_generic)(preds, reps, n_boot, rng)
+    boot, agree = draws(preds, reps, n_boot, rng)
     ceil = [ceiling_from_agreement(r1, k) for r1 in agree]
     frac = {name: [v / c if c > 0 else np.nan for v, c in zip(vals, ceil, strict=True)]
             for name, vals in boot.items()}

@@ -183,16 +183,13 @@ def next_step(level: str, gate: dict[str, Any] | None, validity: dict[str, Any] 
         return ("Pass your training recipe with --train-fn: the warm-start re-fits do not reproduce the model you "
                 f"saved ({control.get('reason', 'the control re-fit is not adequate')}).")
     adaptive = validity.get("adaptive") or {}
-    steady = adaptive.get("to_stabilise") or {}
-    if validity.get("verdict") == TRUSTWORTHY and steady.get("subsets"):
-        return (f"Rerun with --lds-max-subsets {steady['subsets']} ({steady['extra_refits']} more re-fits, about "
-                f"{steady['seconds'] / 60:.0f} min on this machine{gpu_hint(adaptive)}): the validity verdict is "
-                "trustworthy only on a knife-edge, and that many subsets would make it stable.")
-    more = adaptive.get("to_settle") or {}
+    key, why = (("to_stabilise", "the validity verdict is trustworthy only on a knife-edge, and that many subsets "
+                 "would make it stable") if validity.get("verdict") == TRUSTWORTHY else
+                ("to_settle", "the validity interval straddles the bar, and that many subsets would settle it"))
+    more = adaptive.get(key) or {}
     if more.get("subsets"):
         return (f"Rerun with --lds-max-subsets {more['subsets']} ({more['extra_refits']} more re-fits, about "
-                f"{more['seconds'] / 60:.0f} min on this machine{gpu_hint(validity.get('adaptive') or {})}): the "
-                "validity interval straddles the bar, and that many subsets would settle it.")
+                f"{more['seconds'] / 60:.0f} min on this machine{gpu_hint(adaptive)}): {why}.")
     return ""
 
 

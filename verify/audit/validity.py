@@ -83,7 +83,9 @@ from verify.audit.lds import (
     decision_level,
     interval_verdict,
     planned_looks,
+    rerun_cost,
     score_estimators,
+    subsets_for,
     widen,
 )
 from verify.audit.refit import RefitJob, Refitter, labels_of, per_example_loss, refit_adequacy
@@ -164,18 +166,10 @@ def to_settle(s: dict[str, Any], sizes: tuple[int, int, int], repeats: int, last
     if not (np.isfinite(lo) and np.isfinite(hi) and np.isfinite(value)) or not lo < bar <= hi:
         return None
     half, gap = (hi - lo) / 2 / widen(looks), abs(value - bar)  # the 95 % half-width
-    per_refit = last["seconds"] / max(last["refits"], 1)
     if gap <= 0:
         return {"subsets": None,
                 "why": f"the point estimate sits on the bar ({bar:g}): no number of subsets settles it"}
-    need = subsets
-    for _ in range(20):  # the budget sets the looks, the looks the width: iterate to the fixed point
-        again = max(subsets, int(np.ceil(subsets * (half * widen(planned_looks(pilot, need)) / gap) ** 2)))
-        if again == need:
-            break
-        need = again
-    extra = max(0, need - subsets) * repeats
-    return {"subsets": need, "extra_refits": extra, "seconds": extra * per_refit,
+    return {**rerun_cost(subsets_for(half, gap, (subsets, pilot)), subsets, repeats, last),
             "method": "interval half-width ~ 1/sqrt(subsets) from this run's interval, widened for the looks of a "
                       "panel with that budget, the point estimate held; seconds at this run's mean time per LDS "
                       "re-fit"}
@@ -226,18 +220,16 @@ def settle_text(adaptive: dict[str, Any]) -> str:
         return done
     if more.get("subsets") is None:
         return f"{done}; {more['why']}"
-    return (f"{done}; about {more['subsets']} subsets would settle it ({more['extra_refits']} more re-fits, "
-            f"{more['seconds'] / 60:.1f} min on this machine at this run's re-fit time{gpu_hint(adaptive)}; rerun "
-            f"with --lds-max-subsets {more['subsets']})")
+    return f"{done}; {more_text(adaptive, 'to_settle', 'settle it')}"
 
 
-def stabilise_text(adaptive: dict[str, Any]) -> str:
-    """Where a knife-edge verdict read from the interval would be stable with more subsets: how many, at what cost
-    (`verify.audit.verdict_stability.to_stabilise`); '' where that is not known."""
-    more = adaptive.get("to_stabilise")
-    if not more:
+def more_text(adaptive: dict[str, Any], key: str, what: str) -> str:
+    """'about N subsets would <what> (...; rerun with --lds-max-subsets N)' from the adaptive record's projection
+    `key` (`to_settle`, or `to_stabilise` of `verify.audit.verdict_stability`); '' where there is none."""
+    more = adaptive.get(key) or {}
+    if not more.get("subsets"):
         return ""
-    return (f" (about {more['subsets']} subsets would make it stable: {more['extra_refits']} more re-fits, "
+    return (f"about {more['subsets']} subsets would {what} ({more['extra_refits']} more re-fits, "
             f"{more['seconds'] / 60:.1f} min on this machine at this run's re-fit time{gpu_hint(adaptive)}; rerun "
             f"with --lds-max-subsets {more['subsets']})")
 
@@ -364,7 +356,8 @@ def validity_panel(refit: Refitter, data: Tensors, est: Estimates, saved_acc: tu
             adaptive["to_stabilise"] = to_stabilise(scores[lead], (subsets, adaptive["pilot_subsets"],
                                                                    adaptive["looks"]), repeats,
                                                     adaptive["rounds"][-1], verdict)
-            why += f"; the verdict is a knife-edge ({stability['detail']}){stabilise_text(adaptive)}"
+            steady = more_text(adaptive, "to_stabilise", "make it stable")
+            why += f"; the verdict is a knife-edge ({stability['detail']}{'; ' + steady if steady else ''})"
     return {"refit": refit.cfg.describe(), "refit_kind": refit.cfg.kind, "control": gate,
             "subsets": subsets, "fraction": fraction, "left_out": int(r), "repeats": repeats, "lds": scores,
             "lds_seeds": {"design": design.name, "text": design.text},

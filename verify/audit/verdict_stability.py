@@ -37,12 +37,12 @@ from verify.audit.lds import (
     FRACTION_MIN,
     FRAGILE,
     TRUSTWORTHY,
-    _draws_fast,
-    _draws_generic,
     ceiling_from_agreement,
+    draws,
     interval_verdict,
-    planned_looks,
+    rerun_cost,
     score_estimators,
+    subsets_for,
     widen,
 )
 from verify.stability import FRAGILE_AGREEMENT
@@ -69,8 +69,7 @@ def resampled_intervals(pred: np.ndarray, reps: np.ndarray, score: dict[str, Any
     where a resample has no ceiling."""
     k = reps.shape[0]
     rng = np.random.default_rng(seed)
-    finite = np.isfinite(reps).all() and np.isfinite(pred).all()
-    boot, agree = (_draws_fast if finite else _draws_generic)({"lead": pred}, reps, n, rng)
+    boot, agree = draws({"lead": pred}, reps, n, rng)
     ceil = np.array([ceiling_from_agreement(a, k) for a in agree])
     with np.errstate(invalid="ignore", divide="ignore"):
         frac = np.where(ceil > 0, np.asarray(boot["lead"]) / np.where(ceil > 0, ceil, 1.0), np.nan)
@@ -149,15 +148,7 @@ def to_stabilise(score: dict[str, Any], sizes: tuple[int, int, int], repeats: in
         return None
     half = (hi - lo) / 2 / widen(looks)
     extra_z = float(stats.norm.ppf(STABLE_AGREEMENT) / stats.norm.ppf(0.975))
-    need = subsets
-    for _ in range(20):  # the budget sets the looks, the looks the width: iterate to the fixed point
-        again = max(subsets, int(np.ceil(subsets * (half * (widen(planned_looks(pilot, need)) + extra_z) / gap) ** 2)))
-        if again == need:
-            break
-        need = again
-    extra = max(0, need - subsets) * repeats
-    per_refit = last["seconds"] / max(last["refits"], 1)
-    return {"subsets": need, "extra_refits": extra, "seconds": extra * per_refit,
+    return {**rerun_cost(subsets_for(half, gap, (subsets, pilot), extra_z), subsets, repeats, last),
             "method": "interval half-width ~ 1/sqrt(subsets) from this run's interval, widened for the looks of a "
                       f"panel with that budget, plus the normal quantile of {STABLE_AGREEMENT:g}; the point estimate "
                       "held; seconds at this run's mean time per LDS re-fit"}
