@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks import device_image
 from benchmarks.roofline import EpochShape, Rates, epoch_floor, optimiser_passes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -955,6 +956,12 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         print("benchmarks.gpu_check: error: --device cuda but no CUDA device is visible; use --device cpu",
               file=sys.stderr)
+        return 2
+    missing = device_image.missing_carried()
+    if missing:
+        print(f"benchmarks.gpu_check: error: cannot import {', '.join(missing)} (absent on the device image): "
+              "run `python -m benchmarks.device_image wheels` where PyPI is reachable, carry .whl, and start with "
+              "the command `python -m benchmarks.device_image command` prints", file=sys.stderr)
         return 2
     jobs = args.jobs or (2 if args.smoke else max(1, min(8, os.cpu_count() or 1)))
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)) if device == "cuda" else 1)

@@ -1,24 +1,31 @@
 """The prepared device check (`benchmarks.gpu_check`) on the CPU at smoke sizes, so that it cannot rot between the
 rare sessions that are lent a GPU: every section runs and writes its record, a resumed run keeps finished sections,
-a tiny budget skips sections instead of overrunning, and the claims comparison sees a planted difference."""
+a tiny budget skips sections instead of overrunning, and the claims comparison sees a planted difference. Every run
+here sees only the device image's packages (`benchmarks.device_image`: what the lent machine lacks, weasyprint, ray
+and the attribution libraries among them, is absent; pydantic is carried), so a dependency the image lacks fails
+in CI, not in a lent session."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_check
+from benchmarks import device_image, gpu_check
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+def _run(*args: str, timeout: float = 400, block: str = "") -> subprocess.CompletedProcess:
+    """The device check on the CPU with the device image's packages alone (and the modules in `block` absent too)."""
+    env = {**os.environ, **device_image.device_image_env()}
+    env[device_image.BLOCK_ENV] += block
     return subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--smoke", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.slow
@@ -90,6 +97,14 @@ def test_sections_run_in_the_order_given_and_primitives_reuse_an_earlier_engine(
 def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
     res = _run("--resume", str(tmp_path), "--sections", "engine,nonsense", timeout=60)
     assert res.returncode == 2 and "--sections" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_without_the_carried_wheels_it_stops_at_once_and_says_how_to_carry_them(tmp_path: Path) -> None:
+    res = _run("--resume", str(tmp_path), timeout=60, block=",pydantic")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    line = res.stderr.strip().splitlines()[-1]
+    assert "cannot import pydantic" in line and "benchmarks.device_image" in line
+    assert not (tmp_path / "gpu-check.json").exists()
 
 
 def test_compare_claims_sees_a_changed_verdict_and_a_changed_number() -> None:
