@@ -11,6 +11,8 @@ runs with `--no-pdf` and without the library peers.
     python -m benchmarks.device_image prepare    # .whl/ and ./data filled, the size checked, the run printed
     python -m benchmarks.device_image wheels     # only download CARRIED into .whl/ (here, where PyPI is reachable)
     python -m benchmarks.device_image command    # only print the device check's command line
+    python -m benchmarks.device_image rehearse   # the smoke device check in a venv of the image's Python,
+                                                 # torch and numpy (a CPU build of nothing: ~5 GB from PyPI)
 
 What travels to the device is the checkout's tracked and untracked-not-ignored files plus the carried paths, at
 most 64 MiB (`TRAVEL_LIMIT`): the full MNIST and CIFAR-10 files (`./data`, 31 MB) and the wheels (2.6 MB) leave
@@ -79,6 +81,11 @@ CARRIED: dict[str, str] = {
     "typing-inspection": "0.4.2",
     "typing-extensions": "4.16.0",
 }
+
+# The image's versions where its list records them (the device tool's pip list, 2026-11), for `rehearse`; the
+# suite's other needs there unpinned (the image's versions are not recorded).
+IMAGE_PINS: dict[str, str] = {"torch": "2.11.0", "numpy": "2.5.2"}
+REHEARSAL_NEEDS = ("scipy", "sympy", "mpmath", "jinja2", "matplotlib", "pillow", "safetensors", "statsmodels")
 
 # This repository's own top-level packages (run from the checkout on the device, not installed).
 REPO_PACKAGES = frozenset({"ntkm", "theory", "empirics", "verify", "reports", "benchmarks"})
@@ -173,6 +180,27 @@ def travel_bytes() -> dict[str, int]:
     return {**parts, "total": sum(parts.values()), "limit": TRAVEL_LIMIT}
 
 
+def rehearse(python: str, venv: Path, state: Path) -> int:
+    """The smoke device check on this CPU in a venv of the image's Python with its torch and numpy and the carried
+    wheels' versions, so that an incompatibility shows here before a lent session (the device's CUDA aside)."""
+    exe = venv / "bin" / "python"
+    if not exe.is_file():
+        if shutil.which(python) is None and not Path(python).is_file():
+            print(f"benchmarks.device_image: error: no Python {IMAGE_PYTHON} at '{python}'; pass --python PATH",
+                  file=sys.stderr)
+            return 2
+        pins = [f"{k}=={v}" for k, v in {**IMAGE_PINS, **CARRIED}.items()]
+        for step in ([python, "-m", "venv", str(venv)], [str(exe), "-m", "pip", "install", "-q", *pins,
+                                                          *REHEARSAL_NEEDS]):
+            if subprocess.run(step).returncode != 0:
+                print(f"benchmarks.device_image: error: `{' '.join(step[:4])} ...` failed; PyPI must be reachable",
+                      file=sys.stderr)
+                shutil.rmtree(venv, ignore_errors=True)
+                return 1
+    return subprocess.run([str(exe), "-m", "benchmarks.gpu_check", "--device", "cpu", "--smoke", "--resume",
+                           str(state)], cwd=ROOT).returncode
+
+
 def _commit() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
@@ -190,7 +218,14 @@ def main(argv: list[str] | None = None) -> int:
                          help="the full data sets to carry (default: ../shared/data)")
     for p in (command, prepare):
         p.add_argument("--budget-s", type=int, default=420)
+    rehearsal = sub.add_parser("rehearse", help=f"the smoke device check in a venv of Python {IMAGE_PYTHON} with "
+                               "the image's torch and numpy (downloads ~5 GB the first time)")
+    rehearsal.add_argument("--python", default=f"python{IMAGE_PYTHON}", help="a Python %(default)s interpreter")
+    rehearsal.add_argument("--venv", default="/tmp/ntkm-device-venv")
+    rehearsal.add_argument("--resume", default="runs/device-rehearsal", help="the check's state folder")
     args = ap.parse_args(argv)
+    if args.verb == "rehearse":
+        return rehearse(args.python, Path(args.venv), Path(args.resume))
     if args.verb in ("wheels", "prepare"):
         dest = getattr(args, "dest", str(ROOT / WHEEL_DIR))
         if subprocess.run(download_command(dest)).returncode != 0:

@@ -81,3 +81,9 @@ def test_a_device_call_sends_less_than_the_tools_limit() -> None:
     size = di.travel_bytes()
     assert size["total"] == size["tracked"] + size["data"] + size["wheels"]
     assert size["total"] <= di.TRAVEL_LIMIT, {k: round(v / 2**20, 1) for k, v in size.items()}
+
+
+def test_a_rehearsal_without_the_images_python_is_a_one_line_error(tmp_path: Path, capsys) -> None:
+    rc = di.main(["rehearse", "--python", str(tmp_path / "no-python3.12"), "--venv", str(tmp_path / "venv")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--python" in err[0] and not (tmp_path / "venv").exists()
