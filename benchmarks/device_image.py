@@ -180,21 +180,39 @@ def travel_bytes() -> dict[str, int]:
     return {**parts, "total": sum(parts.values()), "limit": TRAVEL_LIMIT}
 
 
-def rehearse(python: str, venv: Path, state: Path) -> int:
+def find_python(python: str | None) -> str | None:
+    """An interpreter of the image's Python version: `python` if given, else `pythonX.Y` on PATH that runs (a pyenv
+    shim may not), else pyenv's install of that version."""
+    pyenv = sorted(map(str, Path.home().glob(f".pyenv/versions/{IMAGE_PYTHON}.*/bin/python3")))
+    found = [python] if python else [f"python{IMAGE_PYTHON}", *pyenv]
+    for exe in found:
+        try:
+            out = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0 and out.stdout.strip() == IMAGE_PYTHON:
+            return exe
+    return None
+
+
+def rehearse(python: str | None, venv: Path, state: Path) -> int:
     """The smoke device check on this CPU in a venv of the image's Python with its torch and numpy and the carried
     wheels' versions, so that an incompatibility shows here before a lent session (the device's CUDA aside)."""
     exe = venv / "bin" / "python"
     if not exe.is_file():
-        if shutil.which(python) is None and not Path(python).is_file():
-            print(f"benchmarks.device_image: error: no Python {IMAGE_PYTHON} at '{python}'; pass --python PATH",
-                  file=sys.stderr)
+        base = find_python(python)
+        if base is None:
+            print(f"benchmarks.device_image: error: no Python {IMAGE_PYTHON} found ({python or 'PATH, ~/.pyenv'}); "
+                  "pass --python PATH", file=sys.stderr)
             return 2
         pins = [f"{k}=={v}" for k, v in {**IMAGE_PINS, **CARRIED}.items()]
-        for step in ([python, "-m", "venv", str(venv)], [str(exe), "-m", "pip", "install", "-q", *pins,
-                                                          *REHEARSAL_NEEDS]):
+        steps = (([base, "-m", "venv", str(venv)], f"{base} could not make a venv at {venv}"),
+                 ([str(exe), "-m", "pip", "install", "-q", *pins, *REHEARSAL_NEEDS],
+                  "pip could not install the image's versions; PyPI must be reachable"))
+        for step, why in steps:
             if subprocess.run(step).returncode != 0:
-                print(f"benchmarks.device_image: error: `{' '.join(step[:4])} ...` failed; PyPI must be reachable",
-                      file=sys.stderr)
+                print(f"benchmarks.device_image: error: {why}", file=sys.stderr)
                 shutil.rmtree(venv, ignore_errors=True)
                 return 1
     return subprocess.run([str(exe), "-m", "benchmarks.gpu_check", "--device", "cpu", "--smoke", "--resume",
@@ -220,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--budget-s", type=int, default=420)
     rehearsal = sub.add_parser("rehearse", help=f"the smoke device check in a venv of Python {IMAGE_PYTHON} with "
                                "the image's torch and numpy (downloads ~5 GB the first time)")
-    rehearsal.add_argument("--python", default=f"python{IMAGE_PYTHON}", help="a Python %(default)s interpreter")
+    rehearsal.add_argument("--python", default=None, help=f"a Python {IMAGE_PYTHON} interpreter (default: "
+                           f"python{IMAGE_PYTHON} on PATH, else pyenv's)")
     rehearsal.add_argument("--venv", default="/tmp/ntkm-device-venv")
     rehearsal.add_argument("--resume", default="runs/device-rehearsal", help="the check's state folder")
     args = ap.parse_args(argv)
