@@ -94,8 +94,8 @@ def test_stacked_refits_equal_one_at_a_time(kind: str):
     path = stacked.describe_path()
     assert path["stacked"] and "vmap" in path["reason"], path
     assert (path["stacked_refits"], path["one_at_a_time_refits"]) == (7, 1) and stacked.count == 8
-    assert loop.describe_path() == {"stacked": False, "reason": "--refit-stack off", "mode": "off",
-                                    "stacked_refits": 0, "one_at_a_time_refits": 8}
+    assert loop.describe_path().items() >= {"stacked": False, "reason": "--refit-stack off", "mode": "off",
+                                            "stacked_refits": 0, "one_at_a_time_refits": 8}.items()
     for g, w in zip(got, want, strict=True):
         for k in ("test", "train"):
             np.testing.assert_allclose(g[k], w[k], rtol=F32_ACCUMULATED, atol=F32_ACCUMULATED)

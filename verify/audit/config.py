@@ -14,7 +14,7 @@ from ntkm.errors import UserInputError
 from verify.audit.budget import REALISTIC_EPS
 from verify.audit.modelio import parse_shape
 from verify.audit.projection import AUTO_DIM
-from verify.audit.refit import STACK_MODES, RefitConfig
+from verify.audit.refit import STACK_MODES, WORKERS_MAX, RefitConfig
 from verify.audit.seeding import SEEDINGS
 
 AUDIT_ATTACKS = ("fgsm", "pgd", "mim")
@@ -136,6 +136,9 @@ class AuditConfig:
         "help": "run re-fits of equal training-set size as one stacked computation (torch.func vmap over copies of "
                 "the parameters) where the model allows it: auto (on CUDA; on the CPU, where it measured slower, "
                 "one at a time), on, off (default: %(default)s)"})
+    refit_workers: int | None = field(default=None, metadata={"metavar": "N",
+        "help": f"worker processes of one torch thread each for the re-fits on the CPU that are not stacked (1: in "
+                f"this process; default: one per core this process may use, at most {WORKERS_MAX})"})
 
     @property
     def subset_budget(self) -> int:
@@ -144,7 +147,7 @@ class AuditConfig:
 
     def refit_config(self) -> RefitConfig:
         return RefitConfig(self.refit_epochs, self.refit_lr, self.refit_batch, self.train_fn, self.refit_stack,
-                           int(self.max_memory_gb * 2**30))
+                           int(self.max_memory_gb * 2**30), self.refit_workers)
 
     def __post_init__(self) -> None:
         if not self.attacks:
@@ -168,6 +171,8 @@ class AuditConfig:
              f"--hessian-points must be >= 2, got {self.hessian_points}"),
             (self.bound_eps > 0, f"--bound-eps must be > 0, got {self.bound_eps}"),
             (self.max_memory_gb > 0, f"--max-memory-gb must be > 0, got {self.max_memory_gb}"),
+            (self.refit_workers is None or 1 <= self.refit_workers <= WORKERS_MAX,
+             f"--refit-workers must be from 1 to {WORKERS_MAX}, got {self.refit_workers}"),
             (set(self.panels) <= set(PANELS), f"--skip takes panels from {', '.join(PANELS)}"),
             (self.lds_subsets >= 3, f"--lds-subsets must be >= 3, got {self.lds_subsets}"),
             (self.ensemble == 0 or self.ensemble >= 2,

@@ -94,7 +94,7 @@ CONFIG = options(
     "refit_epochs", "refit_lr", "refit_batch", "train_fn", "lds_subsets", "lds_max_subsets", "lds_repeats",
     "lds_fraction", "lds_seeds", "ensemble",
     "refit_seeds", Param("peers", parse=_peers),
-    "outcome_targets", "target_test", "poison_fraction", "curve_attack", "device", "refit_stack",
+    "outcome_targets", "target_test", "poison_fraction", "curve_attack", "device", "refit_stack", "refit_workers",
 )
 ACTION, *OUTPUTS = options(AuditCommandOptions, "action", "out", "html", "json", "summary", "attributions", "fail_on",
                           "render")
