@@ -4,6 +4,7 @@ puts the saved weights back as they were, a failing pool falls back and says why
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -80,6 +81,7 @@ def test_pooled_refits_equal_the_refits_of_one_process_bit_for_bit(kind: str):
         for k in w:
             assert np.array_equal(g[k], w[k])
     assert not np.array_equal(got[0]["test"], got[1]["test"])  # other subsets and seeds: other models
+    assert not multiprocessing.active_children()  # the pool ended with the call
     path = pooled.describe_path()
     assert (path["workers"], path["worker_refits"], pooled.count) == (2, 6, 6)
     assert "2 worker processes" in path["workers_reason"]
