@@ -35,10 +35,10 @@ second) does not pay for the large models' loss, so the CPU re-fits one at a tim
 **Worker processes and layout on the CPU** (`--refit-workers N`, default one per core): one-at-a-time warm re-fits
 run in N forked processes of one torch thread each, which take job numbers and send back outputs; each re-fit is the
 one-thread re-fit of one process, bit for bit, and the parent alone answers SIGTERM and Ctrl-C (the pool ends with
-it). Processes, not threads: two torch threads on two cores wait on each other (README step 1's CNN, 16 re-fits of
-900 of 1,000 MNIST images, 5 epochs: 0.62 s per re-fit with 2 threads in one process, 0.49 s in 2 workers). A warm
-re-fit on the CPU also trains the 4-D weights in channels-last layout (`_channels_last`): oneDNN's convolutions and
-max-pooling are faster on it (the same re-fits: 0.94 s -> 0.64 s with one thread; 0.37 s in 2 workers).
+it). A warm re-fit on the CPU also trains the 4-D weights in channels-last layout (`_channels_last`): oneDNN's
+convolutions and max-pooling are faster on it. Measured (`benchmarks.bench_refit_workers`, results/refit-workers.json:
+README step 1's CNN, 16 re-fits of 900 of 1,000 MNIST images, 5 epochs, 2-core AMD EPYC): 0.546 s per re-fit with 2
+threads in one process, 0.927 s with 1 thread, 0.643 s with 1 thread in channels-last, 0.345 s in 2 workers.
 
 The effect of altering the training set is always measured against a **control**: the same kind of
 re-fit, with the same seed, on the unaltered set; so what the optimiser does anyway cancels out.
@@ -278,7 +278,7 @@ class Refitter:
 
     def _channels_last(self) -> list[torch.Tensor]:
         """The 4-D weights a warm re-fit on the CPU trains in channels-last layout: oneDNN's convolutions and
-        max-pooling run faster on it (README step 1's CNN, 1 thread: 0.94 s per re-fit against 0.64 s; equal to
+        max-pooling run faster on it (README step 1's CNN, 1 thread: 0.927 s per re-fit against 0.643 s; equal to
         float32 rounding, tests/verify/test_audit_refit_workers.py); the saved layout is put back after the re-fit."""
         return [p for p in self.params if p.dim() == 4 and p.device.type == "cpu"]
 
