@@ -134,12 +134,23 @@ def test_bad_worker_counts_are_one_line_errors(capsys):
         with pytest.raises(UserInputError, match="--refit-workers must be from 1 to"):
             RefitConfig(workers=bad)
     assert 1 <= refit_mod.default_workers() <= refit_mod.WORKERS_MAX
+
     from verify.cli import main
 
     # the command's one-line error, before any file is read
     assert main(["audit", "--model", "absent.pt2", "--train", "a.npz", "--test", "b.npz", "--refit-workers", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--refit-workers must be from 1 to" in err[0]
+
+
+def test_the_default_worker_count_follows_a_containers_cpu_quota(tmp_path: Path):
+    cpu_max = tmp_path / "cpu.max"
+    cores = len(os.sched_getaffinity(0))
+    cpu_max.write_text("100000 100000\n")  # one CPU's worth of time
+    assert refit_mod.default_workers(cpu_max) == 1
+    cpu_max.write_text("max 100000\n")  # no quota: the cores this process may use
+    assert refit_mod.default_workers(cpu_max) == min(cores, refit_mod.WORKERS_MAX)
+    assert refit_mod.default_workers(tmp_path / "absent") == min(cores, refit_mod.WORKERS_MAX)
 
 
 CHILD = """

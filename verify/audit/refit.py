@@ -89,12 +89,19 @@ STACK_MODES = ("auto", "on", "off")
 WORKERS_MAX = 8
 
 
-def default_workers() -> int:
-    """`--refit-workers` auto: one worker process per core this process may run on (at most `WORKERS_MAX`)."""
+def default_workers(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """`--refit-workers` auto: one worker process per core this process may run on (its CPU affinity, and a
+    container's CPU quota where cgroup v2's `cpu.max` sets one), at most `WORKERS_MAX`."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
     return max(1, min(WORKERS_MAX, cores))
 
 
