@@ -37,7 +37,7 @@ run in N forked processes of one torch thread each, which take job numbers and s
 one-thread re-fit of one process, bit for bit, and the parent alone answers SIGTERM and Ctrl-C (the pool ends with
 it). Python 3.12 warns (a DeprecationWarning) that fork() in a process with threads may deadlock the child when
 another thread holds a lock; the workers run torch on one thread and take no lock of the parent's (3,158 re-fits of
-the 1,720-subset CNN audit and the rehearsal on Python 3.12 ran without one), and `--refit-workers 1` forks
+the 1,720-subset CNN audit, and the audit tests under Python 3.12, ran without one), and `--refit-workers 1` forks
 nothing. A warm re-fit on the CPU also trains the 4-D weights in channels-last layout (`_channels_last`): oneDNN's
 convolutions and max-pooling are faster on it. Measured (`benchmarks.bench_refit_workers`, results/refit-workers.json:
 README step 1's CNN, 16 re-fits of 900 of 1,000 MNIST images, 5 epochs, 2-core AMD EPYC): 0.546 s per re-fit with 2
