@@ -35,6 +35,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.harness import _git_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE_READ = "2026-11-17"
 IMAGE_PYTHON = "3.12"
@@ -219,11 +221,6 @@ def rehearse(python: str | None, venv: Path, state: Path) -> int:
                            str(state)], cwd=ROOT).returncode
 
 
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.device_image", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="verb", required=True)
@@ -269,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"carry: [\"{DATA_DIR}\", \"{WHEEL_DIR}\"]")
     if args.verb in ("command", "prepare"):
-        print(device_command(_commit(), args.budget_s))
+        print(device_command(_git_commit() or "unknown", args.budget_s))
     return 0
 
 

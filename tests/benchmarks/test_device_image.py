@@ -59,15 +59,16 @@ def test_the_carried_wheels_satisfy_the_suite_and_close_pydantics_requirements()
     pyd = next(Requirement(d) for d in deps if Requirement(d).name == "pydantic")
     assert pyd.specifier.contains(di.CARRIED["pydantic"])
     have = di.device_distributions()
+    carried = {di.normalise(k): v for k, v in di.CARRIED.items()}
     for dist in di.CARRIED:  # every requirement of a carried distribution is carried or on the image
+        same_version = importlib.metadata.version(dist) == di.CARRIED[dist]  # then its metadata is the carried one's
         for req in map(Requirement, importlib.metadata.requires(dist) or []):
             if req.marker is not None and not req.marker.evaluate({"python_version": di.IMAGE_PYTHON, "extra": ""}):
                 continue
-            assert di.normalise(req.name) in have, (dist, req)
-            if di.normalise(req.name) in map(di.normalise, di.CARRIED):
-                carried = {di.normalise(k): v for k, v in di.CARRIED.items()}[di.normalise(req.name)]
-                if importlib.metadata.version(dist) == di.CARRIED[dist]:
-                    assert req.specifier.contains(carried), (dist, req, carried)
+            name = di.normalise(req.name)
+            assert name in have, (dist, req)
+            if same_version and name in carried:
+                assert req.specifier.contains(carried[name]), (dist, req, carried[name])
 
 
 def test_the_download_asks_for_the_images_python_and_every_carried_wheel() -> None:

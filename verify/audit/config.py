@@ -171,8 +171,6 @@ class AuditConfig:
              f"--hessian-points must be >= 2, got {self.hessian_points}"),
             (self.bound_eps > 0, f"--bound-eps must be > 0, got {self.bound_eps}"),
             (self.max_memory_gb > 0, f"--max-memory-gb must be > 0, got {self.max_memory_gb}"),
-            (self.refit_workers is None or 1 <= self.refit_workers <= WORKERS_MAX,
-             f"--refit-workers must be from 1 to {WORKERS_MAX}, got {self.refit_workers}"),
             (set(self.panels) <= set(PANELS), f"--skip takes panels from {', '.join(PANELS)}"),
             (self.lds_subsets >= 3, f"--lds-subsets must be >= 3, got {self.lds_subsets}"),
             (self.ensemble == 0 or self.ensemble >= 2,

@@ -271,6 +271,7 @@ class Refitter:
         saved = [p.detach().clone() for p in self.params]
         bufs = self._buffer_state()
         relaid = self._channels_last()
+        relaid_ids = {id(p) for p in relaid}
         try:
             for p in relaid:  # channels-last strides set even where a size-1 dimension makes both layouts valid
                 p.data = torch.empty_like(p, memory_format=torch.channels_last).copy_(p.data)
@@ -280,7 +281,7 @@ class Refitter:
         finally:
             with torch.no_grad():
                 for p, s in zip(self.params, saved, strict=True):
-                    if any(p is q for q in relaid):
+                    if id(p) in relaid_ids:
                         p.data = s  # the saved value in its own layout
                     else:
                         p.copy_(s)
@@ -409,7 +410,7 @@ class Refitter:
     def describe_path(self) -> dict[str, Any]:
         """Which path the re-fits ran (for the record): stacked or one at a time, why, and how many each way."""
         stacked, why = self._stack if self._stack is not None else (False, "no group of re-fits to stack")
-        pooled = self._pool_reason(self.params[0]) if self.params else "no trained tensors"
+        pooled = self._pool_reason(self.params[0].device) if self.params else "no trained tensors"
         return {"stacked": bool(stacked and self.stacked_count > 0), "reason": why, "mode": self.stack_mode,
                 "stacked_refits": self.stacked_count, "one_at_a_time_refits": self.count - self.stacked_count,
                 "workers": self.workers if self.pooled_count else 1, "worker_refits": self.pooled_count,
@@ -443,7 +444,7 @@ class Refitter:
                     for i, out in zip(chunk, outs, strict=True):
                         results[i] = out
         todo = [i for i, out in enumerate(results) if out is None]
-        if len(todo) > 1 and self._pool_reason(jobs[todo[0]].x) is None:
+        if len(todo) > 1 and self._pool_reason(jobs[todo[0]].x.device) is None:
             self._pooled(jobs, todo, results)
         for i in todo:
             if results[i] is None:
@@ -452,15 +453,15 @@ class Refitter:
 
     # --- re-fits in worker processes ----------------------------------------------------------------
 
-    def _pool_reason(self, x: torch.Tensor) -> str | None:
-        """Why one-at-a-time re-fits do not run in worker processes (None: they do)."""
+    def _pool_reason(self, device: torch.device) -> str | None:
+        """Why one-at-a-time re-fits of data on `device` do not run in worker processes (None: they do)."""
         if self._pool_off is not None:
             return self._pool_off
         if self.workers < 2:
             return "--refit-workers 1"
         if self._fn is not None:
             return "your --train-fn runs in this process"
-        if x.device.type != "cpu" or self.params[0].device.type != "cpu":
+        if device.type != "cpu" or self.params[0].device.type != "cpu":
             return "re-fits on a GPU run in this process"
         if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
             return "worker processes are forked, on Linux only"
