@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -32,12 +33,23 @@ NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 OMIT_NONE = "omit_none"
 
 T = TypeVar("T")
+#: Values `encode` returns as they are, by exact type (subclasses such as enum members take the general path).
+_AS_IS = frozenset({str, int, bool, type(None)})
 
 
 def encode(obj: Any) -> Any:
     """`obj` as plain JSON values: dataclasses and mappings as dicts (keys as strings), sequences, numpy and
     torch values as lists and numbers, enum members as their values, paths as strings, NaN / +-inf as "nan" /
     "inf" / "-inf"."""
+    t = type(obj)  # the exact built-in types first (most of a record's values): the same result, sooner
+    if t in _AS_IS:
+        return obj
+    if t is float:
+        return str(obj) if math.isnan(obj) or math.isinf(obj) else obj
+    if t is dict:
+        return {str(k): encode(v) for k, v in obj.items()}
+    if t is list or t is tuple:
+        return [encode(v) for v in obj]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)
                 if not (f.metadata.get(OMIT_NONE) and getattr(obj, f.name) is None)}
@@ -161,16 +173,30 @@ def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
     """
     if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
         raise TypeError(f"{cls!r} is not a dataclass")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    hints, names, required = _schema(cls)
     unknown = set(data) - names
     if unknown:
         raise TypeError(f"{cls.__name__} has no field(s) {', '.join(sorted(unknown))}")
-    missing = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in data
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in data]
     if missing:
         raise TypeError(f"stored {cls.__name__} lacks required field(s) {', '.join(missing)}")
     return cls(**{k: _typed(hints[k], v) for k, v in data.items()})
+
+
+@functools.cache
+def _schema(cls: type) -> tuple[dict[str, Any], frozenset[str], tuple[str, ...]]:
+    """A dataclass's field types, its init field names and the required ones among them (computed once per class:
+    `typing.get_type_hints` was most of a small record's decoding time)."""
+    fs = [f for f in dataclasses.fields(cls) if f.init]
+    required = tuple(f.name for f in fs if f.default is dataclasses.MISSING
+                     and f.default_factory is dataclasses.MISSING)
+    return typing.get_type_hints(cls), frozenset(f.name for f in fs), required
+
+
+@functools.cache
+def _shape(tp: Any) -> tuple[Any, tuple[Any, ...], bool]:
+    """An annotation's origin, arguments and whether it is a dataclass (once per annotation)."""
+    return typing.get_origin(tp), typing.get_args(tp), dataclasses.is_dataclass(tp) and isinstance(tp, type)
 
 
 def type_errors(obj: Any) -> list[str]:
@@ -209,8 +235,10 @@ def _conforms(tp: Any, v: Any) -> bool:
 
 def _typed(tp: Any, v: Any) -> Any:
     """The stored value `v` as annotated type `tp` (unknown annotations: the decoded value as stored)."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
+    try:
+        origin, args, is_record = _shape(tp)
+    except TypeError:  # an annotation that cannot be hashed
+        origin, args, is_record = typing.get_origin(tp), typing.get_args(tp), dataclasses.is_dataclass(tp)
     if origin in (typing.Union, types.UnionType):
         if v is None and type(None) in args:
             return None
@@ -218,7 +246,7 @@ def _typed(tp: Any, v: Any) -> Any:
         return _typed(options[0], v) if len(options) == 1 else decode(v)
     if tp is float:
         return float(NONFINITE.get(v, v)) if isinstance(v, (str, int, float)) and not isinstance(v, bool) else v
-    if dataclasses.is_dataclass(tp) and isinstance(v, Mapping):
+    if is_record and isinstance(v, Mapping):
         return from_dict(tp, v)
     if origin is tuple and isinstance(v, list):
         if len(args) == 2 and args[1] is Ellipsis:

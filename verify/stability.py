@@ -73,6 +73,8 @@ class Layout:
     seeds: Callable[[dict[str, Any]], list[int]]
     resample: Resample
     axis: str = "data seed"
+    #: The record dict as every resample starts from it (work that does not depend on the draw, done once).
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda rec: rec
 
 
 def labels(seeds: Sequence[int], positions: Sequence[int]) -> list[int]:
@@ -175,6 +177,11 @@ def with_examples(run: dict[str, Any]) -> dict[str, Any]:
     return {**run, "measurements": ms}
 
 
+def malleability_prepared(rec: dict[str, Any]) -> dict[str, Any]:
+    """A malleability record whose runs have their per-example flip records (`with_examples`), rebuilt once."""
+    return {**rec, "runs": [with_examples(r) for r in rec["runs"]]}
+
+
 def resample_malleability(rec: dict[str, Any], positions: Sequence[int], labs: Sequence[int]) -> dict[str, Any]:
     """A malleability record (`empirics.experiments.malleability.run_malleability`): the runs of the drawn seeds (every
     model and training) and the summary recomputed by `empirics.experiments.mall_stats.summarise`."""
@@ -251,7 +258,7 @@ def resample_retrain_flip(rec: dict[str, Any], positions: Sequence[int], labs: S
 #: Record class name -> where its seeds are and how to resample them.
 LAYOUTS: dict[str, Layout] = {
     "DistanceRecord": Layout(distance_seeds, resample_distance),
-    "MalleabilityRecord": Layout(malleability_seeds, resample_malleability),
+    "MalleabilityRecord": Layout(malleability_seeds, resample_malleability, prepare=malleability_prepared),
     "LandscapeRecord": Layout(landscape_seeds, resample_landscape),
     "BinaryKappaRecord": Layout(binary_kappa_seeds, resample_binary_kappa),
     "RetrainFlipRecord": Layout(retrain_flip_seeds, resample_retrain_flip, axis="retrain seed"),
@@ -282,6 +289,11 @@ class Axis:
 def _as_dict(payload: Any) -> dict[str, Any]:
     """A unit result as a plain dict with floats (NaN and infinities as numbers, as the producing code saw them)."""
     return decode(payload.to_dict() if isinstance(payload, Record) else encode(payload))
+
+
+def _plain(payload: Any) -> dict[str, Any]:
+    """A resampled unit's plain dict (`_as_dict`) as its layout's resamples start from it (`Layout.prepare`)."""
+    return LAYOUTS[type(payload).__name__].prepare(_as_dict(payload))
 
 
 def axes_of(results: dict[str, Any]) -> tuple[list[Axis], dict[str, str]]:
@@ -316,7 +328,7 @@ def resampled(results: dict[str, Any], axis: Axis, positions: Sequence[int],
     out = dict(results)
     for name in axis.units:
         p = results[name]
-        rec = plain[name] if plain is not None and name in plain else _as_dict(p)
+        rec = plain[name] if plain is not None and name in plain else _plain(p)
         new = LAYOUTS[type(p).__name__].resample(rec, positions, labs)
         out[name] = typed(type(p), new) if isinstance(p, Record) else new
     return out
@@ -439,22 +451,39 @@ def stability(claims: Sequence[Any], results: dict[str, Any], conditions: RunCon
     registry = {id(c) for c in all_claims()}  # a worker rebuilds its claims from the registry: only registered ones
     parallel = RunConditions(pres, protos) if evaluate is None and all(id(c) in registry for c, _ in live) else None
     plan = _Plan(axes, fixed, reads, base, live, out)
-    with _memo_t_quantiles():
+    with _memoised():
         return _stability(claims, results, row_of, plan, resampling, parallel)
 
 
 @contextlib.contextmanager
-def _memo_t_quantiles() -> Iterator[None]:
-    """While resampling, the Student quantile of `empirics.intervals` (a pure function of n and the level, called
-    thousands of times per resample) memoised: the same floats, a fifth less time."""
+def _memoised() -> Iterator[None]:
+    """While resampling, two pure functions called thousands of times per resample memoised (the same floats,
+    sooner): the Student quantile of `empirics.intervals` (of n and the level), and one seed's log-log slope in the
+    distance sweep's slope intervals (of the widths and that seed's values, which a draw does not change)."""
     from empirics import intervals
+    from empirics.experiments import distance
 
-    original = intervals._tq
+    original, slope = intervals._tq, distance.loglog_slope
     intervals._tq = functools.lru_cache(maxsize=None)(original)
+    distance.loglog_slope = _memo_slope(slope)
     try:
         yield
     finally:
-        intervals._tq = original
+        intervals._tq, distance.loglog_slope = original, slope
+
+
+def _memo_slope(slope: Callable[[Sequence[float], Sequence[float]], float]
+                ) -> Callable[[Sequence[float], Sequence[float]], float]:
+    """`slope(widths, values)` memoised on the floats of both (NaN values are compared by their bits)."""
+    memo: dict[tuple[bytes, bytes], float] = {}
+
+    def memoised(widths: Sequence[float], values: Sequence[float]) -> float:
+        key = (np.asarray(widths, float).tobytes(), np.asarray(values, float).tobytes())
+        if key not in memo:
+            memo[key] = slope(widths, values)
+        return memo[key]
+
+    return memoised
 
 
 def _stability(claims: Sequence[Any], results: dict[str, Any],
@@ -462,9 +491,9 @@ def _stability(claims: Sequence[Any], results: dict[str, Any],
                parallel: RunConditions | None = None) -> dict[str, dict[str, Any]]:
     axes, fixed, reads, base, live = plan.axes, plan.fixed, plan.reads, plan.base, plan.live
     out, n = dict(plan.out), resampling.n
-    plain = {u: _as_dict(results[u]) for a in axes for u in a.units}
     # identity: every seed once must reproduce the verdict, or the resampler does not describe the record
     try:
+        plain = {u: _plain(results[u]) for a in axes for u in a.units}
         ident = results
         for a in axes:
             ident = resampled(ident, a, range(len(a.seeds)), plain)
@@ -537,7 +566,7 @@ def _init_worker(ids: list[str], conditions: RunConditions, ctx: Resamples,
 
 def _worker_chunk(draws: list[list[list[int]]]) -> dict[str, Counter[str]]:
     w = _WORKER
-    with _memo_t_quantiles():
+    with _memoised():
         return _count_draws(draws, w["ctx"], w["row_of"], w["ok"])
 
 

@@ -61,6 +61,43 @@ def test_round_trip_preserves_nan_infinity_and_numpy(v):
     assert same(codec.loads(codec.dumps(v)), plain(v))
 
 
+class _Dict(dict):
+    pass
+
+
+class _List(list):
+    pass
+
+
+class _Float(float):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+def subclassed(v):
+    """`v` with every dict, list, tuple, float and int replaced by a subclass of it: `encode` takes its general
+    path (isinstance checks) for these instead of its fast path by exact type."""
+    if isinstance(v, dict):
+        return _Dict({k: subclassed(x) for k, x in v.items()})
+    if isinstance(v, (list, tuple)):
+        return _List(subclassed(x) for x in v)
+    if type(v) is float:
+        return _Float(v)
+    if type(v) is int:
+        return _Int(v)
+    return v
+
+
+@settings(max_examples=200, deadline=None)
+@given(values)
+def test_encode_by_exact_type_gives_what_the_general_path_gives(v):
+    """The fast path (exact built-in types) against the general one (the same values as subclasses)."""
+    assert json.dumps(codec.encode(v)) == json.dumps(codec.encode(subclassed(v)))
+
+
 def test_non_finite_numbers_are_stored_as_the_strings_of_todays_records():
     text = codec.dumps({"a": float("nan"), "b": [np.inf, -np.inf], "c": np.float64("nan")})
     assert json.loads(text) == {"a": "nan", "b": ["inf", "-inf"], "c": "nan"}

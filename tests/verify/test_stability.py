@@ -159,3 +159,29 @@ def test_the_bootstrap_in_worker_processes_counts_what_one_process_counts(monkey
     serial = S.from_record(record, n=2 * S.CHUNK, only=only)
     assert parallel == serial
     assert all(parallel[c]["resamples"] == 2 * S.CHUNK for c in only)
+
+
+def test_the_memoised_slope_is_the_slope_and_keys_on_every_value() -> None:
+    from empirics.intervals import loglog_slope
+
+    memo = S._memo_slope(loglog_slope)
+    w = [16, 64, 256, 1024]
+    for v in ([1.0, 0.5, 0.3, 0.1], [1.0, float("nan"), 0.3, 0.1], [1.0, 0.5, 0.3, 0.2], [2.0, 0.5, 0.3, 0.1]):
+        assert memo(w, v) == loglog_slope(w, v)
+        assert memo(w, np.array(v)) == loglog_slope(w, v)  # a hit gives the same float
+    assert memo(w[:2], [1.0, 0.5]) == loglog_slope(w[:2], [1.0, 0.5])
+
+
+def test_the_bootstrap_with_its_memos_counts_what_it_counts_without(monkeypatch) -> None:
+    """The memoised slope and prepared malleability records (`Layout.prepare`) against the plain functions, on the
+    real quick run's claims that read distance slopes and malleability summaries."""
+    import os
+
+    record = json.loads(QUICK.read_text())
+    only = ["ntk-contrast-cifar10", "adversarial-intervention"]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    fast = S.from_record(record, n=S.CHUNK, only=only)
+    monkeypatch.setattr(S, "_memo_slope", lambda f: f)
+    layout = S.LAYOUTS["MalleabilityRecord"]
+    monkeypatch.setitem(S.LAYOUTS, "MalleabilityRecord", S.Layout(layout.seeds, layout.resample, layout.axis))
+    assert S.from_record(record, n=S.CHUNK, only=only) == fast
