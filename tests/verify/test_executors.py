@@ -111,7 +111,7 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("address, needle", [
     (f"127.0.0.1:{_closed_port()}", "unreachable"),
     ("no-port-here", "is not HOST:PORT"),
-])
+], ids=["closed-port", "no-port"])  # ids that do not name the port: every xdist worker collects the same tests
 def test_bad_ray_address_is_one_line(address, needle, tmp_path, capsys):
     t0 = time.monotonic()
     rc = main(["claims", "--preset", "smoke", "--only", "thm4.1", "--out", str(tmp_path / "o"), "--executor", "ray",
