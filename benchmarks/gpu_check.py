@@ -21,9 +21,9 @@ Sections, in the default order of what they are worth:
    `empirics.nets.engine.train_many`) and of 100 networks at the widest width; the ratio of a stacked epoch to one
    network's epoch, networks x epochs per second, the achieved FLOP/s against a measured GEMM rate, and the
    agreement of the stack with the loop (weights, epochs) on a short training of the same networks; the sweep again
-   with each of the engine's options (`ENGINE_VARIANTS`: fused Adam, TF32) and its distance from the default's
-   weights; and each stacked epoch's floor (`benchmarks.roofline`: products at the GEMM rate plus the optimiser's
-   traffic at the measured copy bandwidth), which says whether the 3x target is attainable at all.
+   with each of the engine's options (`ENGINE_VARIANTS`: CUDA graphs, fused Adam, TF32) and its distance from the
+   default's weights; and each stacked epoch's floor (`benchmarks.roofline`: products at the GEMM rate plus the
+   optimiser's traffic at the measured copy bandwidth), which says whether the 3x target is attainable at all.
 3. `primitives`: the device's prices for the cost model (`verify.costs.Analytic` constants: seconds per
    optimiser step of a stack, per multiply-add, per kernel entry, per solve and eigendecomposition flop), fitted
    from the engine section and a timed empirical NTK; with them the paper and gpu presets' estimated time.
@@ -221,13 +221,13 @@ def _profile(run: Callable[[], None], device: str) -> dict[str, Any]:
 
 
 def _stacked_epochs(build: Callable[[int], list[tuple]], device: str, epochs: int,
-                    fused_adam: bool = False) -> tuple[dict[str, Any], list[tuple]]:
+                    fused_adam: bool = False, capture: bool = False) -> tuple[dict[str, Any], list[tuple]]:
     """One `train_many` of the jobs `build(epochs)` returns, its epochs timed inside the engine (`on_epoch`, the
     device synchronised at each): per stack the median of its epoch-to-epoch intervals (epoch 1, which pays the
     stack's first launches, and the building and finishing of the stacks are left out; a median also leaves out a
     loss-check epoch), and their sum, the sweep's epoch. The building of the jobs and the whole training are timed
     too, so that a slow setup shows apart from the epochs. Also the trained jobs (their weights are compared across
-    the engine's variants). `fused_adam`: the engine's option of that name."""
+    the engine's variants). `fused_adam`, `capture`: the engine's options of those names."""
     from empirics.nets.engine import train_many
 
     t0 = time.perf_counter()
@@ -239,7 +239,7 @@ def _stacked_epochs(build: Callable[[int], list[tuple]], device: str, epochs: in
     def clock(epoch: int) -> None:
         _sync(device)
         marks.append((epoch, time.perf_counter()))
-    train_many(jobs, label="timed stack", on_epoch=clock, fused_adam=fused_adam)
+    train_many(jobs, label="timed stack", on_epoch=clock, fused_adam=fused_adam, capture=capture)
     _sync(device)
     t2 = time.perf_counter()
     stacks: list[list[float]] = []
@@ -257,10 +257,14 @@ def _stacked_epochs(build: Callable[[int], list[tuple]], device: str, epochs: in
 #: of the sweep's 100 networks at most 3x one network's): torch's fused Adam kernel (one pass over W, its gradient
 #: and moments instead of about eight; `empirics.nets.engine._update_fused`) and TF32 products (CUDA only;
 #: `empirics.precision`), alone and together. The claims train with neither; these say what each would buy and how
-#: far it moves the trained weights, so that a later change of the default is made on a measurement.
-ENGINE_VARIANTS: dict[str, dict[str, Any]] = {"fused_adam": {"fused_adam": True, "float32": "ieee"},
-                                              "tf32": {"fused_adam": False, "float32": "tf32"},
-                                              "fused_adam+tf32": {"fused_adam": True, "float32": "tf32"}}
+#: far it moves the trained weights, so that a later change of the default is made on a measurement. "graphs": each
+#: epoch of a stack captured once as a CUDA graph and replayed (`train_many(..., capture=True)`; one launch per epoch
+#: instead of ~25 per optimiser step; off the GPU the same program runs uncaptured, bit-equal to the default).
+ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
+    "graphs": {"fused_adam": False, "float32": "ieee", "capture": True},
+    "fused_adam": {"fused_adam": True, "float32": "ieee", "capture": False},
+    "tf32": {"fused_adam": False, "float32": "tf32", "capture": False},
+    "fused_adam+tf32": {"fused_adam": True, "float32": "tf32", "capture": False}}
 
 
 def _max_rel_difference(jobs: list[tuple], reference: dict[int, torch.Tensor]) -> float:
@@ -286,11 +290,18 @@ def _engine_variants(build: Callable[[int], list[tuple]], device: str, epochs: i
         if budget.left() < 15:
             out[name] = {"status": "skipped: budget"}
             continue
-        with float32_scope(opts["float32"]):
-            timed, jobs = _stacked_epochs(build, device, epochs, fused_adam=opts["fused_adam"])
-        out[name] = {**opts, "epoch_s": timed["epoch_s"], "stack_epoch_s": timed["stack_epoch_s"],
+        try:
+            with float32_scope(opts["float32"]):
+                timed, jobs = _stacked_epochs(build, device, epochs, fused_adam=opts["fused_adam"],
+                                              capture=opts["capture"])
+        except Exception as exc:  # noqa: BLE001 - a variant that fails is recorded, the section goes on
+            out[name] = {**opts, "status": f"failed: {type(exc).__name__}: {str(exc)[:300]}"}
+            _log(f"engine variant {name} failed: {type(exc).__name__}: {exc}")
+            continue
+        out[name] = {**opts, "status": "ok", "epoch_s": timed["epoch_s"], "stack_epoch_s": timed["stack_epoch_s"],
                      "ratio_to_one_network": timed["epoch_s"] / one_epoch_s,
-                     "max_rel_weight_difference_to_default": _max_rel_difference(jobs, reference)}
+                     "max_rel_weight_difference_to_default": _max_rel_difference(jobs, reference),
+                     **({"captured": device.startswith("cuda")} if opts["capture"] else {})}
         del jobs
         _log(f"engine variant {name}: {timed['epoch_s']:.3f} s per epoch, weights within "
              f"{out[name]['max_rel_weight_difference_to_default']:.1e} of the default engine's")
@@ -826,7 +837,7 @@ def markdown(rec: dict[str, Any]) -> str:
                                 f"{'-' if ratio is None else f'{ratio:.2f}'} | {'-' if diff is None else f'{diff:.1e}'}"
                                 f" | {v.get('status', 'ok')} |")
         if variants:
-            lines += ["", "Engine options on the sweep (the claims use neither):", "",
+            lines += ["", "Engine options on the sweep (the claims use none of them):", "",
                       "| d | option | stacked sweep epoch | ratio | weights vs default (max rel.) | status |",
                       "|---|---|---|---|---|---|", *variants]
         ag = eng.get("agreement", {})

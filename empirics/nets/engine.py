@@ -43,6 +43,12 @@ stacks; a padded width-8 network within 2e-7 of max |W| after 20 epochs. The hea
 first n_j outputs with its own `head` to float32 rounding (`PAD_HEAD_TOL` of the sum of the terms' magnitudes)
 instead of bit for bit. Unpadded stacking (`pad=False`, the default on a CPU) is the exact grouping above.
 
+Captured epochs (`train_many(..., capture=True)`, issue 39 item 2): each epoch of a stack runs as one
+`_EpochProgram` over buffers that stay in place, captured once as a CUDA graph on CUDA and replayed every epoch (one
+launch instead of some 25 per optimiser step); off CUDA the same program runs uncaptured, bit-equal to the step loop
+(measured on torch 2.13 CPU, padded or not, Adam and GD, plateau stops). Off by default until a device check has
+measured its speed and agreement on a GPU (`benchmarks.gpu_check`, engine variant "graphs").
+
 Anything else runs through `train` unchanged: models that are not exactly `TwoLayerNet` (the trainable-attention
 `qkv`), adversarial training, and any `TrainConfig` whose fields are not all on the explicit whitelist below (a field
 added to `TrainConfig` later makes the engine fall back instead of silently ignoring it).
@@ -322,9 +328,10 @@ def _reproduces_heads(st: _Stack, out: torch.Tensor) -> bool:
 
 
 def _train_group(nets: list[_Net], label: str, fused_adam: bool = False, padded: bool = False,
-                 on_epoch: Callable[[int], None] | None = None) -> bool:
+                 on_epoch: Callable[[int], None] | None = None, capture: bool = False) -> bool:
     """Train the networks of one group together (see the module docstring); records are filled in place;
-    `on_epoch(epoch)` is called after each epoch (a benchmark's clock).
+    `on_epoch(epoch)` is called after each epoch (a benchmark's clock); `capture`: each epoch's steps run as one
+    `_EpochProgram` (a CUDA graph on CUDA), rebuilt when networks leave the stack.
 
     False (nothing trained) when the stacked head does not reproduce each model's own `head` (exactly; padded, to
     float32 rounding): the model computes something the engine does not implement."""
@@ -335,6 +342,7 @@ def _train_group(nets: list[_Net], label: str, fused_adam: bool = False, padded:
     n = st.F.shape[1]  # padded: the largest n of the stack
     batch = cfg0.batch_size if cfg0.optimizer == "adam" else n
     every, step = _every(cfg0), 0
+    program: _EpochProgram | None = None
     with torch.no_grad():
         out = st.head(st.F)
         if not _reproduces_heads(st, out):
@@ -350,21 +358,18 @@ def _train_group(nets: list[_Net], label: str, fused_adam: bool = False, padded:
                 perms = perms.to(st.W.device)
             else:
                 perms = torch.stack([torch.randperm(n, generator=net.gen) for net in st.nets]).to(st.W.device)
-            k = len(st.nets)
-            flat_f = st.F.view(k * n, -1)
-            offsets = torch.arange(k, device=st.W.device)[:, None] * n
-            for i in range(0, n, batch):
-                idx = perms[:, i:i + batch]
-                xb = flat_f.index_select(0, (idx + offsets).flatten()).view(k, idx.shape[1], -1)
-                yb = st.Y.gather(1, idx)
-                h = torch.bmm(xb, st.W.mT)
-                out = torch.bmm(torch.relu(h), st.A) / st.scale
-                # the backward pass of `TwoLayerNet.head` as autograd computes it for each network
-                weights = None if st.rw is None else st.rw[:, i:i + batch]
-                g_h = torch.bmm(_loss_grad(per_ex, out, yb, weights) / st.scale, st.A.mT).where(h > 0, 0.0)
-                grad = torch.bmm(g_h.mT, xb)
-                step += 1
-                (_update_fused if fused_adam and cfg0.optimizer == "adam" else _update)(st, grad, step)
+            if capture:
+                program = program or _EpochProgram(st, per_ex, batch)
+                program.run(perms, step + 1)
+                step += len(program.starts)
+            else:
+                k = len(st.nets)
+                flat_f = st.F.view(k * n, -1)
+                offsets = torch.arange(k, device=st.W.device)[:, None] * n
+                for i in range(0, n, batch):
+                    grad = _batch_gradient(st, per_ex, flat_f, perms[:, i:i + batch], offsets, i)
+                    step += 1
+                    (_update_fused if fused_adam and cfg0.optimizer == "adam" else _update)(st, grad, step)
             last = epoch == cfg0.epochs
             for net in st.nets:
                 net.rec.epochs_run = epoch
@@ -397,10 +402,113 @@ def _train_group(nets: list[_Net], label: str, fused_adam: bool = False, padded:
                 on_epoch(epoch)
             if done:  # the networks left have all taken `step` steps, so they share Adam's bias correction
                 st.drop(done)
+                program = None  # its buffers were the stack's before the drop
             if not st.nets:
                 break
         st.drop(list(range(len(st.nets))))
     return True
+
+
+def _batch_gradient(st: _Stack, per_ex: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], flat_f: torch.Tensor,
+                    idx: torch.Tensor, offsets: torch.Tensor, start: int) -> torch.Tensor:
+    """The (S, m, d) gradient of each network's mean loss over its batch `idx` (S, b) (positions `start` onward of
+    its epoch's permutation): the stacked head and, written out, the backward pass of `TwoLayerNet.head` as autograd
+    computes it for each network."""
+    k = idx.shape[0]
+    xb = flat_f.index_select(0, (idx + offsets).flatten()).view(k, idx.shape[1], -1)
+    yb = st.Y.gather(1, idx)
+    h = torch.bmm(xb, st.W.mT)
+    out = torch.bmm(torch.relu(h), st.A) / st.scale
+    weights = None if st.rw is None else st.rw[:, start:start + idx.shape[1]]
+    g_h = torch.bmm(_loss_grad(per_ex, out, yb, weights) / st.scale, st.A.mT).where(h > 0, 0.0)
+    return torch.bmm(g_h.mT, xb)
+
+
+class _EpochProgram:
+    """One epoch of a stack's optimiser steps as one program over fixed buffers (issue 39 item 2).
+
+    Eagerly, a step dispatches some 25 small kernels, so on a GPU an epoch of a stack costs about 1.5 ms per step
+    whatever its arithmetic (launch-bound). The program reads only buffers that stay in place (the stack's tensors,
+    the epoch's permutations, the Adam bias corrections of its steps, the learning rates) so that on CUDA it is
+    captured once as a CUDA graph (`torch.cuda.CUDAGraph`) and each epoch is one replay after its permutations and
+    bias corrections are copied in. Elsewhere the same program runs eagerly (what the CPU tests compare with the
+    loop). The Adam step is `_update_padded`'s, with its step-dependent scalars read from the buffers: the bias
+    correction `1 - beta1^t` in float64 (as `_update_padded` makes it), `sqrt(1 - beta2^t)` rounded to W's dtype.
+    Capture first runs the program once on a side stream (warm-up, as torch asks) with the stack's weights and
+    moments saved and put back after, then records it; networks leaving the stack end the program (rebuilt on the
+    new stack). Fused Adam is not captured (its step counter lives in its own kernel's arguments)."""
+
+    def __init__(self, st: _Stack, per_ex: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], batch: int):
+        dev, k, n = st.W.device, len(st.nets), st.F.shape[1]
+        self.st, self.per_ex, self.batch = st, per_ex, batch
+        self.starts = list(range(0, n, batch))
+        self.perm = torch.zeros(k, n, dtype=torch.long, device=dev)
+        self.bias1 = torch.ones(len(self.starts), dtype=torch.float64, device=dev)
+        self.bias2 = torch.ones(len(self.starts), dtype=st.W.dtype, device=dev)
+        self.lr = st.lr if st.lr is not None else torch.tensor([net.lr for net in st.nets], dtype=torch.float64,
+                                                                 device=dev)
+        self.offsets = torch.arange(k, device=dev)[:, None] * n
+        self.adam = st.nets[0].cfg.optimizer == "adam"
+        self.graph: Any = None
+        self.captured = dev.type == "cuda"
+
+    def _body(self) -> None:
+        st = self.st
+        flat_f = st.F.view(self.perm.shape[0] * self.perm.shape[1], -1)
+        for j, i in enumerate(self.starts):
+            grad = _batch_gradient(st, self.per_ex, flat_f, self.perm[:, i:i + self.batch], self.offsets, i)
+            if self.adam:
+                _adam_step(st, grad, self.lr, self.bias1[j], self.bias2[j])
+            else:
+                _update(st, grad, 0)  # full-batch GD: no step-dependent scalar
+
+    def _capture(self) -> None:
+        import torch.cuda
+
+        st = self.st
+        saved = [t.clone() for t in (st.W, st.m1, st.m2)]
+        side = torch.cuda.Stream(device=st.W.device)
+        side.wait_stream(torch.cuda.current_stream(st.W.device))
+        with torch.cuda.stream(side):
+            self._body()
+        torch.cuda.current_stream(st.W.device).wait_stream(side)
+        for t, kept in zip((st.W, st.m1, st.m2), saved, strict=True):
+            t.copy_(kept)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._body()
+        self.graph = graph
+
+    def run(self, perms: torch.Tensor, first_step: int) -> None:
+        """One epoch: the networks' permutations `perms` (S, n) and the steps `first_step` onward."""
+        self.perm.copy_(perms)
+        steps = range(first_step, first_step + len(self.starts))
+        dev = self.bias1.device
+        self.bias1.copy_(torch.tensor([1 - BETA1**t for t in steps], dtype=torch.float64, device=dev))
+        self.bias2.copy_(torch.tensor([(1 - BETA2**t) ** 0.5 for t in steps], dtype=torch.float64, device=dev))
+        if not self.captured:
+            self._body()
+            return
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+
+
+def _adam_step(st: _Stack, grad: torch.Tensor, lr: torch.Tensor, bias1: torch.Tensor, bias2: torch.Tensor) -> None:
+    """`_update_padded`'s Adam / AdamW step with the learning rates `lr` (S,) and the bias corrections as tensors
+    (`bias1` = 1 - beta1^t in float64, `bias2` = sqrt(1 - beta2^t) in W's dtype): nothing in it depends on a Python
+    number that changes from step to step, so a captured program replays it."""
+    cfg = st.nets[0].cfg
+    if cfg.weight_decay != 0:
+        if cfg.decay == "decoupled":
+            st.W.mul_(st.decay if st.decay is not None else 1 - st.nets[0].lr * cfg.weight_decay)
+        else:
+            grad = grad.add(st.W, alpha=cfg.weight_decay)
+    st.m1.lerp_(grad, 1 - BETA1)
+    st.m2.mul_(BETA2).addcmul_(grad, grad, value=1 - BETA2)
+    step_size = (lr / bias1).neg_().to(st.W.dtype).view(-1, 1, 1)
+    denom = (st.m2.sqrt() / bias2).add_(EPS)
+    st.W.addcdiv_(st.m1 * step_size, denom)
 
 
 def _update(st: _Stack, grad: torch.Tensor, step: int) -> None:
@@ -550,7 +658,8 @@ def stack_plan(jobs: Sequence[Sequence[Any]], pad: bool | None = None) -> list[l
 
 
 def train_many(jobs: Sequence[Sequence[Any]], label: str = "engine", fused_adam: bool = False,
-               pad: bool | None = None, on_epoch: Callable[[int], None] | None = None) -> list[TrainRecord]:
+               pad: bool | None = None, on_epoch: Callable[[int], None] | None = None,
+               capture: bool = False) -> list[TrainRecord]:
     """Train every job (`Job`, label optional; `empirics.nets.train.train_job`) in place; the records in order.
 
     Supported jobs are grouped and trained stacked; the rest go through `train` one by one. A record's `wall_s` is
@@ -559,8 +668,13 @@ def train_many(jobs: Sequence[Sequence[Any]], label: str = "engine", fused_adam:
     `pad`: stack networks of different widths and n zero-padded (module docstring; equal to the loop to float32
     rounding); None pads on CUDA only, so a CPU run is the exact grouping (bit-equal to the loop, measured).
     `on_epoch(epoch)`: called after every epoch of every stack (not for the jobs that fall back), e.g. to time
-    the stacked epochs apart from building and finishing the stacks.
+    the stacked epochs apart from building and finishing the stacks. `capture`: each epoch of a stack runs as one
+    `_EpochProgram`, captured as a CUDA graph on CUDA (one launch per epoch instead of ~25 per step; equal to the
+    loop to float32 rounding, measured on the CPU, where the program runs uncaptured); not with `fused_adam`. Off by
+    default until a device check has measured what it buys (`benchmarks.gpu_check`'s engine variant "graphs").
     """
+    if capture and fused_adam:
+        raise ValueError("capture and fused_adam cannot be combined: the fused kernel's step counter is not captured")
     records: list[TrainRecord | None] = [None] * len(jobs)
     fallback = {i for i, _ in fallbacks(jobs)}
     for i in sorted(fallback):
@@ -571,7 +685,7 @@ def train_many(jobs: Sequence[Sequence[Any]], label: str = "engine", fused_adam:
         t0 = time.perf_counter()
         widths = sorted({net.width for net in chunk})
         m = f"{widths[0]}" if len(widths) == 1 else f"{widths[0]}..{widths[-1]}"
-        if not _train_group(chunk, f"{label} {len(chunk)} x m={m}", fused_adam, padded, on_epoch):
+        if not _train_group(chunk, f"{label} {len(chunk)} x m={m}", fused_adam, padded, on_epoch, capture):
             for net in chunk:
                 records[net.index] = train_job(jobs[net.index])
             continue

@@ -49,6 +49,9 @@ def test_smoke_run_on_the_cpu_writes_every_section_and_resumes(tmp_path: Path) -
     assert variants["fused_adam"]["epoch_s"] > 0
     assert 0 < variants["fused_adam"]["max_rel_weight_difference_to_default"] <= gpu_check.FLOAT32_TOLERANCE
     assert variants["tf32"]["status"] == variants["fused_adam+tf32"]["status"] == "skipped: TF32 is a CUDA mode"
+    graphs = variants["graphs"]  # off CUDA the epoch program runs uncaptured: bit-equal to the default engine
+    assert graphs["status"] == "ok" and graphs["captured"] is False
+    assert graphs["max_rel_weight_difference_to_default"] == 0.0
     consts = rec["sections"]["primitives"]["result"]["constants"]
     assert all(consts[k] >= 0 for k in ("step", "flop", "kernel", "solve", "eig"))
     agr = rec["sections"]["agreement"]["result"]["comparison"]

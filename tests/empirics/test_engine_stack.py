@@ -238,3 +238,57 @@ def test_the_epoch_clock_sees_every_epoch_of_every_stack_and_changes_nothing():
     again = train_many(plain, pad=True)
     assert [r.train_loss for r in recs] == [r.train_loss for r in again]
     assert all(torch.equal(a[0].W, b[0].W) for a, b in zip(jobs, plain, strict=True))
+
+
+@pytest.mark.parametrize("pad", [False, True])
+@pytest.mark.parametrize("decay", ["coupled", "decoupled"])
+@pytest.mark.parametrize("optimizer", ["adam", "gd"])
+def test_the_epoch_program_equals_the_step_loop_bit_for_bit(optimizer, decay, pad):
+    """`capture=True` runs each epoch as one `_EpochProgram` (its Adam bias corrections read from buffers; on CUDA a
+    CUDA graph, here run as it is): bit-equal to the engine's step loop, padded or not, with weight decay of either
+    kind and plateau stops (networks leaving the stack rebuild the program), and leave-one-out stacks."""
+    cfg = _cfg(optimizer, decay=decay, weight_decay=0.01, plateau=True)
+    built = []
+    real = engine._EpochProgram
+
+    def counted(*a):
+        built.append(1)
+        return real(*a)
+
+    for jobs in (_width_jobs(cfg), _loo_jobs(_cfg(optimizer, epochs=6, plateau=True))):
+        eager, programmed = _copy(jobs), _copy(jobs)
+        a = train_many(eager, pad=pad)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(engine, "_EpochProgram", counted)
+            b = train_many(programmed, pad=pad, capture=True)
+        assert all(torch.equal(x[0].W, y[0].W) for x, y in zip(eager, programmed, strict=True))
+        assert [(r.epochs_run, r.train_loss, r.test_acc) for r in a] == [(r.epochs_run, r.train_loss, r.test_acc)
+                                                                         for r in b]
+    stacks = len(stack_plan(_width_jobs(cfg), pad=pad)) + len(stack_plan(_loo_jobs(cfg), pad=pad))
+    assert len(built) > stacks  # rebuilt after plateau stops
+
+
+def test_capture_with_fused_adam_is_refused():
+    with pytest.raises(ValueError, match="capture and fused_adam"):
+        train_many(_width_jobs(_cfg(epochs=1), seeds=(0,)), capture=True, fused_adam=True)
+
+
+def test_the_epoch_program_runs_where_its_stack_is():
+    """The program's buffers and every operation of its epoch on torch's `meta` device (which refuses to combine with
+    a CPU tensor, as CUDA does, and as a CUDA graph capture would fail): device discipline of the captured path."""
+    meta = torch.device("meta")
+    jobs = _width_jobs(_cfg(epochs=1), widths=(16, 64), seeds=(0,))
+    nets = [engine._prepare(i, j) for i, j in enumerate(jobs)]
+    for padded in (False, True):
+        group = nets if padded else [nets[0], nets[2]]
+        st = engine._Stack(group, padded)
+        for name in (*engine._Stack.PER_NET, "m1", "m2"):
+            t = getattr(st, name)
+            if isinstance(t, torch.Tensor):
+                setattr(st, name, torch.empty_like(t, device=meta))
+        if not padded:
+            st.scale = group[0].model.spec.width ** 0.5
+        program = engine._EpochProgram(st, engine.loss_fn(C), 32)
+        assert {t.device for t in (program.perm, program.bias1, program.bias2, program.lr, program.offsets)} == {meta}
+        program.run(torch.zeros(len(group), N, dtype=torch.long, device=meta), 1)
+        assert st.W.device == meta
