@@ -528,6 +528,14 @@ def test_risk_level_is_issued_only_for_a_model_above_chance_with_trustworthy_inf
                   "adaptive": {"to_settle": {"subsets": 130, "extra_refits": 164, "seconds": 600.0}}}
     s = assess_risk(user, False, 0.3, ok, straddling)
     assert s["advice"][0].startswith("Rerun with --lds-max-subsets 130 (164 more re-fits, about 10 min")
+    odds = [{"share": 0.5, "subsets": 90, "extra_refits": 84, "seconds": 300.0},
+            {"share": 0.8, "subsets": 400, "extra_refits": 704, "seconds": 2580.0}]
+    with_odds = {**straddling, "adaptive": {"to_settle": {**straddling["adaptive"]["to_settle"], "odds": odds}}}
+    step = assess_risk(user, False, 0.3, ok, with_odds)["next_step"]  # the budget that settles 4 in 5 outcomes
+    assert step.startswith("Rerun with --lds-max-subsets 400 (up to 704 more re-fits, about 43 min")
+    assert "alone 130" in step
+    on_bar = {**straddling, "adaptive": {"to_settle": {"subsets": None, "why": "on the bar", "odds": odds}}}
+    assert "--lds-max-subsets 400" in assess_risk(user, False, 0.3, ok, on_bar)["next_step"]
     no_control = {**_fragile(0.05, 0.20), "control": {"passed": False, "reason": "test accuracy fell"}}
     assert "--train-fn" in assess_risk(user, False, 0.3, ok, no_control)["advice"][0]
     assert assess_risk(user, False, 0.3, ok, VALID)["next_step"] == ""

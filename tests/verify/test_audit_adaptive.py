@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from verify.audit.lds import decision_level, planned_looks, score_estimators, widen
+from verify.audit.lds import decision_level, planned_looks, score_estimators, subsets_for, widen
 from verify.audit.validity import (
     BUDGET,
     CLEARS,
@@ -20,7 +20,9 @@ from verify.audit.validity import (
     _verdict,
     adaptive_lds,
     adaptive_step,
+    settle_odds,
     settle_text,
+    to_settle,
 )
 
 N, T, REPEATS, LEFT_OUT = 200, 30, 2, 20
@@ -77,6 +79,35 @@ def test_a_straddling_case_spends_its_budget_and_is_inconclusive():
     assert f"--lds-max-subsets {more['subsets']}" in text
     assert "on a GPU not measured here: --device cuda" in text  # the device unknown: re-fits on the host
     assert "GPU" not in settle_text({**ad, "device": "cuda"})  # on a GPU, "this machine" is the GPU
+    odds = {o["share"]: o["subsets"] for o in more["odds"]}
+    assert 24 <= odds[0.5] <= odds[0.8] and f"4 in 5 by about {odds[0.8]} subsets" in text
+
+
+@pytest.mark.parametrize("value", [0.5, 0.53, 0.62])
+def test_the_odds_of_settling_are_the_share_of_simulated_truths_that_settle(value):
+    """`settle_odds` (a folded-normal quantile) against a simulation: true fractions drawn about the point estimate
+    with the interval's standard error, each settling at `subsets_for` its own distance to the bar; the share of
+    draws settled by the reported subsets is the reported share."""
+    half, sizes, last = 0.2, (48, 24), {"seconds": 10.0, "refits": 96}
+    got = settle_odds(half, value, FRACTION_MIN, sizes, 2, last)
+    truths = np.random.default_rng(1).normal(value, half / stats.norm.ppf(0.975), 4000)
+    needs = np.array([subsets_for(half, abs(t - FRACTION_MIN), sizes) if t != FRACTION_MIN else np.inf
+                      for t in truths])
+    for o in got:
+        assert o["share"] - 0.03 <= float(np.mean(needs <= o["subsets"])) <= o["share"] + 0.03, (o, value)
+        assert o["extra_refits"] == (o["subsets"] - 48) * 2
+        assert o["seconds"] == pytest.approx(o["extra_refits"] * 10 / 96)
+
+
+def test_an_estimate_on_the_bar_has_no_single_projection_but_has_odds():
+    s = {"fraction_lo": FRACTION_MIN - 0.2, "fraction_hi": FRACTION_MIN + 0.2, "fraction": FRACTION_MIN}
+    more = to_settle(s, (48, 24, 2), 2, {"seconds": 10.0, "refits": 96})
+    assert more["subsets"] is None and "sits on the bar" in more["why"]
+    odds = more["odds"]
+    assert [o["share"] for o in odds] == [0.5, 0.8] and 48 < odds[0]["subsets"] < odds[1]["subsets"]
+    ad = {"rounds": [{"subsets": 48, "step": "budget spent"}], "pilot_subsets": 24, "budget_subsets": 48, "looks": 2,
+          "to_settle": more}
+    assert "half the outcomes would settle by about" in settle_text(ad)
 
 
 def test_refits_that_do_not_agree_add_nothing():

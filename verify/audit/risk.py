@@ -187,6 +187,13 @@ def next_step(level: str, gate: dict[str, Any] | None, validity: dict[str, Any] 
                  "would make it stable") if validity.get("verdict") == TRUSTWORTHY else
                 ("to_settle", "the validity interval straddles the bar, and that many subsets would settle it"))
     more = adaptive.get(key) or {}
+    most = next((o for o in more.get("odds") or [] if o.get("share") == 0.8), None)
+    if key == "to_settle" and most is not None:
+        held = f"; at the point estimate alone {more['subsets']}" if more.get("subsets") else ""
+        return (f"Rerun with --lds-max-subsets {most['subsets']} (up to {most['extra_refits']} more re-fits, about "
+                f"{most['seconds'] / 60:.0f} min on this machine{gpu_hint(adaptive)}): the validity interval straddles "
+                f"the bar, and 4 in 5 of the true fractions it allows would be settled by then (the panel stops as "
+                f"soon as its interval leaves the bar{held}).")
     if more.get("subsets"):
         return (f"Rerun with --lds-max-subsets {more['subsets']} ({more['extra_refits']} more re-fits, about "
                 f"{more['seconds'] / 60:.0f} min on this machine{gpu_hint(adaptive)}): {why}.")

@@ -154,6 +154,30 @@ def adaptive_step(f_lo: float, f_hi: float, ceiling: float, subsets: int, budget
     return CONTINUE if subsets < budget else BUDGET
 
 
+#: The shares of outcomes `settle_odds` reports the subsets for (half of them; four in five).
+ODDS_SHARES = (0.5, 0.8)
+
+
+def settle_odds(half: float, value: float, bar: float, sizes: tuple[int, int], repeats: int,
+                last: dict[str, Any]) -> list[dict[str, Any]]:
+    """How many subsets would settle a straddling verdict if the true fraction were anywhere this run's interval
+    allows, not only at its point estimate: the true fraction taken as normal about the point with the interval's
+    standard error (`half` / 1.96, a flat-prior approximation), a truth at distance g from the bar settles at
+    `subsets_for(half, g, ...)` subsets, which falls as g grows; so the subsets by which a share q of the outcomes
+    settle are those at the (1 - q) quantile of |truth - bar|, a folded normal (scipy `foldnorm`). Per share of
+    `ODDS_SHARES`: the subsets, extra re-fits and their time at this run's seconds per re-fit (`rerun_cost`).
+    `sizes`: (subsets re-fitted, the pilot)."""
+    from scipy import stats
+
+    sd = half / float(stats.norm.ppf(0.975))
+    c = abs(value - bar) / sd
+    out = []
+    for share in ODDS_SHARES:
+        gap = float(stats.foldnorm.ppf(1 - share, c, scale=sd))
+        out.append({"share": share, **rerun_cost(subsets_for(half, gap, sizes), sizes[0], repeats, last)})
+    return out
+
+
 def to_settle(s: dict[str, Any], sizes: tuple[int, int, int], repeats: int, last: dict[str, Any],
               bar: float = FRACTION_MIN) -> dict[str, Any] | None:
     """What more would settle a straddling interval, where it straddles: the subsets at which the interval's
@@ -166,10 +190,14 @@ def to_settle(s: dict[str, Any], sizes: tuple[int, int, int], repeats: int, last
     if not (np.isfinite(lo) and np.isfinite(hi) and np.isfinite(value)) or not lo < bar <= hi:
         return None
     half, gap = (hi - lo) / 2 / widen(looks), abs(value - bar)  # the 95 % half-width
+    odds = {"odds": settle_odds(half, value, bar, (subsets, pilot), repeats, last),
+            "odds_method": "the true fraction normal about the point estimate with this interval's standard error "
+                           "(flat-prior approximation); per share q of outcomes, the subsets at which a truth at the "
+                           "(1 - q) quantile of its distance to the bar (folded normal) settles"}
     if gap <= 0:
-        return {"subsets": None,
+        return {"subsets": None, **odds,
                 "why": f"the point estimate sits on the bar ({bar:g}): no number of subsets settles it"}
-    return {**rerun_cost(subsets_for(half, gap, (subsets, pilot)), subsets, repeats, last),
+    return {**rerun_cost(subsets_for(half, gap, (subsets, pilot)), subsets, repeats, last), **odds,
             "method": "interval half-width ~ 1/sqrt(subsets) from this run's interval, widened for the looks of a "
                       "panel with that budget, the point estimate held; seconds at this run's mean time per LDS "
                       "re-fit"}
@@ -219,8 +247,22 @@ def settle_text(adaptive: dict[str, Any]) -> str:
     if not more:
         return done
     if more.get("subsets") is None:
-        return f"{done}; {more['why']}"
-    return f"{done}; {more_text(adaptive, 'to_settle', 'settle it')}"
+        return f"{done}; {more['why']}{odds_text(more)}"
+    return f"{done}; {more_text(adaptive, 'to_settle', 'settle it')}{odds_text(more)}"
+
+
+def odds_text(more: dict[str, Any]) -> str:
+    """'; if the true fraction is anywhere ... half the outcomes settle by about M subsets and 4 in 5 by about P
+    (...)' from `to_settle`'s `odds`; '' where there are none."""
+    odds = {o["share"]: o for o in more.get("odds") or []}
+    if set(odds) != set(ODDS_SHARES):
+        return ""
+    half, most = odds[0.5], odds[0.8]
+    return (f"; if the true fraction is anywhere this run's interval allows (a normal approximation), half the "
+            f"outcomes would settle by about {half['subsets']} subsets and 4 in 5 by about {most['subsets']} "
+            f"subsets ({most['extra_refits']} more re-fits, {most['seconds'] / 60:.1f} min here; the panel stops as "
+            f"soon as its interval leaves the bar, so --lds-max-subsets {most['subsets']} spends that only where "
+            "needed)")
 
 
 def more_text(adaptive: dict[str, Any], key: str, what: str) -> str:
