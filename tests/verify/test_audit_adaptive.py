@@ -76,11 +76,12 @@ def test_a_straddling_case_spends_its_budget_and_is_inconclusive():
     more = ad["to_settle"]
     assert more["subsets"] > 24 and more["extra_refits"] == (more["subsets"] - 24) * REPEATS
     assert more["seconds"] == pytest.approx(more["extra_refits"] * 12.0 / (24 * REPEATS))
-    assert f"--lds-max-subsets {more['subsets']}" in text
+    assert f"about {more['subsets']} subsets would settle it if the estimate held" in text
     assert "on a GPU not measured here: --device cuda" in text  # the device unknown: re-fits on the host
     assert "GPU" not in settle_text({**ad, "device": "cuda"})  # on a GPU, "this machine" is the GPU
     odds = {o["share"]: o["subsets"] for o in more["odds"]}
     assert 24 <= odds[0.5] <= odds[0.8] and f"4 in 5 by about {odds[0.8]} subsets" in text
+    assert text.count("--lds-max-subsets") == 1 and f"rerun with --lds-max-subsets {odds[0.8]}" in text  # one budget
 
 
 @pytest.mark.parametrize("value", [0.5, 0.53, 0.62])

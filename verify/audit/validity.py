@@ -248,7 +248,8 @@ def settle_text(adaptive: dict[str, Any]) -> str:
         return done
     if more.get("subsets") is None:
         return f"{done}; {more['why']}{odds_text(more)}"
-    return f"{done}; {more_text(adaptive, 'to_settle', 'settle it')}{odds_text(more)}"
+    odds = odds_text(more)  # where there are odds, they give the budget to rerun with
+    return f"{done}; {more_text(adaptive, 'to_settle', 'settle it if the estimate held', rerun=not odds)}{odds}"
 
 
 def odds_text(more: dict[str, Any]) -> str:
@@ -260,20 +261,21 @@ def odds_text(more: dict[str, Any]) -> str:
     half, most = odds[0.5], odds[0.8]
     return (f"; if the true fraction is anywhere this run's interval allows (a normal approximation), half the "
             f"outcomes would settle by about {half['subsets']} subsets and 4 in 5 by about {most['subsets']} "
-            f"subsets ({most['extra_refits']} more re-fits, {most['seconds'] / 60:.1f} min here; the panel stops as "
-            f"soon as its interval leaves the bar, so --lds-max-subsets {most['subsets']} spends that only where "
-            "needed)")
+            f"subsets ({most['extra_refits']} more re-fits, {most['seconds'] / 60:.1f} min here): rerun with "
+            f"--lds-max-subsets {most['subsets']} (the panel stops as soon as its interval leaves the bar, so that "
+            "budget is spent only where needed)")
 
 
-def more_text(adaptive: dict[str, Any], key: str, what: str) -> str:
+def more_text(adaptive: dict[str, Any], key: str, what: str, rerun: bool = True) -> str:
     """'about N subsets would <what> (...; rerun with --lds-max-subsets N)' from the adaptive record's projection
-    `key` (`to_settle`, or `to_stabilise` of `verify.audit.verdict_stability`); '' where there is none."""
+    `key` (`to_settle`, or `to_stabilise` of `verify.audit.verdict_stability`); without the rerun clause where
+    `rerun` is False; '' where there is none."""
     more = adaptive.get(key) or {}
     if not more.get("subsets"):
         return ""
+    again = f"; rerun with --lds-max-subsets {more['subsets']}" if rerun else ""
     return (f"about {more['subsets']} subsets would {what} ({more['extra_refits']} more re-fits, "
-            f"{more['seconds'] / 60:.1f} min on this machine at this run's re-fit time{gpu_hint(adaptive)}; rerun "
-            f"with --lds-max-subsets {more['subsets']})")
+            f"{more['seconds'] / 60:.1f} min on this machine at this run's re-fit time{gpu_hint(adaptive)}{again})")
 
 
 def gpu_hint(adaptive: dict[str, Any]) -> str:
