@@ -494,10 +494,12 @@ class _EpochProgram:
         self.graph.replay()
 
 
-def _adam_step(st: _Stack, grad: torch.Tensor, lr: torch.Tensor, bias1: torch.Tensor, bias2: torch.Tensor) -> None:
-    """`_update_padded`'s Adam / AdamW step with the learning rates `lr` (S,) and the bias corrections as tensors
-    (`bias1` = 1 - beta1^t in float64, `bias2` = sqrt(1 - beta2^t) in W's dtype): nothing in it depends on a Python
-    number that changes from step to step, so a captured program replays it."""
+def _adam_step(st: _Stack, grad: torch.Tensor, lr: torch.Tensor, bias1: torch.Tensor,
+               bias2: torch.Tensor | float) -> None:
+    """The Adam / AdamW step of `_update_padded` and `_EpochProgram`, with the learning rates `lr` (S,) and the bias
+    corrections `bias1` = 1 - beta1^t (a float64 tensor) and `bias2` = sqrt(1 - beta2^t) (`_update_padded`: a Python
+    number; the program: a tensor in W's dtype, so that nothing in the step changes from step to step and a captured
+    program replays it)."""
     cfg = st.nets[0].cfg
     if cfg.weight_decay != 0:
         if cfg.decay == "decoupled":
@@ -542,18 +544,8 @@ def _update_padded(st: _Stack, grad: torch.Tensor, step: int) -> None:
     `lr_j / (1 - beta1^step)` (divided in float64 as torch divides, then rounded to W's dtype, as torch rounds the
     scalar) as (S, 1, 1) tensors; `addcdiv_(m1 * s, denom)` is `addcdiv_(m1, denom, value=s)` (value * m1 first).
     The bias corrections are shared: every network of the stack has taken `step` steps."""
-    cfg = st.nets[0].cfg
-    if cfg.weight_decay != 0:
-        if cfg.decay == "decoupled":
-            st.W.mul_(st.decay)
-        else:
-            grad = grad.add(st.W, alpha=cfg.weight_decay)
-    st.m1.lerp_(grad, 1 - BETA1)
-    st.m2.mul_(BETA2).addcmul_(grad, grad, value=1 - BETA2)
     bias1 = torch.full((), 1 - BETA1**step, dtype=torch.float64, device=st.W.device)  # a device tensor: exact /
-    step_size = (st.lr / bias1).neg_().to(st.W.dtype).view(-1, 1, 1)
-    denom = (st.m2.sqrt() / (1 - BETA2**step) ** 0.5).add_(EPS)
-    st.W.addcdiv_(st.m1 * step_size, denom)
+    _adam_step(st, grad, st.lr, bias1, (1 - BETA2**step) ** 0.5)
 
 
 def _update_fused(st: _Stack, grad: torch.Tensor, step: int) -> None:

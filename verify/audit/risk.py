@@ -37,7 +37,14 @@ from empirics.vocab import NOT_MEASURABLE, PAPER_PAIR, model_name
 from reports.text import eps_label
 from theory.paper import PAPER_AUDIT_REFERENCE
 from verify.audit.estimators import PAPER_ESTIMATOR
-from verify.audit.validity import FRACTION_MIN, TRUSTWORTHY, estimator_label, gpu_hint, level_note
+from verify.audit.validity import (
+    FRACTION_MIN,
+    ODDS_SHARES,
+    TRUSTWORTHY,
+    estimator_label,
+    gpu_hint,
+    level_note,
+)
 
 RISK_LEVELS = ("low", "medium", "high")
 NOT_VALIDATED = "not validated"
@@ -187,7 +194,7 @@ def next_step(level: str, gate: dict[str, Any] | None, validity: dict[str, Any] 
                  "would make it stable") if validity.get("verdict") == TRUSTWORTHY else
                 ("to_settle", "the validity interval straddles the bar, and that many subsets would settle it"))
     more = adaptive.get(key) or {}
-    most = next((o for o in more.get("odds") or [] if o.get("share") == 0.8), None)
+    most = next((o for o in more.get("odds") or [] if o.get("share") == ODDS_SHARES[-1]), None)
     if key == "to_settle" and most is not None:
         held = f"; at the point estimate alone {more['subsets']}" if more.get("subsets") else ""
         return (f"Rerun with --lds-max-subsets {most['subsets']} (up to {most['extra_refits']} more re-fits, about "

@@ -258,7 +258,7 @@ def odds_text(more: dict[str, Any]) -> str:
     odds = {o["share"]: o for o in more.get("odds") or []}
     if set(odds) != set(ODDS_SHARES):
         return ""
-    half, most = odds[0.5], odds[0.8]
+    half, most = (odds[q] for q in ODDS_SHARES)
     return (f"; if the true fraction is anywhere this run's interval allows (a normal approximation), half the "
             f"outcomes would settle by about {half['subsets']} subsets and 4 in 5 by about {most['subsets']} "
             f"subsets ({most['extra_refits']} more re-fits, {most['seconds'] / 60:.1f} min here): rerun with "
