@@ -202,3 +202,36 @@ def test_sigterm_ends_the_refit_workers_within_seconds(tmp_path: Path):
     while _group_alive(proc.pid) and time.monotonic() - t0 < 10:
         time.sleep(0.1)
     assert not _group_alive(proc.pid), "a worker outlived its command"
+
+
+EXPORTED = """
+import sys
+sys.path[:0] = [{root!r}, {tests!r}, {here!r}]
+import torch
+from test_audit_refit_workers import SHAPE, _jobs, _refitter
+from verify.audit.modelio import FlatInput, load_model
+loaded = load_model({path!r}).module
+FlatInput(loaded, SHAPE)(torch.rand(4, 144)).sum().backward()  # the model check's backward
+refitter = _refitter(loaded, 2)
+refitter.outputs_many(_jobs()[2])
+print(refitter.describe_path()["worker_refits"], refitter.describe_path()["workers_reason"])
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="worker processes are forked on Linux only")
+def test_a_model_read_from_a_pt2_keeps_its_refit_workers(tmp_path: Path):
+    """The re-fits of a `.pt2` model run in the worker processes after a backward through it (a fresh process: the
+    engine's state is per process). In torch's CUDA builds reading a `.pt2` used to mark the process so that the
+    workers' first backward failed and the re-fits fell back to one process (`modelio.keep_forkable`); this CPU build
+    never marks it, so here the test guards the path, and it fails without the fix under 2.14.1+cu130."""
+    path = tmp_path / "cnn.pt2"  # exported here: the audit reads a file that another process wrote
+    batch = {"x": {0: torch.export.Dim("batch")}}
+    torch.export.save(torch.export.export(_model("cnn"), (torch.rand(4, *SHAPE),), dynamic_shapes=batch), path)
+    script = tmp_path / "exported.py"
+    script.write_text(EXPORTED.format(root=str(ROOT), tests=str(ROOT / "tests"), here=str(ROOT / "tests" / "verify"),
+                                      path=str(path)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "NTKM_PROGRESS": "0"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    count, reason = out.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert int(count) == 6, reason

@@ -496,6 +496,20 @@ def _exported_input(ep: Any) -> tuple[tuple[int, ...] | None, int | None]:
     return None, None
 
 
+def keep_forkable() -> None:
+    """Run autograd's engine once now, before a `.pt2` is read, so that processes forked later can run a backward.
+
+    The engine starts its device threads once, at the first backward of a process, and only where a registered device
+    type counts at least one device; starting them marks the process, and a forked child's backward then raises
+    ("Unable to handle autograd's threading in combination with fork-based multiprocessing"). In torch's CUDA builds
+    (seen with 2.11.0+cu130 and 2.14.1+cu130 on a machine without a GPU; not in 2.13.0+cpu) reading a `.pt2` makes
+    the count positive, so the model check's backward marked the audit and its CPU re-fit workers failed. A backward
+    before the read finds no device, and the engine does not look again. Where a GPU is visible the engine's threads
+    start anyway and the re-fit workers fall back to one process, as before (`refit.Refitter._pooled`)."""
+    w = torch.zeros((), requires_grad=True)
+    (w * 2.0).backward()
+
+
 def load_model(path: str | Path, spec: str | Path | None = None) -> LoadedModel:
     """Load a model file safely (see the module docstring); raises one-line `UserInputError`s."""
     p = Path(path).expanduser().absolute()
@@ -517,6 +531,7 @@ def load_model(path: str | Path, spec: str | Path | None = None) -> LoadedModel:
         module.eval()
         return LoadedModel(module, "torchscript", **common)
     if fmt == "export":
+        keep_forkable()
         ep = load_export_program(p)
         shape, batch = _exported_input(ep)
         gm = export_module(ep)

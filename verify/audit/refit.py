@@ -32,21 +32,23 @@ points, 3 epochs: 0.10 vs 0.18 s and 0.17 vs 0.27 s); but a CNN of the README's 
 slower than eight plain ones, and the small models' gain (at most 1.7x on re-fits that take a fraction of a
 second) does not pay for the large models' loss, so the CPU re-fits one at a time unless `--refit-stack on`.
 
-**Worker processes and layout on the CPU** (`--refit-workers N`, default one per core): one-at-a-time warm re-fits
-run in N forked processes of one torch thread each, which take job numbers and send back outputs; each re-fit is the
-one-thread re-fit of one process, bit for bit, and the parent alone answers SIGTERM and Ctrl-C (the pool ends with
-it). Python 3.12 warns (a DeprecationWarning) that fork() in a process with threads may deadlock the child when
-another thread holds a lock; the workers run torch on one thread and take no lock of the parent's (3,158 re-fits of
-the 1,720-subset CNN audit, and the audit tests under Python 3.12, ran without one), and `--refit-workers 1` forks
-nothing. With torch 2.11 (the device image's 2.11.0+cu130, on a CPU; not 2.13.0+cpu) a backward through a
-`torch.export` program's module marks the process so that a forked child's first backward raises ("Unable to handle
-autograd's threading in combination with fork-based multiprocessing"): the audit's model check does such a backward,
-so there the workers fail at their first job and the re-fits run in this process, the record saying why
-(`workers_reason`); measured in `benchmarks.device_image rehearse`. A warm re-fit on the CPU also trains the 4-D
-weights in channels-last layout (`_channels_last`): oneDNN's convolutions and max-pooling are faster on it.
-Measured (`benchmarks.bench_refit_workers`, results/refit-workers.json: README step 1's CNN, 16 re-fits of 900 of
-1,000 MNIST images, 5 epochs, 2-core AMD EPYC): 0.546 s per re-fit with 2 threads in one process, 0.927 s with 1
-thread, 0.643 s with 1 thread in channels-last, 0.345 s in 2 workers.
+**Worker processes and layout on the CPU** (`--refit-workers N`, default one per core): one-at-a-time warm re-fits run
+in N forked processes of one torch thread each, which take job numbers and send back outputs; each re-fit is the
+one-thread re-fit of one process, bit for bit, and the parent alone answers SIGTERM and Ctrl-C (the pool ends with it).
+Python 3.12 warns (a DeprecationWarning) that fork() in a process with threads may deadlock the child when another
+thread holds a lock; the workers run torch on one thread and take no lock of the parent's (3,158 re-fits of the
+1,720-subset CNN audit, and the audit tests under Python 3.12, ran without one), and `--refit-workers 1` forks nothing.
+In torch's CUDA builds (seen with 2.11.0+cu130 and 2.14.1+cu130 on a machine without a GPU; not in 2.13.0+cpu) reading a
+`.pt2` used to mark the process, once the model check ran a backward, so that a forked child's first backward raised
+("Unable to handle autograd's threading in combination with fork-based multiprocessing") and the re-fits fell back to
+this process; `modelio.keep_forkable` runs the engine once before the read, which keeps the workers
+(tests/verify/test_audit_refit_workers.py fails without it under 2.14.1+cu130). Where a GPU is visible, torch's engine
+starts its device threads at the first backward whatever the model (its code; not measured here), so CPU re-fits there
+(`--device cpu`) would fall back to one process, the record saying why (`workers_reason`). A warm re-fit on the CPU also
+trains the 4-D weights in channels-last layout (`_channels_last`): oneDNN's convolutions and max-pooling are faster on
+it. Measured (`benchmarks.bench_refit_workers`, results/refit-workers.json: README step 1's CNN, 16 re-fits of 900 of
+1,000 MNIST images, 5 epochs, 2-core AMD EPYC): 0.546 s per re-fit with 2 threads in one process, 0.927 s with 1 thread,
+0.643 s with 1 thread in channels-last, 0.345 s in 2 workers.
 
 The effect of altering the training set is always measured against a **control**: the same kind of
 re-fit, with the same seed, on the unaltered set; so what the optimiser does anyway cancels out.
