@@ -57,6 +57,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("empirics/experiments/premise.py", "premise_row", "from_numpy"):
         "a CPU study: numpy X in, float64 kernel spectra out through numpy (no device option)",
     ("verify/audit/modelio.py", "_build_suite", "ones"): _LOADED_ON_CPU,
+    ("verify/audit/modelio.py", "keep_forkable", "zeros"):
+        "a scalar whose only use is one backward before any model is read (autograd's engine, not a computation)",
     ("verify/audit/modelio.py", "bind_input", "as_tensor"): _LOADED_ON_CPU,
     ("verify/audit/modelio.py", "probe_batches", "as_tensor"): _LOADED_ON_CPU,
     ("verify/audit/modelio.py", "fx_graph_for", "as_tensor"): _LOADED_ON_CPU,
