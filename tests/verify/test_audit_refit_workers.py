@@ -214,7 +214,8 @@ loaded = load_model({path!r}).module
 FlatInput(loaded, SHAPE)(torch.rand(4, 144)).sum().backward()  # the model check's backward
 refitter = _refitter(loaded, 2)
 refitter.outputs_many(_jobs()[2])
-print(refitter.describe_path()["worker_refits"], refitter.describe_path()["workers_reason"])
+path = refitter.describe_path()
+print(path["worker_refits"], path["workers_reason"])
 """
 
 

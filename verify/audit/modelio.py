@@ -505,7 +505,8 @@ def keep_forkable() -> None:
     (seen with 2.11.0+cu130 and 2.14.1+cu130 on a machine without a GPU; not in 2.13.0+cpu) reading a `.pt2` makes
     the count positive, so the model check's backward marked the audit and its CPU re-fit workers failed. A backward
     before the read finds no device, and the engine does not look again. Where a GPU is visible the engine's threads
-    start anyway and the re-fit workers fall back to one process, as before (`refit.Refitter._pooled`)."""
+    would start anyway (torch's code; not measured here) and the re-fit workers fall back to one process, saying why
+    (`refit.Refitter._pooled`)."""
     w = torch.zeros((), requires_grad=True)
     (w * 2.0).backward()
 
