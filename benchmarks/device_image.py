@@ -152,7 +152,7 @@ def download_command(dest: str = WHEEL_DIR) -> list[str]:
 
 INSTALL = ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
            f"{WHEEL_DIR}/*.whl && export PYTHONPATH=/tmp/site || exit;")
-SECTIONS = "environment,primitives,quick,audit,agreement,engine,gpu_preset"
+SECTIONS = "environment,primitives,quick,refit_stack,audit,agreement,engine,gpu_preset"
 
 
 def device_command(commit: str, budget_s: int = 420) -> str:

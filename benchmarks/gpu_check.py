@@ -31,11 +31,16 @@ Sections, in the default order of what they are worth:
    number of every unit type (NTK distance, flips, landscape, retraining, ...) compared within float32 tolerance.
 5. `quick`: `verify claims --preset quick --device DEVICE` end to end, its wall time and its verdicts beside the
    recorded CPU run (`results/claims-quick.json`); resumed from its cache when the budget ran out.
-6. `audit`: `verify audit --device DEVICE` of the README's ResNet-18 (trained here on 1,000 CIFAR-10 images with
+6. `refit_stack`: the audit's warm re-fits of the ResNet-18 (1,000 CIFAR-10 images, 8 re-fits of 900, one epoch)
+   stacked (`torch.func.vmap`, `--refit-stack on`, a 32 GiB stack) against one at a time on the device, with the
+   agreement of their test logits (`benchmarks.bench_refit_stack`): what `--refit-stack auto` (stack on CUDA) rests
+   on. The audit below runs at the default `--max-memory-gb` (2 GiB), under which two stacked copies of this model do
+   not fit, so it re-fits one at a time; this section says what stacking would change.
+7. `audit`: `verify audit --device DEVICE` of the README's ResNet-18 (trained here on 1,000 CIFAR-10 images with
    the recipe of `benchmarks.audit_tables`; on CUDA at the audit's default options but the re-fit rate,
    `RESNET_AUDIT_GPU`; no library peers: they are not installed on the device machine) with every panel: wall time,
    the re-fit path (stacked or not), the validity verdict and the risk level.
-7. `gpu_preset`: as much of `verify claims --preset gpu` as the rest of the budget holds, cached (`--resume`).
+8. `gpu_preset`: as much of `verify claims --preset gpu` as the rest of the budget holds, cached (`--resume`).
 
 `--smoke` shrinks every size so the script runs on a 2-core CPU in under 3 minutes (tested in CI, so it cannot
 rot): the engine at n = 200, widths 16 and 64; agreement and end to end on a few smoke claims; no gpu preset.
@@ -68,10 +73,10 @@ from benchmarks import device_image
 from benchmarks.roofline import EpochShape, Rates, epoch_floor, optimiser_passes
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("environment", "engine", "primitives", "agreement", "quick", "audit", "gpu_preset")
+SECTIONS = ("environment", "engine", "primitives", "agreement", "quick", "refit_stack", "audit", "gpu_preset")
 #: Seconds each section needs at least to start (below that it is skipped and says so); the claims runs use the rest.
-MIN_SECONDS = {"environment": 0, "engine": 30, "primitives": 10, "agreement": 60, "quick": 60, "audit": 60,
-               "gpu_preset": 60}
+MIN_SECONDS = {"environment": 0, "engine": 30, "primitives": 10, "agreement": 60, "quick": 60, "refit_stack": 30,
+               "audit": 60, "gpu_preset": 60}
 #: Sections that start again from nothing when resumed (the audit keeps no cache, while the claims runs continue from
 #: theirs): one that the budget ended in the previous run goes first in the next (`run_order`).
 RESTARTS = ("audit",)
@@ -681,6 +686,17 @@ def quick_section(device: str, smoke: bool, budget: Budget, state: Path, jobs: i
     return res
 
 
+def refit_stack_section(device: str, smoke: bool) -> dict[str, Any]:
+    """Stacked against one-at-a-time warm re-fits (`benchmarks.bench_refit_stack`): the ResNet-18 of the audit
+    section (smoke: the tables' CNN on 80 images)."""
+    from benchmarks.bench_refit_stack import measure
+
+    if smoke:
+        return measure("cnn", device, k=3, keep=70, n=80, n_test=30)
+    return measure("resnet18", device, k=8, keep=900, n=1000, n_test=200,
+                   stack_gb=32.0 if device.startswith("cuda") else 8.0)
+
+
 def audit_recipe(device: str, smoke: bool) -> Any:
     """The model and audit options of the audit section: smoke, the tables' CNN on 80 images at the smoke options; on
     CUDA, the tables' ResNet-18 at `RESNET_AUDIT_GPU` (the audit's defaults but the re-fit rate); on a CPU, at the
@@ -861,6 +877,13 @@ def markdown(rec: dict[str, Any]) -> str:
         if cmp_:
             lines.append(f"Verdicts against the recorded CPU run: {cmp_['verdicts_equal']} of "
                          f"{cmp_['claims_compared']} equal; differ: {cmp_['verdicts_differ'] or 'none'}.")
+    rs = rec["sections"].get("refit_stack", {}).get("result")
+    if rs:
+        lines += ["", f"Audit re-fits of {rs['model']} on {rec['device']} ({rs['k']} warm re-fits of {rs['keep']} "
+                      f"images, {rs['epochs']} epoch): one at a time {_fmt_s(rs['off_s_per_refit'])}, stacked "
+                      f"{_fmt_s(rs['on_s_per_refit'])} per re-fit ({rs['speedup_stacked']:.2f}x, "
+                      f"{'stacked' if rs['stacked'] else 'NOT stacked: ' + rs['stacked_path']['reason']}); test "
+                      f"logits within {rs['max_rel_diff']:.1e} (relative)."]
     a = rec["sections"].get("audit", {}).get("result")
     if a:
         lines += ["", f"`verify audit --device {rec['device']}` of {a['model']} ({a['parameters']:,} parameters, "
@@ -998,6 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      "measured_at", {"code_version": "unknown (an earlier run)"})),
         "agreement": lambda: agreement_section(device, args.smoke, budget, state, jobs),
         "quick": lambda: quick_section(device, args.smoke, budget, state, jobs),
+        "refit_stack": lambda: refit_stack_section(device, args.smoke),
         "audit": lambda: audit_section(device, args.smoke, budget, state),
         "gpu_preset": lambda: gpu_preset_section(device, args.smoke, budget, state, jobs),
     }

@@ -36,7 +36,7 @@ def test_smoke_run_on_the_cpu_writes_every_section_and_resumes(tmp_path: Path) -
     rec = json.loads((state / "gpu-check.json").read_text())
     status = {k: v["status"] for k, v in rec["sections"].items()}
     assert status == {"environment": "ok", "engine": "ok", "primitives": "ok", "agreement": "ok", "quick": "ok",
-                      "audit": "ok", "gpu_preset": "skipped: --smoke"}, status
+                      "refit_stack": "ok", "audit": "ok", "gpu_preset": "skipped: --smoke"}, status
     eng = rec["sections"]["engine"]["result"]
     assert eng["agreement"]["passed"], eng["agreement"]
     row = eng["rows"][0]
@@ -57,6 +57,8 @@ def test_smoke_run_on_the_cpu_writes_every_section_and_resumes(tmp_path: Path) -
     agr = rec["sections"]["agreement"]["result"]["comparison"]
     assert agr["claims_compared"] == 2 and not agr["verdicts_differ"] and agr["numbers_compared"] > 100
     assert rec["sections"]["quick"]["result"]["finished"]
+    stack = rec["sections"]["refit_stack"]["result"]  # the stacked re-fits ran stacked and equal the loop's
+    assert stack["stacked"] and stack["agree"] and stack["on_s_per_refit"] > 0 and stack["off_s_per_refit"] > 0
     audit = rec["sections"]["audit"]["result"]
     assert audit["finished"] and audit["device_used"] == "cpu" and audit["refit_path"]["one_at_a_time_refits"] > 0
     assert (state / "gpu-check.md").read_text().startswith("# Device check on cpu")
