@@ -170,6 +170,7 @@ def test_the_gpu_audit_of_the_resnet_is_the_audits_defaults_but_the_refit_rate()
     assert gpu.name == "resnet18" and gpu.audit == {"refit_lr": 1e-4}
     assert AuditConfig.__dataclass_fields__["refit_lr"].default != 1e-4  # the one option it sets is not a default
     assert (gpu.n, gpu.n_test, gpu.epochs) == (FULL["resnet18"].n, FULL["resnet18"].n_test, FULL["resnet18"].epochs)
-    assert gpu_check.audit_recipe("cpu", smoke=False) == FULL["resnet18"]
+    assert gpu.finetune_epochs > 0 and gpu.key() != FULL["resnet18"].key()  # its low-rate epochs make another model
+    assert gpu_check.audit_recipe("cpu", smoke=False) == FULL["resnet18"] and FULL["resnet18"].finetune_epochs == 0
     smoke = gpu_check.audit_recipe("cuda", smoke=True)
     assert smoke.name == "cnn" and smoke.audit == SMOKE_AUDIT
