@@ -24,6 +24,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,20 @@ from verify.audit.refit import RefitConfig, RefitJob, Refitter
 AGREEMENT_TOLERANCE = 1e-2
 
 
-def _jobs(model_name: str, device: str, k: int, keep: int, n: int, n_test: int
-          ) -> tuple[torch.nn.Module, tuple[int, ...], list[RefitJob]]:
-    """The model as the audit reads it (on `device`), its input shape, and `k` re-fits of `keep` of `n` images."""
+@dataclass(frozen=True)
+class Sizes:
+    """`k` re-fits of `keep` of `n` training images, `epochs` each, scored on `n_test` test images."""
+
+    k: int = 8
+    keep: int = 900
+    n: int = 1000
+    n_test: int = 200
+    epochs: int = 1
+
+
+def _jobs(model_name: str, device: str, sizes: Sizes) -> tuple[torch.nn.Module, tuple[int, ...], list[RefitJob]]:
+    """The model as the audit reads it (on `device`), its input shape, and the re-fits of `sizes`."""
+    k, keep, n, n_test = sizes.k, sizes.keep, sizes.n, sizes.n_test
     r = FULL[model_name]
     from benchmarks.audit_tables import Recipe
 
@@ -70,14 +82,14 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(model_name: str = "resnet18", device: str = "cpu", k: int = 8, keep: int = 900, n: int = 1000,
-            n_test: int = 200, epochs: int = 1, stack_gb: float = 32.0) -> dict[str, Any]:
-    """Both paths on the same `k` jobs: seconds per re-fit, speed-up, agreement, and the stacked path's record."""
-    model, shape, jobs = _jobs(model_name, device, k, keep, n, n_test)
+def measure(model_name: str = "resnet18", device: str = "cpu", sizes: Sizes = Sizes(),
+            stack_gb: float = 32.0) -> dict[str, Any]:
+    """Both paths on the same jobs: seconds per re-fit, speed-up, agreement, and the stacked path's record."""
+    model, shape, jobs = _jobs(model_name, device, sizes)
+    k, epochs = sizes.k, sizes.epochs
     lr = RESNET_AUDIT_GPU["refit_lr"] if model_name == "resnet18" else RefitConfig().lr
-    out: dict[str, Any] = {"model": FULL[model_name].label, "device": device, "k": k, "keep": keep, "n": n,
-                           "n_test": n_test, "epochs": epochs, "lr": lr, "stack_gb": stack_gb,
-                           "parameters": sum(p.numel() for p in model.parameters())}
+    out: dict[str, Any] = {"model": FULL[model_name].label, "device": device, **asdict(sizes), "lr": lr,
+                           "stack_gb": stack_gb, "parameters": sum(p.numel() for p in model.parameters())}
     outs: dict[str, np.ndarray] = {}
     for mode in ("off", "on"):
         cfg = RefitConfig(epochs=epochs, lr=lr, stack=mode, stack_bytes=int(stack_gb * 2**30), workers=1)
@@ -118,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_refit_stack: need --k >= 2, 1 <= --keep <= --n, --epochs >= 1 and --stack-gb > 0",
               file=sys.stderr)
         return 2
-    res = measure(args.model, args.device, args.k, args.keep, args.n, epochs=args.epochs, stack_gb=args.stack_gb)
+    res = measure(args.model, args.device, Sizes(args.k, args.keep, args.n, epochs=args.epochs), args.stack_gb)
     print(f"{res['model']} on {args.device}: one at a time {res['off_s_per_refit']:.3f} s, stacked "
           f"{res['on_s_per_refit']:.3f} s per re-fit ({res['speedup_stacked']:.2f}x; {res['stack_size']} per stack; "
           f"{res['stacked_path']['reason']}); max relative difference {res['max_rel_diff']:.1e}")

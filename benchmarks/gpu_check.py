@@ -690,12 +690,11 @@ def quick_section(device: str, smoke: bool, budget: Budget, state: Path, jobs: i
 def refit_stack_section(device: str, smoke: bool) -> dict[str, Any]:
     """Stacked against one-at-a-time warm re-fits (`benchmarks.bench_refit_stack`): the ResNet-18 of the audit
     section (smoke: the tables' CNN on 80 images)."""
-    from benchmarks.bench_refit_stack import measure
+    from benchmarks.bench_refit_stack import Sizes, measure
 
     if smoke:
-        return measure("cnn", device, k=3, keep=70, n=80, n_test=30)
-    return measure("resnet18", device, k=8, keep=900, n=1000, n_test=200,
-                   stack_gb=32.0 if device.startswith("cuda") else 8.0)
+        return measure("cnn", device, Sizes(k=3, keep=70, n=80, n_test=30))
+    return measure("resnet18", device, Sizes(), stack_gb=32.0 if device.startswith("cuda") else 8.0)
 
 
 def audit_recipe(device: str, smoke: bool) -> Any:
