@@ -228,6 +228,13 @@ def load_images(r: Recipe) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
     return x.reshape(-1, *shape), np.asarray(y), xt.reshape(-1, *shape), np.asarray(yt), source
 
 
+def export_program(model: nn.Module, example: torch.Tensor, path: Path) -> None:
+    """Save `model` (in evaluation mode) as a `torch.export` program with a dynamic batch dimension, as README step 1
+    does: the file the audit reads."""
+    ep = torch.export.export(model.eval(), (example,), dynamic_shapes=({0: torch.export.Dim("batch", max=4096)},))
+    torch.export.save(ep, str(path))
+
+
 def build(name: str) -> nn.Module:
     torch.manual_seed(0)
     return {"mlp": mlp, "cnn": cnn, "resnet18": ResNet18}[name]()
@@ -259,9 +266,7 @@ def prepare(r: Recipe, folder: Path) -> dict[str, Any]:
     model.train()
     train_adam(model, xs, ys, epochs=r.epochs, finetune_epochs=r.finetune_epochs)
     seconds = time.perf_counter() - tic
-    model.eval()
-    ep = torch.export.export(model, (xs[:4],), dynamic_shapes=({0: torch.export.Dim("batch", max=4096)},))
-    torch.export.save(ep, str(path))
+    export_program(model, xs[:4], path)
     meta = {"recipe": r.key(), "parameters": sum(p.numel() for p in model.parameters()), "data": source,
             "train_accuracy": accuracy(model, xs, ys), "test_accuracy": accuracy(model, torch.as_tensor(xt),
                                                                                  torch.as_tensor(yt).long()),

@@ -47,6 +47,7 @@ from benchmarks.harness import (
     log_slope_text,
     max_rel_diff,
     proc_status_kib,
+    sync_device,
     time_call,
 )
 from benchmarks.ntk_paths import (
@@ -97,13 +98,6 @@ class NtkConfig:
 
 # ------------------------------------------------------------------------------------------------
 # One case (runs in a fresh process)
-
-
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def _path_fn(path: str, model: Any) -> Callable[[Any], Any]:
@@ -185,9 +179,9 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     rss0 = proc_status_kib("VmRSS")
     warm()
-    _sync(device)
+    sync_device(device)
     policy = TimingPolicy(int(spec.get("repeats", 5)), warmup=0, max_total_s=float(spec["budget_s"]))
-    timing = time_call(timed, policy, sync=lambda: _sync(device), warmup_note=note)
+    timing = time_call(timed, policy, sync=lambda: sync_device(device), warmup_note=note)
     hwm = proc_status_kib("VmHWM")
     peak = None
     if device.startswith("cuda"):
@@ -232,7 +226,7 @@ def gemm_rates(size: int, devices: tuple[str, ...], repeats: int = 5) -> tuple[l
             def mm(a: torch.Tensor = a, b: torch.Tensor = b, out: dict[str, Any] = out) -> None:
                 out["c"] = a @ b
 
-            t = time_call(mm, TimingPolicy(repeats, warmup=1, max_total_s=10.0), sync=lambda d=device: _sync(d))
+            t = time_call(mm, TimingPolicy(repeats, warmup=1, max_total_s=10.0), sync=lambda d=device: sync_device(d))
             rate = 2.0 * size**3 / t.median / 1e9
             diff = max_rel_diff(out["c"].cpu().numpy(), ref)
             if device == "cpu":

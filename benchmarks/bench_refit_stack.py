@@ -24,15 +24,15 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from benchmarks.audit_tables import FULL, RESNET_AUDIT_GPU, build, load_images
-from benchmarks.harness import environment, max_rel_diff
+from benchmarks.audit_tables import FULL, RESNET_AUDIT_GPU, build, export_program, load_images
+from benchmarks.harness import environment, max_rel_diff, sync_device
 from verify.audit.modelio import FlatInput, load_model
 from verify.audit.refit import RefitConfig, RefitJob, Refitter
 
@@ -56,16 +56,11 @@ class Sizes:
 def _jobs(model_name: str, device: str, sizes: Sizes) -> tuple[torch.nn.Module, tuple[int, ...], list[RefitJob]]:
     """The model as the audit reads it (on `device`), its input shape, and the re-fits of `sizes`."""
     k, keep, n, n_test = sizes.k, sizes.keep, sizes.n, sizes.n_test
-    r = FULL[model_name]
-    from benchmarks.audit_tables import Recipe
-
-    x, y, xt, _, _ = load_images(Recipe(r.name, r.label, r.dataset, n, n_test, r.epochs, r.audit))
+    x, y, xt, _, _ = load_images(replace(FULL[model_name], n=n, n_test=n_test))
     shape = tuple(x.shape[1:])
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.pt2"
-        eager = build(model_name).eval()
-        torch.export.save(torch.export.export(eager, (torch.as_tensor(x[:4]),),
-                                              dynamic_shapes=({0: torch.export.Dim("batch", max=4096)},)), str(path))
+        export_program(build(model_name), torch.as_tensor(x[:4]), path)
         model = load_model(path).module.to(device)
     xf = torch.as_tensor(x.reshape(len(x), -1), device=device)
     yf = torch.as_tensor(y, device=device).long()
@@ -75,11 +70,6 @@ def _jobs(model_name: str, device: str, sizes: Sizes) -> tuple[torch.nn.Module, 
                      torch.as_tensor(np.sort(rng.choice(len(x), keep, replace=False)), device=device))
             for s in range(k)]
     return model, shape, jobs
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def measure(model_name: str = "resnet18", device: str = "cpu", sizes: Sizes = Sizes(),
@@ -96,10 +86,10 @@ def measure(model_name: str = "resnet18", device: str = "cpu", sizes: Sizes = Si
         refitter = Refitter.for_module(model, FlatInput(model, shape), cfg, 10, shape)
         refitter.outputs_many(jobs[:2] if mode == "on" else jobs[:1])  # warm-up (the stack's first call traces)
         refitter.count = refitter.stacked_count = 0  # the record counts the timed re-fits only
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         res = refitter.outputs_many(jobs)
-        _sync(device)
+        sync_device(device)
         out[f"{mode}_s_per_refit"] = (time.perf_counter() - t0) / k
         outs[mode] = np.stack([o["test"] for o in res])
         if mode == "on":

@@ -71,6 +71,7 @@ import numpy as np
 import torch
 
 from benchmarks import device_image
+from benchmarks.harness import sync_device
 from benchmarks.roofline import EpochShape, Rates, epoch_floor, optimiser_passes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,11 +96,6 @@ _T0 = time.monotonic()
 
 def _log(msg: str) -> None:
     print(f"[gpu_check +{time.monotonic() - _T0:.1f} s] {msg}", file=sys.stderr, flush=True)
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 class Skipped(Exception):
@@ -148,10 +144,10 @@ def _epoch_seconds(run: Callable[[int], None], device: str, e1: int, e2: int) ->
     run(e1)
     times = {}
     for e in (e1, e2):
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         run(e)
-        _sync(device)
+        sync_device(device)
         times[e] = time.perf_counter() - t0
     return max((times[e2] - times[e1]) / (e2 - e1), 1e-9)
 
@@ -211,7 +207,7 @@ def _profile(run: Callable[[], None], device: str) -> dict[str, Any]:
     try:
         with profile(activities=acts) as prof:
             run()
-            _sync(device)
+            sync_device(device)
         events = prof.key_averages()
     except Exception as exc:  # a profiler that cannot run here (no CUPTI) must not lose the section's timings
         return {"error": f"{type(exc).__name__}: {str(exc)[:200]}", "top": []}
@@ -238,15 +234,15 @@ def _stacked_epochs(build: Callable[[int], list[tuple]], device: str, epochs: in
 
     t0 = time.perf_counter()
     jobs = build(epochs)
-    _sync(device)
+    sync_device(device)
     t1 = time.perf_counter()
     marks: list[tuple[int, float]] = []
 
     def clock(epoch: int) -> None:
-        _sync(device)
+        sync_device(device)
         marks.append((epoch, time.perf_counter()))
     train_many(jobs, label="timed stack", on_epoch=clock, fused_adam=fused_adam, capture=capture)
-    _sync(device)
+    sync_device(device)
     t2 = time.perf_counter()
     stacks: list[list[float]] = []
     for (e0, s0), (e1, s1) in itertools.pairwise(marks):
@@ -328,11 +324,11 @@ def _gemm_rate(device: str, n: int, d: int, m: int) -> float:
     b = torch.rand(d, m, device=device)
     reps = 3 if device == "cpu" else 20
     a @ b
-    _sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     for _ in range(reps):
         a @ b
-    _sync(device)
+    sync_device(device)
     return 2.0 * n * d * m * reps / (time.perf_counter() - t0)
 
 
@@ -412,11 +408,11 @@ def _bandwidth(device: str) -> float:
     b = torch.empty_like(a)
     reps = 3 if device == "cpu" else 20
     b.copy_(a)
-    _sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     for _ in range(reps):
         b.copy_(a)
-    _sync(device)
+    sync_device(device)
     return 2.0 * a.numel() * a.element_size() * reps / (time.perf_counter() - t0)
 
 
@@ -717,7 +713,7 @@ def audit_recipe(device: str, smoke: bool) -> Any:
 def audit_section(device: str, smoke: bool, budget: Budget, state: Path) -> dict[str, Any]:
     """Train the audit tables' ResNet-18 (smoke: their CNN on 80 images) on `device`, export it, and audit it there
     with every panel in a child process ended at the budget."""
-    from benchmarks.audit_tables import _CHILD, AUDIT_DONE, build, load_images
+    from benchmarks.audit_tables import _CHILD, AUDIT_DONE, build, export_program, load_images
     from benchmarks.bench_audit import train as train_adam
 
     r = audit_recipe(device, smoke)
@@ -731,10 +727,8 @@ def audit_section(device: str, smoke: bool, budget: Budget, state: Path) -> dict
     train_acc = train_adam(model, torch.as_tensor(x, device=device), torch.as_tensor(y, device=device).long(),
                            epochs=r.epochs, finetune_epochs=r.finetune_epochs)
     train_s = time.perf_counter() - t0
-    model = model.cpu().eval()
-    xs = torch.as_tensor(x[:4])
-    ep = torch.export.export(model, (xs,), dynamic_shapes=({0: torch.export.Dim("batch", max=4096)},))
-    torch.export.save(ep, str(folder / "model.pt2"))
+    model = model.cpu()
+    export_program(model, torch.as_tensor(x[:4]), folder / "model.pt2")
     cfg = {"model": str(folder / "model.pt2"), "train": str(folder / "train.npz"), "test": str(folder / "test.npz"),
            "n": r.n, "n_test": r.n_test, **r.audit, "peers": [], "device": device}
     out = folder / "audit.pdf"

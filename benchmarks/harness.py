@@ -242,6 +242,14 @@ def speedup(slow_s: float, fast_s: float, fast: str, slow: str) -> str:
     return f"{slow} {fmt_ratio(fast_s / slow_s)} faster"
 
 
+def sync_device(device: str) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so that a clock read after it is honest."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def max_rel_diff(a: Any, b: Any) -> float:
     """`max |a - b| / max |b|` (b is the reference)."""
     a = np.asarray(a, dtype=np.float64)

@@ -40,17 +40,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.harness import environment
+from benchmarks.harness import environment, sync_device
 from verify.costs import D, networks, unit_seconds
 
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def epoch_seconds(kind: str, d: int, n: int, m: int, device: str) -> float:
@@ -66,10 +61,10 @@ def epoch_seconds(kind: str, d: int, n: int, m: int, device: str) -> float:
     y = torch.randint(0, 10, (n,), generator=gen).to(device)
     def call(epochs: int) -> float:
         model = build_model(ModelSpec(kind, d, m, 10, seed=0), x, device=device)
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         train(model, x, y, protocol_config(PAPER, epochs), (x[:200], y[:200]))
-        _sync(device)
+        sync_device(device)
         return time.perf_counter() - t0
 
     call(1)  # warm-up
@@ -86,10 +81,10 @@ def ntk_seconds(d: int, n: int, m: int, device: str) -> float:
     x = torch.rand(n, d, dtype=torch.float64, device=device)
     model = build_model(ModelSpec("relu", d, m, 10, seed=0), x, dtype=torch.float64, device=device)
     empirical_ntk(model, x[:64])
-    _sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     empirical_ntk(model, x)
-    _sync(device)
+    sync_device(device)
     return time.perf_counter() - t0
 
 
